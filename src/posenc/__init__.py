@@ -5,7 +5,7 @@ from, and benchmarked against them. ``import posenc`` needs only numpy; the
 torch parts work when torch is installed.
 """
 
-from posenc.sinusoidal import PRESETS, Sinusoid, shift_matrix, sinusoidal
+from posenc.absolute.sinusoidal import PRESETS, Sinusoid, shift_matrix, sinusoidal
 
 __version__ = "0.1.0"
 
