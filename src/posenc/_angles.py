@@ -174,14 +174,18 @@ def geometric_turns(
 # Reduction: numpy and torch float64 share one formula; compensated float32 is torch only.
 
 
-def _reduced_turns_f64(p: Any, g1: Any, g2: Any, hi: Any, lo: Any, rint: Callable[[Any], Any]):
+def _reduced_turns_f64(
+    p: Any, g1: Any, g2: Any, lo: Any, rint: Callable[[Any], Any]
+) -> Any:
     """``p * turns`` reduced to [-1/2, 1/2] (float64, numpy or torch, broadcasting)."""
     c = _VELTKAMP64 * p
     p1 = c - (c - p)
     p2 = p - p1
     a = p1 * g1  # exact: 26 x 26 bits
     b = p1 * g2  # exact: 26 x 27 bits
-    t = (a - rint(a)) + (b - rint(b)) + (p2 * hi + p * lo)
+    c = p2 * g1  # exact: 27 x 26 bits
+    # the rest is below 2**-20 turn for |p| < 2**31: its rounding is negligible
+    t = (a - rint(a)) + (b - rint(b)) + (c - rint(c)) + (p2 * g2 + p * lo)
     return t - rint(t)
 
 
@@ -191,7 +195,7 @@ def sincos_numpy(
     """Exact ``sin`` and ``cos`` of ``positions[..., None] * omega`` in float64."""
     p = np.asarray(positions, dtype=np.float64)[..., None]
     g1, g2 = turns._split
-    x = _TWO_PI_F64 * _reduced_turns_f64(p, g1, g2, turns.hi, turns.lo, np.rint)
+    x = _TWO_PI_F64 * _reduced_turns_f64(p, g1, g2, turns.lo, np.rint)
     return np.sin(x), np.cos(x)
 
 
@@ -212,10 +216,17 @@ def _position_pieces32(p: Any) -> list[Any]:
         mid = torch.div(rest, 1 << 11, rounding_mode="floor")
         low = rest - mid * (1 << 11)
         return [(top * (1 << 22)).float(), (mid * (1 << 11)).float(), low.float()]
-    p = p.to(torch.float32)
-    c = _VELTKAMP32 * p
-    p1 = c - (c - p)
-    return [p1, p - p1]
+    if p.dtype == torch.float64:  # only on devices that have it: keep all 53 bits
+        hi = p.to(torch.float32)
+        parts = [hi, (p - hi.double()).to(torch.float32)]
+    else:
+        parts = [p.to(torch.float32)]
+    pieces = []
+    for part in parts:
+        c = _VELTKAMP32 * part
+        top = c - (c - part)
+        pieces += [top, part - top]
+    return pieces
 
 
 def _sincos_torch_f32(p: Any, pieces: Sequence[Any]) -> tuple[Any, Any]:
@@ -269,9 +280,9 @@ def sincos_torch(positions: Any, turns: Turns, arithmetic: str = "auto") -> tupl
         parts = turns.torch_parts(positions.device, arithmetic)
         if arithmetic == "float32":
             return _sincos_torch_f32(positions, parts)
-        g1, g2, hi, lo = parts
+        g1, g2, _, lo = parts
         p = positions.to(torch.float64)[..., None]
-        x = _TWO_PI_F64 * _reduced_turns_f64(p, g1, g2, hi, lo, torch.round)
+        x = _TWO_PI_F64 * _reduced_turns_f64(p, g1, g2, lo, torch.round)
         return torch.sin(x), torch.cos(x)
 
 
