@@ -151,16 +151,18 @@ def turns_from_radians(omega: Sequence[decimal.Decimal]) -> Turns:
 def geometric_turns(
     count: int, base: float, min_timescale: float, denominator: float, scale: float
 ) -> Turns:
-    """Frequencies ``scale / min_timescale * (base / min_timescale) ** (-k / denominator)``.
+    """Frequencies ``scale * min_timescale * (base / min_timescale) ** (-k / denominator)``.
 
     This is the frequency ladder of every sinusoidal and rotary encoding
-    (``k = 0 .. count - 1``). With ``count == 1`` only ``k = 0`` exists and
-    ``denominator`` is not used (tensor2tensor's guard against ``h - 1 == 0``).
+    (``k = 0 .. count - 1``). ``min_timescale`` multiplies, as in tensor2tensor's
+    ``get_timing_signal_1d`` code (its docstring calls it a timescale, its code
+    makes it the highest frequency). With ``count == 1`` only ``k = 0`` exists
+    and ``denominator`` is not used (tensor2tensor's guard against ``h - 1 == 0``).
     """
     ctx = _context()
     base_d = decimal.Decimal(base)
     min_d = decimal.Decimal(min_timescale)
-    top = ctx.divide(decimal.Decimal(scale), min_d)
+    top = ctx.multiply(decimal.Decimal(scale), min_d)
     log_ratio = ctx.divide(base_d, min_d).ln(ctx)
     omega = [top]
     if count > 1:
@@ -174,9 +176,7 @@ def geometric_turns(
 # Reduction: numpy and torch float64 share one formula; compensated float32 is torch only.
 
 
-def _reduced_turns_f64(
-    p: Any, g1: Any, g2: Any, lo: Any, rint: Callable[[Any], Any]
-) -> Any:
+def _reduced_turns_f64(p: Any, g1: Any, g2: Any, lo: Any, rint: Callable[[Any], Any]) -> Any:
     """``p * turns`` reduced to [-1/2, 1/2] (float64, numpy or torch, broadcasting)."""
     c = _VELTKAMP64 * p
     p1 = c - (c - p)

@@ -2,7 +2,7 @@
 
 Every convention is a point in one parameter space, :class:`Sinusoid`:
 
-``omega_k = scale / min_timescale * (base / min_timescale) ** (-k / (w / 2 - shift))``
+``omega_k = scale * min_timescale * (base / min_timescale) ** (-k / (w / 2 - shift))``
 
 for ``k = 0 .. K - 1``, where ``w`` is the width the exponent is measured
 over (``2 * (dim // 2)``, or ``dim`` and ``dim + 1`` for the odd-dim
@@ -79,7 +79,8 @@ class Sinusoid:
         layout: ``"interleaved"`` or ``"half"``.
         order: ``"sin_cos"`` or ``"cos_sin"``: which function comes first.
         base: the maximum timescale (``max_period`` in diffusers, ``theta``).
-        min_timescale: the minimum timescale (tensor2tensor), usually 1.
+        min_timescale: tensor2tensor's ``min_timescale``, usually 1; as in its
+            code it multiplies every frequency (``omega_0 = min_timescale``).
         shift: subtracted from the exponent denominator ``w / 2``
             (diffusers' ``downscale_freq_shift``; 1 gives ``h - 1``).
         scale: multiplies every angle (diffusers' ``scale``).
@@ -336,9 +337,12 @@ def sinusoidal(
                 f"positions 0..{n - 1} plus offset {spec.offset:g} reach beyond 2**31, "
                 "the range in which posenc is exact"
             )
+        as_torch = _arrays.is_torch_dtype(dtype)
+        if not as_torch:
+            _arrays.numpy_dtype(name)  # bfloat16 needs torch output
         # bfloat16 has no numpy type: round the float64 table once, in torch
         table = _table(n, spec, slots, "float64" if name == "bfloat16" else name)
-        if _arrays.is_torch_dtype(dtype):
+        if as_torch:
             import torch
 
             return torch.from_numpy(table).to(_arrays.torch_dtype(name))
