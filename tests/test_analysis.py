@@ -1,0 +1,231 @@
+"""posenc.analysis: each measured property against an independent computation.
+
+The independent side is plain float64 numpy on the preset's frequencies (good
+to about ``|angle| * 1e-16`` at the small positions used) or mpmath, never
+posenc's angle engine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from posenc import analysis, sinusoidal
+from posenc.absolute.sinusoidal import resolve
+
+mpmath.mp.dps = 50
+
+PRESETS_EVEN = ["vaswani", "tensor2tensor", "marian", "musicgen", "ldm", "x-transformers"]
+
+
+def naive64(positions, dim, preset="vaswani", **overrides):
+    """float64 table from the textbook formula (exact enough for small positions)."""
+    spec = resolve(preset, **overrides)
+    slots = spec.slots(dim)
+    angles = (np.asarray(positions, dtype=np.float64)[:, None] + spec.offset) * spec.inv_freq(dim)
+    s, c = np.sin(angles), np.cos(angles)
+    first, second = (s, c) if spec.order == "sin_cos" else (c, s)
+    out = np.zeros((angles.shape[0], dim))
+    out[:, slots.first] = first[:, : slots.n_first]
+    out[:, slots.second] = second[:, : slots.n_second]
+    return out * spec.amplitude_for(dim)
+
+
+# ------------------------------------------------------------------------------- shift
+
+
+@pytest.mark.parametrize("preset", PRESETS_EVEN)
+def test_shift_error_is_a_few_ulps(preset):
+    r = analysis.shift_error(64, 300, (1, -3, 0.5, 77), preset=preset)
+    assert r.offsets == (1.0, -3.0, 0.5, 77.0)
+    assert len(r.max_error) == 4
+    assert r.ok
+    amp = abs(resolve(preset).amplitude_for(64))
+    assert r.tolerance == 20 * amp * analysis.EPS  # a few ulps, not a guess like 1e-6
+    assert all(0 <= e <= r.tolerance for e in r.max_error)
+
+
+def test_shift_error_measures_a_wrong_matrix(monkeypatch):
+    # the measurement must see a defect: rotate by k + 1 instead of k
+    real = analysis.shift_matrix
+    monkeypatch.setattr(analysis, "shift_matrix", lambda k, dim, **kw: real(k + 1, dim, **kw))
+    r = analysis.shift_error(16, 20, 5)
+    assert not r.ok
+    assert r.max_error[0] > 0.1
+
+
+def test_shift_error_with_zero_channel_and_offset():
+    r = analysis.shift_error(33, 130, (2, 1000), preset="ldm", offset=1e6)
+    assert r.ok
+
+
+def test_lone_channel_is_refused():
+    for fn in (
+        lambda: analysis.shift_error(5, 10),
+        lambda: analysis.norms(5, 10),
+        lambda: analysis.offset_dot_products(5, 10),
+    ):
+        with pytest.raises(ValueError, match="lone channel"):
+            fn()
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: analysis.shift_error(8, 0), "length"),
+        (lambda: analysis.shift_error(8, 5, ()), "offsets"),
+        (lambda: analysis.shift_error(8, 5, (float("nan"),)), "offsets"),
+        (lambda: analysis.norms(8, 5, preset="nope"), "preset"),
+        (lambda: analysis.regression_r2(8, 2, 1), "length"),
+        (lambda: analysis.regression_r2(8, 10, 1, column=8), "column"),
+        (lambda: analysis.regression_r2(9, 10, 1, column=8, odd="zero"), "partner"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ------------------------------------------------------------------------------- norms
+
+
+def test_norm_is_sqrt_half_d():
+    r = analysis.norms(512, 1000)
+    assert r.pairs == 256
+    assert r.expected == 16.0  # sqrt(512 / 2)
+    assert r.ok
+    assert abs(r.min - 16.0) <= r.tolerance and abs(r.max - 16.0) <= r.tolerance
+    independent = np.linalg.norm(naive64(np.arange(1000), 512), axis=1)
+    np.testing.assert_allclose(independent, 16.0, rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("dim", "preset", "overrides", "expected"),
+    [
+        (64, "x-transformers", {}, math.sqrt(0.5)),  # d**-0.5 * sqrt(d / 2)
+        (33, "ldm", {}, 4.0),  # 16 pairs and a zero channel
+        (10, "vaswani", {"amplitude": 3.0}, 3.0 * math.sqrt(5)),
+    ],
+)
+def test_norm_amplitude_and_pairs(dim, preset, overrides, expected):
+    r = analysis.norms(dim, 200, preset=preset, **overrides)
+    assert r.expected == pytest.approx(expected, rel=1e-15)
+    assert r.ok
+
+
+# ------------------------------------------------------------------------ dot products
+
+
+@pytest.mark.parametrize("preset", PRESETS_EVEN)
+def test_dot_product_depends_on_offset_only(preset):
+    dim, length, offsets = 128, 300, (0, 1, 10, 100)
+    r = analysis.offset_dot_products(dim, length, offsets, preset=preset)
+    assert r.ok
+    spec = resolve(preset)
+    amp2 = spec.amplitude_for(dim) ** 2
+    for k, closed in zip(offsets, r.closed_form, strict=True):
+        expected = amp2 * np.sum(np.cos(k * spec.inv_freq(dim)))
+        assert closed == pytest.approx(expected, rel=1e-13, abs=1e-13)
+        # and the dot product itself, from the textbook formula at one position
+        a = naive64(np.array([37.0]), dim, preset)[0]
+        b = naive64(np.array([37.0 + k]), dim, preset)[0]
+        assert float(a @ b) == pytest.approx(closed, rel=1e-12, abs=1e-12)
+    assert r.closed_form[0] == pytest.approx(amp2 * dim / 2, rel=1e-15)  # k = 0: the norm
+
+
+# -------------------------------------------------------------------------- regression
+
+
+def seed001_pe_even(pos, dim):
+    """The seed question's PE_even (size 10000, d_model 512)."""
+    return np.sin(pos / (10000 ** (2 * dim / 512)))
+
+
+def r2_simple(x, y):
+    # with an intercept, R^2 of a one-variable fit is the squared correlation
+    return float(np.corrcoef(x, y)[0, 1] ** 2)
+
+
+def test_seed_experiment_single_column_fails_pair_is_exact():
+    p = np.arange(1000.0)
+    r = analysis.regression_r2(512, 1000, 10)
+    assert r.column == 128 and r.partner == 129  # the seed's PE_even(p, 64)
+    assert r.omega == pytest.approx(0.1, rel=1e-15)
+    expected = r2_simple(seed001_pe_even(p, 64), seed001_pe_even(p + 10, 64))
+    assert r.single_r2 == pytest.approx(expected, abs=1e-12)
+    assert r.single_r2 < 0.99
+    assert r.single_r2 == pytest.approx(r.single_r2_limit, abs=0.02)  # cos(1)**2 = 0.29
+    assert r.pair_r2 > 1 - 1e-12
+    assert 1 - r.pair_r2 <= r.pair_tolerance
+    np.testing.assert_allclose(r.pair_coef, (0.0, math.cos(1.0), math.sin(1.0)), atol=1e-12)
+    np.testing.assert_allclose(r.expected_coef, (0.0, math.cos(1.0), math.sin(1.0)), atol=1e-15)
+
+
+@pytest.mark.parametrize("preset", ["vaswani", "ldm", "musicgen", "marian"])
+@pytest.mark.parametrize("which", ["first", "second"])
+def test_pair_coefficients_rotate_with_the_right_sign(preset, which):
+    spec = resolve(preset)
+    first, second = spec.slots(64).indices()
+    column = int((first if which == "first" else second)[5])
+    r = analysis.regression_r2(64, 400, 7, column, preset=preset)
+    assert r.pair_r2 > 1 - 1e-12
+    np.testing.assert_allclose(r.pair_coef, r.expected_coef, atol=1e-12)
+    assert abs(r.expected_coef[2]) > 0.1
+
+
+def test_single_column_r2_matches_an_independent_fit():
+    table = naive64(np.arange(200), 32)
+    shifted = naive64(np.arange(200) + 3.0, 32)
+    for column in (0, 3, 10):
+        r = analysis.regression_r2(32, 200, 3, column)
+        assert r.single_r2 == pytest.approx(
+            r2_simple(table[:, column], shifted[:, column]), abs=1e-12
+        )
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def mp_row(p, dim, base=10000):
+    """Exact vaswani row at position p, by mpmath."""
+    out = []
+    for k in range(dim // 2):
+        a = mpmath.mpf(p) * mpmath.power(base, -mpmath.mpf(2 * k) / dim)
+        out += [float(mpmath.sin(a)), float(mpmath.cos(a))]
+    return np.array(out)
+
+
+def test_precision_report_against_mpmath():
+    dim = 16
+    positions = (1e4, 1e6, 1e7, 123456789.0)
+    r = analysis.precision_report(positions, dim)
+    assert [pt.position for pt in r.points] == list(positions)
+    assert r.tolerance == pytest.approx(2.0**-24, rel=1e-6)
+    omega32 = resolve("vaswani").inv_freq(dim).astype(np.float32)
+    for pt in r.points:
+        exact = mp_row(pt.position, dim)
+        ours = sinusoidal(np.array([pt.position]), dim)[0].astype(np.float64)
+        assert pt.posenc_error == pytest.approx(np.abs(ours - exact).max(), abs=1e-14)
+        assert pt.posenc_error <= r.tolerance
+        angle = np.float32(pt.position) * omega32
+        naive = np.empty(dim)
+        naive[0::2], naive[1::2] = np.sin(angle), np.cos(angle)
+        assert pt.naive_error == pytest.approx(np.abs(naive - exact).max(), abs=1e-6)
+        assert pt.max_angle == pytest.approx(pt.position, rel=1e-15)  # omega_0 = 1
+    assert r.ok
+
+
+def test_precision_story_at_d512():
+    # the numbers users meet: the float32 formula is off by ~6e-4, ~6e-2, ~0.7
+    r = analysis.precision_report((1e4, 1e6, 1e7), 512)
+    naive = [pt.naive_error for pt in r.points]
+    assert 1e-4 < naive[0] < 2e-3
+    assert 1e-2 < naive[1] < 0.2
+    assert 0.2 < naive[2] <= 2.0
+    for pt in r.points:
+        # the product's rounding: at most one float32 rounding of omega and one of p*omega
+        assert pt.naive_angle_error <= pt.max_angle * 2.0**-23
+    assert r.ok

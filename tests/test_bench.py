@@ -1,0 +1,226 @@
+"""The benchmark harness: structure, interleaving, skipping; never timing values."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import posenc
+import posenc.absolute.sinusoidal
+from posenc import bench
+
+FIELDS = {"case", "impl", "role", "note", "size", "status", "reason", "runs"}
+FIELDS |= {"median_s", "min_s", "ratio"}
+
+
+def test_sinusoidal_table_case_structure():
+    rows = bench.run_case(bench.CASES["sinusoidal-table"], size={"length": 16, "dim": 8}, repeat=2)
+    names = [t.impl for t in rows]
+    assert names[:3] == ["np.empty().fill", "np.full", "torch.empty().fill_"]
+    assert {"posenc numpy", "posenc torch", "seed 002 numpy f64", "seed 002 numpy f32"} <= set(
+        names
+    )
+    assert {"seed 000 torch", "positional-encodings", "HF DistilBERT"} <= set(names)
+    assert [t.role for t in rows[:3]] == ["baseline"] * 3
+    assert rows[0].ratio == 1.0
+    for t in rows:
+        assert t.case == "sinusoidal-table"
+        assert t.size == {"length": 16, "dim": 8}
+        assert t.status in ("ok", "skipped"), t.reason
+        if t.status == "ok":
+            assert t.runs == 2
+            assert t.median_s is not None and t.min_s is not None and t.ratio is not None
+            assert 0 < t.min_s <= t.median_s
+            assert math.isclose(t.ratio, t.median_s / rows[0].median_s)
+    doc = json.loads(bench.to_json(rows))
+    assert set(doc["environment"]) >= {"posenc", "numpy", "cpus"}
+    assert len(doc["results"]) == len(rows)
+    for r in doc["results"]:
+        assert set(r) == FIELDS
+
+
+def test_quick_and_full_sizes():
+    case = bench.CASES["sinusoidal-table"]
+    assert dict(case.full) == {"length": 8192, "dim": 1024}
+    assert case.quick["length"] * case.quick["dim"] < 8192 * 1024
+
+
+def calls_case(log):
+    def make(name):
+        def build():
+            log.append(("make", name))
+            return lambda: log.append(("call", name))
+
+        return build
+
+    def build(n):
+        return [
+            bench.Impl("base", make("base"), "baseline"),
+            bench.Impl("a", make("a"), "ours"),
+            bench.Impl("b", make("b"), "peer"),
+        ]
+
+    return bench.Case("calls", "", build, {"n": 1}, {"n": 1})
+
+
+def test_interleaved_round_robin_after_warmup():
+    log = []
+    rows = bench.run_case(calls_case(log), repeat=3, warmup=2)
+    assert [t.runs for t in rows] == [3, 3, 3]
+    calls = [name for kind, name in log if kind == "call"]
+    warm, timed = calls[:6], calls[6:]
+    assert warm == ["base", "base", "a", "a", "b", "b"]
+    rounds = [timed[i : i + 3] for i in range(0, 9, 3)]
+    assert all(sorted(r) == ["a", "b", "base"] for r in rounds)  # each once per round
+    assert len({tuple(r) for r in rounds}) == 3  # the order rotates
+
+
+def test_missing_peer_is_skipped_and_failing_peer_is_an_error():
+    def missing():
+        import posenc_peer_that_is_not_installed  # noqa: F401
+
+        return lambda: None
+
+    def broken():
+        raise RuntimeError("peer API changed")
+
+    def build(n):
+        return [
+            bench.Impl("base", lambda: lambda: None, "baseline"),
+            bench.Impl("missing", missing, "peer"),
+            bench.Impl("broken", broken, "peer"),
+        ]
+
+    rows = bench.run_case(bench.Case("p", "", build, {"n": 1}, {"n": 1}), repeat=1)
+    status = {t.impl: (t.status, t.reason) for t in rows}
+    assert status["base"][0] == "ok"
+    assert status["missing"][0] == "skipped"
+    assert "not installed" in status["missing"][1]
+    assert "posenc_peer_that_is_not_installed" in status["missing"][1]
+    assert status["broken"] == ("error", "RuntimeError: peer API changed")
+    assert rows[1].median_s is None and rows[1].ratio is None
+    text = bench.format_table(rows, use_rich=False)
+    assert "skipped" in text and "not installed" in text
+
+
+def test_our_failure_raises():
+    def broken():
+        raise RuntimeError("bug in posenc")
+
+    def build(n):
+        return [
+            bench.Impl("base", lambda: lambda: None, "baseline"),
+            bench.Impl("us", broken, "ours"),
+        ]
+
+    with pytest.raises(RuntimeError, match="bug in posenc"):
+        bench.run_case(bench.Case("o", "", build, {"n": 1}, {"n": 1}), repeat=1)
+
+
+def test_over_budget_is_timed_from_the_warmup_call():
+    log = []
+    rows = bench.run_case(calls_case(log), repeat=4, budget_s=0.0)
+    assert [t.runs for t in rows] == [1, 1, 1]
+    assert len([1 for kind, _ in log if kind == "call"]) == 3  # warm-up calls only
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"repeat": 0}, "repeat"),
+        ({"warmup": 0}, "warmup"),
+        ({"size": {"rows": 3}}, "size"),
+    ],
+)
+def test_bad_harness_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bench.run_case(calls_case([]), **kwargs)
+
+
+def test_registry():
+    case = calls_case([])
+    bench.register(case)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            bench.register(case)
+        with pytest.raises(ValueError, match="unknown bench case"):
+            bench.run(["nope"])
+        rows = bench.run(["calls"], repeat=1)
+        assert [t.case for t in rows] == ["calls"] * 3
+    finally:
+        del bench.CASES["calls"]
+
+
+def test_tables_name_every_row():
+    rows = bench.run_case(calls_case([]), repeat=2)
+    for use_rich in (False, True):
+        text = bench.format_table(rows, use_rich=use_rich)
+        for name in ("base", "a", "b", "median ms", "x baseline", "1.00x"):
+            assert name in text
+
+
+# -------------------------------------------- the seeds' code is what the seeds wrote
+
+
+def float32_angle_bound(positions, dim, preset):
+    """How far a float32 formula's values may be from the exact ones (as in test_sinusoidal).
+
+    ``x_k = -k c`` is off by ``|x_k| 2**-23``, ``exp`` adds 2**-23 relative and
+    ``p * omega`` 2**-24, so the angle errs by ``|theta| (|x_k| 2**-23 + 2**-22)``;
+    sin/cos and the float32 result add < 1e-6.
+    """
+    spec = posenc.absolute.sinusoidal.resolve(preset)
+    omega = spec.inv_freq(dim)
+    theta = np.asarray(positions, dtype=np.float64)[:, None] * omega
+    per_pair = np.abs(theta) * (np.abs(np.log(omega)) * 2.0**-23 + 2.0**-22) + 1e-6
+    out = np.empty((len(positions), dim))
+    slots = spec.slots(dim)
+    out[:, slots.first] = per_pair[:, : slots.n_first]
+    out[:, slots.second] = per_pair[:, : slots.n_second]
+    return out
+
+
+def test_seed002_is_the_vaswani_formula():
+    ours = posenc.sinusoidal(50, 512, dtype="float64")
+    np.testing.assert_allclose(bench.seed002_positional_encoding(50, 512), ours, atol=1e-13)
+    f32 = bench.seed002_positional_encoding(50, 512, np.float32)
+    assert f32.dtype == np.float32
+    assert (np.abs(f32 - ours) <= float32_angle_bound(np.arange(50), 512, "vaswani")).all()
+
+
+def test_seed000_is_the_annotated_diffusion_formula():
+    out = bench.seed000_embeddings(torch.arange(50), 64)
+    assert out.dtype == torch.float32 and out.shape == (50, 64)
+    ours = posenc.sinusoidal(50, 64, preset="annotated-diffusion", dtype="float64")
+    bound = float32_angle_bound(np.arange(50), 64, "annotated-diffusion")
+    assert (np.abs(out.numpy() - ours) <= bound).all()
+
+
+def test_progress_only_after_a_second():
+    stream = io.StringIO()
+    say = bench._Progress(stream, interval=3600.0)  # the thread stays idle: flush by hand
+    say("early")
+    say.flush()  # under a second: silent
+    assert stream.getvalue() == ""
+    say.start -= 2.0
+    say("late")
+    say.flush()
+    say.flush()  # nothing new
+    say.done()
+    assert stream.getvalue() == "late\n"  # not a terminal: one line per message
+
+
+def test_faces_import_no_torch_or_rich():
+    code = (
+        "import sys, posenc.analysis, posenc.bench, posenc.cli; "
+        "print(sorted(m for m in ('torch', 'rich', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
