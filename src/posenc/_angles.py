@@ -320,17 +320,20 @@ def progression_blocks(
     start: float,
     n: int,
     turns: Turns,
-    emit: Callable[[int, npt.NDArray[np.complex128]], None],
+    emit: Callable[[int, npt.NDArray[np.complex128]], None] | None = None,
     *,
+    target: npt.NDArray[Any] | None = None,
     coefficient: complex = 1.0,
     conjugate: bool = False,
 ) -> None:
-    """Feed ``w = coefficient * z**(+-1)`` for positions ``start + i``, ``i < n``, to ``emit``.
+    """Compute ``w = coefficient * z**(+-1)`` for positions ``start + i``, ``i < n``.
 
-    ``z = exp(i * position * omega)``; with ``conjugate`` its conjugate. ``emit(row0,
-    w_rows)`` receives consecutive chunks of rows (about 1 MiB each), possibly
-    from several threads at once (each row exactly once), and must copy the
-    chunk before returning (the buffer is reused).
+    ``z = exp(i * position * omega)``; with ``conjugate`` its conjugate. The rows
+    go either straight into ``target``, an ``(n, K)`` complex64 or complex128 array
+    (any row stride; each value is computed in complex128 and rounded once), or
+    to ``emit(row0, w_rows)``, which receives consecutive chunks of rows (about
+    1 MiB each) and must copy them before returning (the buffer is reused).
+    Chunks are processed on several threads at once, each row exactly once.
 
     Each row is ``start_phasor(block) * step_phasor(row in block)``, both exact
     to about 1e-16, so the float64 product is exact to a few 1e-16.
@@ -351,6 +354,9 @@ def progression_blocks(
     coarse *= coefficient
     group = max(1, _CHUNK_BYTES // (16 * k * b))  # blocks per chunk
 
+    if (target is None) == (emit is None):
+        raise TypeError("progression_blocks takes exactly one of emit and target")
+
     def run(first: int, last: int) -> None:
         buf = np.empty((group, b, k), dtype=np.complex128)
         starts = np.empty((group, k), dtype=np.complex128)
@@ -358,9 +364,19 @@ def progression_blocks(
             g = min(group, last - q)
             blocks = np.arange(q, q + g)
             np.multiply(coarse[blocks // m], fine[blocks % m], out=starts[:g])
-            np.multiply(starts[:g, None, :], step[None], out=buf[:g])
             rows = min(g * b, n - q * b)
-            emit(q * b, buf[:g].reshape(g * b, k)[:rows])
+            if target is not None and rows == g * b:
+                # one ufunc call computes in complex128 and rounds into the target
+                dest = target[q * b : q * b + rows].reshape(g, b, k)
+                np.multiply(starts[:g, None, :], step[None], out=dest, casting="same_kind")
+                continue
+            np.multiply(starts[:g, None, :], step[None], out=buf[:g])
+            w = buf[:g].reshape(g * b, k)[:rows]
+            if target is not None:
+                target[q * b : q * b + rows] = w
+            else:
+                assert emit is not None
+                emit(q * b, w)
 
     workers = _workers() if n * k >= 1 << 18 else 1
     per = -(-nblocks // workers)

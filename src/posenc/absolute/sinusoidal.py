@@ -390,19 +390,36 @@ def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
         return _direct_numpy(np.arange(n), spec, slots, _arrays.numpy_dtype(name))
     out = np.empty((n, slots.dim), dtype=_arrays.numpy_dtype(name))
     coefficient, conjugate = _phasor_form(spec, slots.dim)
+    turns = spec.turns(slots.dim)
+    target = _pair_view(out, slots)
+    if target is not None:
+        # interleaved pairs are complex numbers: the products land in place
+        progression_blocks(
+            spec.offset, n, turns, target=target, coefficient=coefficient, conjugate=conjugate
+        )
+        if slots.zero is not None:
+            out[:, slots.zero] = 0
+        return out
 
     def emit(row0: int, w: npt.NDArray[np.complex128]) -> None:
         _write_numpy(out[row0 : row0 + w.shape[0]], w, slots)
 
-    progression_blocks(
-        spec.offset,
-        n,
-        spec.turns(slots.dim),
-        emit,
-        coefficient=coefficient,
-        conjugate=conjugate,
-    )
+    progression_blocks(spec.offset, n, turns, emit, coefficient=coefficient, conjugate=conjugate)
     return out
+
+
+def _pair_view(out: npt.NDArray[Any], slots: Slots) -> npt.NDArray[Any] | None:
+    """``out``'s interleaved (first, second) pairs as one complex array, if it has one.
+
+    Exists when every frequency has both members side by side (interleaved
+    layout, no lone channel) and the dtype has a complex counterpart.
+    """
+    if slots.first.step != 2 or slots.n_first != slots.n_second or not slots.n_first:
+        return None
+    ctype = {np.dtype(np.float32): np.complex64, np.dtype(np.float64): np.complex128}
+    if out.dtype not in ctype:
+        return None
+    return out[:, : 2 * slots.n_second].view(ctype[out.dtype])
 
 
 def _direct_numpy(

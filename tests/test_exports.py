@@ -1,0 +1,50 @@
+"""The public surface is pinned: a change to it is deliberate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import posenc
+
+EXPECTED = {
+    "GRID_PRESETS",
+    "PRESETS",
+    "GridSpec",
+    "LearnedPositionalEmbedding",
+    "Sinusoid",
+    "SinusoidalEmbedding",
+    "__version__",
+    "cache_positions",
+    "fairseq_positions",
+    "fourier_features",
+    "gaussian_fourier_features",
+    "gaussian_fourier_matrix",
+    "grid",
+    "grid_frequencies",
+    "nerf",
+    "nerf_frequencies",
+    "opt_positions",
+    "shift_matrix",
+    "sinusoidal",
+}
+
+
+def test_all_is_pinned():
+    assert set(posenc.__all__) == EXPECTED
+
+
+def test_every_name_resolves():
+    for name in posenc.__all__:
+        assert getattr(posenc, name) is not None
+
+
+def test_import_needs_only_numpy():
+    # torch (and matplotlib, the anchors) must not be imported by `import posenc`
+    code = (
+        "import sys, posenc; "
+        "bad = [m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules]; "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
