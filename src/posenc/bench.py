@@ -220,6 +220,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+_SETTLE_S = 0.005
+
+
 def _measure(
     label: str,
     impls: Sequence[Impl],
@@ -274,6 +277,9 @@ def _measure(
             order = [i for i in fns if runs[i] > r]
             shift = r % len(order)
             for i in order[shift:] + order[:shift]:
+                # let the previous row's worker threads (torch's OpenMP pool spins
+                # after a parallel op) go idle, so they do not compete with this row
+                time.sleep(_SETTLE_S)
                 t0 = time.perf_counter()
                 fns[i]()
                 times[i].append(time.perf_counter() - t0)
