@@ -148,3 +148,45 @@ def check_range(arr: Any, offset: float, name: str) -> None:
             f"{name} (plus offset {offset:g}) must lie in (-2**31, 2**31), the range in "
             f"which posenc is exact; got values up to {extreme:.6g} in magnitude"
         )
+
+
+def check_choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:
+    """Reject a value outside ``accepted``, naming the parameter and the choices."""
+    if value not in accepted:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, accepted))}; got {value!r}")
+
+
+def canonical_overrides(
+    overrides: dict[str, Any],
+    fields: tuple[str, ...],
+    aliases: dict[str, str],
+    flags: dict[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """Map preset overrides (posenc names or the anchors' aliases) to field values.
+
+    Args:
+        overrides: the keyword arguments a user passed.
+        fields: the dataclass fields that may be overridden.
+        aliases: anchor name -> field name (``max_period`` -> ``base``).
+        flags: boolean aliases -> (value when True, value when False), e.g.
+            diffusers' ``flip_sin_to_cos`` -> ``("cos_sin", "sin_cos")``.
+
+    Raises:
+        ValueError: an unknown name (the valid ones are listed), or two names
+            for one field.
+        TypeError: a boolean alias given something else than a bool.
+    """
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = aliases.get(key, key)
+        if name not in fields:
+            valid = ", ".join(fields + tuple(aliases))
+            raise ValueError(f"unknown override {key!r}; valid overrides: {valid}")
+        if key in flags:
+            if not isinstance(value, bool):
+                raise TypeError(f"{key} must be a bool; got {value!r}")
+            value = flags[key][0] if value else flags[key][1]
+        if name in out:
+            raise ValueError(f"override {key!r} repeats {name!r}")
+        out[name] = value
+    return out

@@ -122,8 +122,8 @@ class GridSpec:
             raise ValueError(
                 f"axes must be a permutation of {AXES[len(self.axes)]!r}; got {self.axes!r}"
             )
-        _choice(self.layout, "layout", _LAYOUTS)
-        _choice(self.fit, "fit", _FITS)
+        _arrays.check_choice(self.layout, "layout", _LAYOUTS)
+        _arrays.check_choice(self.fit, "fit", _FITS)
         _arrays.check_number(self.base, "base", positive=True)
         _arrays.check_number(self.shift, "shift")
         if self.base_size is not None:
@@ -242,11 +242,6 @@ def _truncate(s: slice, dim: int) -> tuple[slice, int]:
     return slice(kept.start, kept.start + len(kept) * kept.step, kept.step), len(kept)
 
 
-def _choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:
-    if value not in accepted:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, accepted))}; got {value!r}")
-
-
 _COL_ROW = ("col", "row")
 
 #: The named conventions: preset name -> {rank: GridSpec}.
@@ -337,21 +332,10 @@ ALIASES = {
 
 
 def _canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = ALIASES.get(key, key)
-        if name not in _FIELDS:
-            valid = ", ".join(_FIELDS + tuple(ALIASES))
-            raise ValueError(f"unknown override {key!r}; valid overrides: {valid}")
-        if key == "interleave_sin_cos":
-            # timm's flag: stack sin, cos per axis instead of all sines then all cosines
-            if not isinstance(value, bool):
-                raise TypeError(f"interleave_sin_cos must be a bool; got {value!r}")
-            value = "half" if value else "by_function"
-        if name in out:
-            raise ValueError(f"override {key!r} repeats {name!r}")
-        out[name] = value
-    return out
+    # timm's interleave_sin_cos stacks sin, cos per axis instead of all sines, all cosines
+    return _arrays.canonical_overrides(
+        overrides, _FIELDS, ALIASES, {"interleave_sin_cos": ("half", "by_function")}
+    )
 
 
 def resolve(preset: str | GridSpec = "mae", rank: int = 2, **overrides: Any) -> GridSpec:

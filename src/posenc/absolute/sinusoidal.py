@@ -103,9 +103,9 @@ class Sinusoid:
     anchor: str = ""
 
     def __post_init__(self) -> None:
-        _choice(self.layout, "layout", _LAYOUTS)
-        _choice(self.order, "order", _ORDERS)
-        _choice(self.odd, "odd", _ODD)
+        _arrays.check_choice(self.layout, "layout", _LAYOUTS)
+        _arrays.check_choice(self.order, "order", _ORDERS)
+        _arrays.check_choice(self.odd, "odd", _ODD)
         _arrays.check_number(self.base, "base", positive=True)
         _arrays.check_number(self.min_timescale, "min_timescale", positive=True)
         _arrays.check_number(self.shift, "shift")
@@ -156,11 +156,6 @@ class Sinusoid:
 
     def amplitude_for(self, dim: int) -> float:
         return dim**-0.5 if self.amplitude == "rsqrt_dim" else float(self.amplitude)
-
-
-def _choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:
-    if value not in accepted:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, accepted))}; got {value!r}")
 
 
 PRESETS: dict[str, Sinusoid] = {
@@ -251,20 +246,9 @@ ALIASES = {
 
 
 def _canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        name = ALIASES.get(key, key)
-        if name not in _FIELDS:
-            valid = ", ".join(_FIELDS + tuple(ALIASES))
-            raise ValueError(f"unknown override {key!r}; valid overrides: {valid}")
-        if key == "flip_sin_to_cos":
-            if not isinstance(value, bool):
-                raise TypeError(f"flip_sin_to_cos must be a bool; got {value!r}")
-            value = "cos_sin" if value else "sin_cos"
-        if name in out:
-            raise ValueError(f"override {key!r} repeats {name!r}")
-        out[name] = value
-    return out
+    return _arrays.canonical_overrides(
+        overrides, _FIELDS, ALIASES, {"flip_sin_to_cos": ("cos_sin", "sin_cos")}
+    )
 
 
 def resolve(preset: str | Sinusoid = "vaswani", **overrides: Any) -> Sinusoid:
