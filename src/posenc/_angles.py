@@ -168,7 +168,7 @@ def geometric_turns(
     if count > 1:
         denom = decimal.Decimal(denominator)
         for k in range(1, count):
-            omega.append(ctx.multiply(top, ctx.exp(ctx.divide(-k * log_ratio, denom))))
+            omega.append(ctx.multiply(top, ctx.exp(ctx.divide(ctx.multiply(-k, log_ratio), denom))))
     return turns_from_radians(omega)
 
 
