@@ -1,0 +1,619 @@
+"""posenc.hf against HF transformers: config reading, and models patched with exact tables.
+
+Tolerances are derived, not guessed. HF builds its tables in float32 as
+``cos(fl(p * inv_freq))`` with ``inv_freq`` off from the exact frequency by a
+relative ``delta`` (measured here from the module's own ``inv_freq``, and
+bounded as tests/test_rotary_schedules.py derives: a few ``2**-23`` plus
+``ln(base)`` of them), so its angle at position ``p`` is off by at most ``p *
+omega * (delta + 2**-24)``; float32 cos/sin and the attention scaling add
+``2**-23`` (times the scaling). posenc's tables are exact before one rounding:
+off by ``2**-24`` times the scaling. Hence, over positions up to ``P``:
+
+    |posenc - HF| <= s * (P * max(omega) * (delta + 2**-24) + 2**-22)
+
+and posenc is the closer of the two to a float64 truth (``p * omega`` in float64
+from the exact frequencies: off by ``P * omega * 2**-53``, negligible here).
+
+The logits go through two layers of a random-weight model (initialised at 25
+times HF's scale, so that attention is sharp and the logits do feel the
+positions: wrong factors move them by O(1)). Their sensitivity to the tables is
+not derived but bounded loosely: a relative table error ``e`` moves the logits
+by at most ``10 e max|logits|`` (measured: about ``0.5 e max|logits|``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from posenc import hf  # noqa: E402
+from posenc.rotary.schedules import SCHEDULES, RopeFrequencies  # noqa: E402
+
+TINY = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "vocab_size": 100,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    # weights 25x HF's default scale: attention sharp enough that logits feel the positions
+    "initializer_range": 0.5,
+}
+VOCAB = 100
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_transformers() -> Any:
+    # HF logs (not warns) about unusual rope parameters; keep the test output readable
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+def _need(*rope_types: str) -> None:
+    missing = [t for t in rope_types if t not in SCHEDULES]
+    if missing:
+        pytest.skip(f"posenc.rotary.schedules has no {', '.join(missing)} schedule yet")
+
+
+# --------------------------------------------------------------------------------------
+# Tolerances and truth.
+
+
+def _truth(positions: Any, freqs: RopeFrequencies) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin in float64 from the exact frequencies, half layout, scaled."""
+    p = positions.to(torch.float64).numpy()[..., None]
+    angle = p * freqs.inv_freq
+    s = freqs.attention_scaling
+    cos, sin = np.cos(angle) * s, np.sin(angle) * s
+    return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+def _hf_delta(hf_inv_freq: Any, freqs: RopeFrequencies, base: float, factor: float) -> float:
+    """HF's measured relative frequency error, checked against its derived bound."""
+    theirs = hf_inv_freq.detach().to(torch.float64).numpy()
+    ours = freqs.inv_freq
+    nz = ours != 0
+    delta = float(np.max(np.abs(theirs[nz] / ours[nz] - 1), initial=0.0))
+    bound = (4 + math.log(base) + max(factor, 1.0)) * 2.0**-23
+    assert delta <= bound, (delta, bound)
+    return delta
+
+
+def _table_tol(max_pos: int, freqs: RopeFrequencies, delta: float) -> float:
+    s = freqs.attention_scaling
+    return s * (max_pos * float(np.max(freqs.inv_freq)) * (delta + 2.0**-24) + 2.0**-22)
+
+
+# --------------------------------------------------------------------------------------
+# Models.
+
+
+def _llama(rope_parameters: dict[str, Any], **extra: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**TINY, rope_parameters=rope_parameters, **extra)
+    return LlamaForCausalLM(config)
+
+
+def _qwen2(rope_parameters: dict[str, Any], **extra: Any) -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**TINY, rope_parameters=rope_parameters, **extra)
+    return Qwen2ForCausalLM(config)
+
+
+def _phi3(rope_parameters: dict[str, Any], **extra: Any) -> Any:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    config = Phi3Config(**TINY, rope_parameters=rope_parameters, **extra)
+    return Phi3ForCausalLM(config)
+
+
+def _neox(**extra: Any) -> Any:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    kw = {k: v for k, v in TINY.items() if k != "num_key_value_heads"}
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**kw, **extra))
+
+
+LONG_FACTORS = [1.0, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0, 10.0]
+SHORT_FACTORS = [1.0, 1.0, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0]
+
+MODELS: dict[str, tuple[Any, tuple[str, ...], tuple[int, ...]]] = {
+    # name: (build, rope types it needs, sequence lengths to run)
+    "llama-llama3": (
+        lambda: _llama(
+            {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            max_position_embeddings=512,
+        ),
+        ("llama3",),
+        (300,),
+    ),
+    "qwen2-yarn": (
+        lambda: _qwen2(
+            {
+                "rope_type": "yarn",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            max_position_embeddings=256,
+        ),
+        ("yarn",),
+        (250,),
+    ),
+    "phi3-longrope": (
+        lambda: _phi3(
+            {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": SHORT_FACTORS,
+                "long_factor": LONG_FACTORS,
+            },
+            max_position_embeddings=512,
+            original_max_position_embeddings=128,
+        ),
+        ("longrope",),
+        (300, 128, 100),  # long factors, then short at exactly the original length, then short
+    ),
+    "gpt-neox-partial": (
+        lambda: _neox(rotary_pct=0.25, max_position_embeddings=256),
+        ("default",),
+        (200,),
+    ),
+    "llama-dynamic": (
+        lambda: _llama(
+            {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+            max_position_embeddings=64,
+        ),
+        ("dynamic",),
+        (160, 200, 40),  # grow past max_position_embeddings, grow further, fall back below
+    ),
+}
+
+
+def _rotary(model: Any) -> Any:
+    found = [m for _, m in model.named_modules() if type(m).__name__.endswith("RotaryEmbedding")]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_patched_model_matches_hf(name: str) -> None:
+    build, needs, lengths = MODELS[name]
+    _need(*needs)
+    torch.manual_seed(0)
+    model = build().eval()
+    hf_rotary = _rotary(model)
+    reference = hf.rope_spec(model.config)
+    gen = torch.Generator().manual_seed(1)
+    inputs = {n: torch.randint(3, VOCAB, (2, n), generator=gen) for n in lengths}
+    with torch.no_grad():
+        before = {n: model(ids).logits for n, ids in inputs.items()}
+    hf.patch_model(model)
+    ours_rotary = _rotary(model)
+    assert type(ours_rotary).__name__ == "HFRotaryEmbedding"
+    assert ours_rotary.rope_type == reference.rope_type
+    with torch.no_grad():
+        after = {n: model(ids).logits for n, ids in inputs.items()}
+
+    x = torch.zeros(1, dtype=torch.float32)
+    for n in lengths:
+        positions = torch.arange(n)[None]
+        hf_cos, hf_sin = hf_rotary(x, positions)  # HF updates its inv_freq for dynamic/longrope
+        cos, sin = ours_rotary(x, positions)
+        assert cos.dtype == sin.dtype == torch.float32
+        assert cos.shape == hf_cos.shape == (1, n, reference.rotary_dim)
+        freqs = reference.frequencies(seq_len=n)
+        factor = reference.params.get("factor") or 1.0
+        delta = _hf_delta(hf_rotary.inv_freq, freqs, reference.base, factor)
+        tol = _table_tol(n, freqs, delta)
+        table_diff = max((cos - hf_cos).abs().max().item(), (sin - hf_sin).abs().max().item())
+        assert table_diff <= tol, (n, table_diff, tol)
+
+        # closer to the float64 truth than HF, and within one rounding of it
+        true_cos, true_sin = _truth(positions, freqs)
+        ours_err = max(np.abs(cos.numpy() - true_cos).max(), np.abs(sin.numpy() - true_sin).max())
+        hf_err = max(
+            np.abs(hf_cos.numpy() - true_cos).max(), np.abs(hf_sin.numpy() - true_sin).max()
+        )
+        assert ours_err <= freqs.attention_scaling * 2.0**-24 * 1.01 + 1e-15
+        assert ours_err <= hf_err
+
+        # small positions (a fresh call: dynamic and longrope pick their frequencies by it)
+        small = torch.arange(8)[None]
+        hf_c8, hf_s8 = hf_rotary(x, small)
+        c8, s8 = ours_rotary(x, small)
+        small_freqs = reference.frequencies(seq_len=8)
+        small_delta = _hf_delta(hf_rotary.inv_freq, small_freqs, reference.base, factor)
+        small_tol = _table_tol(8, small_freqs, small_delta)
+        assert (c8 - hf_c8).abs().max() <= small_tol
+        assert (s8 - hf_s8).abs().max() <= small_tol
+
+        logit_diff = (after[n] - before[n]).abs().max().item()
+        assert logit_diff <= 10 * tol * before[n].abs().max().item(), (n, logit_diff, tol)
+
+
+def test_patched_tables_match_hf_at_small_positions() -> None:
+    """Default RoPE at positions < 16: both tables are within a few float32 ulps."""
+    torch.manual_seed(0)
+    model = _llama({"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=64)
+    hf_rotary = _rotary(model)
+    hf.patch_model(model)
+    ours = _rotary(model)
+    x = torch.zeros(1)
+    positions = torch.arange(16)[None].expand(3, -1)
+    hf_cos, hf_sin = hf_rotary(x, positions)
+    cos, sin = ours(x, positions)
+    freqs = hf.rope_spec(model.config).frequencies()
+    delta = _hf_delta(hf_rotary.inv_freq, freqs, 10000.0, 1.0)
+    tol = _table_tol(16, freqs, delta)
+    assert (cos - hf_cos).abs().max() <= tol
+    assert (sin - hf_sin).abs().max() <= tol
+    # position 0 is exact in both
+    assert torch.equal(cos[:, 0], hf_cos[:, 0]) and torch.equal(sin[:, 0], hf_sin[:, 0])
+
+
+def test_patched_module_follows_dtype_and_layer_position_shapes() -> None:
+    torch.manual_seed(0)
+    model = hf.patch_model(_llama({"rope_type": "default", "rope_theta": 10000.0}))
+    rotary = _rotary(model)
+    x = torch.zeros(2, 5, 64, dtype=torch.bfloat16)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    cos, sin = rotary(x, positions)
+    assert cos.dtype == sin.dtype == torch.bfloat16
+    assert cos.shape == (2, 5, 16)
+    truth, _ = _truth(positions, hf.rope_spec(model.config).frequencies())
+    np.testing.assert_array_equal(cos.float().numpy(), torch.tensor(truth).bfloat16().float())
+
+
+def test_dynamic_restores_below_max_position_embeddings() -> None:
+    _need("dynamic")
+    torch.manual_seed(0)
+    model = _llama(
+        {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+        max_position_embeddings=32,
+    )
+    hf.patch_model(model)
+    rotary = _rotary(model)
+    x = torch.zeros(1)
+    short = torch.arange(20)[None]
+    first, _ = rotary(x, short)
+    grown, _ = rotary(x, torch.arange(100)[None])
+    assert not torch.equal(grown[:, :20], first)  # the base grew
+    again, _ = rotary(x, short)
+    assert torch.equal(again, first)  # and was restored
+    at_max, _ = rotary(x, torch.arange(32)[None])
+    assert torch.equal(at_max[:, :20], first)  # seq_len == max_position_embeddings: unscaled
+
+
+def test_gemma3_per_layer_type() -> None:
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    _need("linear")
+    config = Gemma3TextConfig(
+        **{**TINY, "head_dim": 16},
+        sliding_window=16,
+        max_position_embeddings=256,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+        },
+        query_pre_attn_scalar=16,
+    )
+    assert hf.rope_layer_types(config) == ("sliding_attention", "full_attention")
+    full = hf.rope_spec(config, layer_type="full_attention")
+    assert (full.rope_type, full.base, dict(full.params)) == ("linear", 1e6, {"factor": 8.0})
+    with pytest.raises(ValueError, match="layer_type"):
+        hf.rope_spec(config)
+
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config).eval()
+    hf_rotary = _rotary(model)
+    ids = torch.randint(3, VOCAB, (1, 120), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(ids).logits
+    hf.patch_model(model)
+    rotary = _rotary(model)
+    with torch.no_grad():
+        after = model(ids).logits
+    x = torch.zeros(1)
+    positions = torch.arange(120)[None]
+    tol = 0.0
+    for layer_type in ("sliding_attention", "full_attention"):
+        spec = hf.rope_spec(config, layer_type=layer_type)
+        freqs = spec.frequencies()
+        delta = _hf_delta(
+            getattr(hf_rotary, f"{layer_type}_inv_freq"),
+            freqs,
+            spec.base,
+            spec.params.get("factor", 1.0),
+        )
+        layer_tol = _table_tol(120, freqs, delta)
+        tol = max(tol, layer_tol)
+        hf_cos, _ = hf_rotary(x, positions, layer_type)
+        cos, _ = rotary(x, positions, layer_type)
+        assert (cos - hf_cos).abs().max() <= layer_tol
+    assert (after - before).abs().max() <= 10 * tol * before.abs().max()
+
+
+def test_patch_refuses_mrope() -> None:
+    from transformers import Qwen2VLTextConfig, Qwen2VLTextModel
+
+    config = Qwen2VLTextConfig(
+        **TINY, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}
+    )
+    model = Qwen2VLTextModel(config)
+    with pytest.raises(ValueError, match="M-RoPE"):
+        hf.patch_model(model)
+    with pytest.raises(ValueError, match="M-RoPE"):
+        hf.rope_spec(config)
+
+
+def test_patch_refuses_models_without_rotary() -> None:
+    with pytest.raises(ValueError, match="RotaryEmbedding"):
+        hf.patch_model(torch.nn.Linear(2, 2))
+
+
+def test_patch_refuses_foreign_rotary_modules() -> None:
+    class FooRotaryEmbedding(torch.nn.Module):
+        def forward(self, seq_len: int) -> Any:
+            return seq_len
+
+    model = torch.nn.Sequential(FooRotaryEmbedding())
+    with pytest.raises(ValueError, match="contract"):
+        hf.patch_model(model)
+
+
+def test_patch_refuses_mismatched_frequencies() -> None:
+    torch.manual_seed(0)
+    model = _llama({"rope_type": "default", "rope_theta": 10000.0})
+    rotary = _rotary(model)
+    rotary.original_inv_freq.mul_(1.001)  # a model computing RoPE its own way
+    with pytest.raises(ValueError, match="does not recognise"):
+        hf.patch_model(model)
+
+
+# --------------------------------------------------------------------------------------
+# rope_spec on dicts and config objects.
+
+BASE_DICT = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 256}
+
+
+def test_rope_spec_v4_dict_with_type_alias() -> None:
+    spec = hf.rope_spec(
+        {**BASE_DICT, "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    )
+    assert spec.rope_type == "linear"
+    assert spec.base == 500000.0
+    assert dict(spec.params) == {"factor": 2.0}
+    assert (spec.head_dim, spec.rotary_dim) == (16, 16)
+    assert spec.max_position_embeddings == 256
+
+
+def test_rope_spec_v4_dynamic_takes_max_position_embeddings() -> None:
+    _need("dynamic")
+    spec = hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+    assert spec.base == hf.DEFAULT_THETA
+    assert dict(spec.params) == {"factor": 2.0, "max_position_embeddings": 256}
+
+
+def test_rope_spec_v5_dict() -> None:
+    spec = hf.rope_spec(
+        {
+            **BASE_DICT,
+            "head_dim": 32,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5,
+            },
+        }
+    )
+    assert (spec.rope_type, spec.base, spec.head_dim, spec.rotary_dim) == ("default", 1e6, 32, 16)
+    assert dict(spec.params) == {}
+    assert spec.frequencies().inv_freq.shape == (8,)
+
+
+def test_rope_spec_original_max_defaults_and_priority() -> None:
+    _need("yarn", "longrope")
+    yarn = hf.rope_spec({**BASE_DICT, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    assert yarn.original_max_position_embeddings == 256  # HF's default: max_position_embeddings
+    # Phi-3: the top-level original_max_position_embeddings wins, as in HF
+    phi3 = hf.rope_spec(
+        {
+            **BASE_DICT,
+            "model_type": "phi3",
+            "original_max_position_embeddings": 64,
+            "rope_scaling": {
+                "type": "su",
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+                "original_max_position_embeddings": 128,
+            },
+        }
+    )
+    assert phi3.rope_type == "longrope"
+    assert phi3.original_max_position_embeddings == 64
+    assert phi3.params["max_position_embeddings"] == 256
+    assert phi3.frequencies(seq_len=65).inv_freq[-1] < phi3.frequencies(seq_len=64).inv_freq[-1]
+    # DeepSeek-V3: a null yarn factor is max_position_embeddings / original
+    ds = hf.rope_spec(
+        {
+            **BASE_DICT,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": None,
+                "original_max_position_embeddings": 64,
+            },
+        }
+    )
+    assert ds.params["factor"] == 4.0
+
+
+def test_rope_spec_gpt_neox_dict_names() -> None:
+    spec = hf.rope_spec({**BASE_DICT, "rotary_pct": 0.25, "rotary_emb_base": 20000})
+    assert (spec.rotary_dim, spec.base, spec.partial_rotary_factor) == (4, 20000.0, 0.25)
+
+
+def test_rope_spec_per_layer_type_dict() -> None:
+    config = {
+        **BASE_DICT,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        },
+    }
+    assert hf.rope_layer_types(config) == ("sliding_attention", "full_attention")
+    assert hf.rope_spec(config, layer_type="full_attention").rope_type == "linear"
+    local = hf.rope_spec(config, layer_type="sliding_attention")
+    assert (local.rope_type, local.base, local.layer_type) == ("default", 1e4, "sliding_attention")
+    with pytest.raises(ValueError, match="one RoPE per layer type"):
+        hf.rope_spec(config)
+    with pytest.raises(ValueError, match="unknown layer_type"):
+        hf.rope_spec(config, layer_type="chunked_attention")
+    with pytest.raises(ValueError, match="one RoPE for all layers"):
+        hf.rope_spec({**BASE_DICT, "rope_theta": 1e4}, layer_type="full_attention")
+    assert hf.rope_layer_types({**BASE_DICT, "rope_theta": 1e4}) == ()
+
+
+def test_rope_spec_errors() -> None:
+    with pytest.raises(ValueError, match="head dim"):
+        hf.rope_spec({"rope_theta": 1e4})
+    with pytest.raises(ValueError, match="unknown rope type 'wobbly'"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "wobbly", "factor": 2.0}})
+    with pytest.raises(ValueError, match="does not take colour"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear", "factor": 2.0, "colour": 1}})
+    with pytest.raises(ValueError, match="needs factor"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear"}})
+    with pytest.raises(ValueError, match="two rope types"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear", "rope_type": "yarn"}})
+    with pytest.raises(ValueError, match="differ"):
+        hf.rope_spec(
+            {
+                **BASE_DICT,
+                "rope_scaling": {"type": "linear", "factor": 2.0},
+                "rope_parameters": {"rope_type": "default"},
+            }
+        )
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        hf.rope_spec({**BASE_DICT, "partial_rotary_factor": 0})
+    with pytest.raises(TypeError, match="rope_scaling must be a dict"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": "linear"})
+    with pytest.raises(ValueError, match="M-RoPE"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "default", "mrope_section": [2, 3, 3]}})
+
+
+def test_rope_spec_is_frozen_and_hashable() -> None:
+    spec = hf.rope_spec({**BASE_DICT, "rope_theta": 1e4})
+    with pytest.raises(AttributeError):
+        spec.base = 2.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        spec.params["factor"] = 2.0  # type: ignore[index]
+    assert hash(spec) == hash(hf.rope_spec({**BASE_DICT, "rope_theta": 1e4}))
+
+
+CONFIG_CASES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "yarn-mscale": {
+        "rope_type": "yarn",
+        "rope_theta": 1e4,
+        "factor": 40.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+        "beta_fast": 16,
+        "truncate": False,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "short_factor": SHORT_FACTORS,
+        "long_factor": LONG_FACTORS,
+        "original_max_position_embeddings": 64,
+    },
+    "proportional": {
+        "rope_type": "proportional",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "factor": 8.0,
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_rope_spec_on_config_objects_matches_hf_init(case: str) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    parameters = CONFIG_CASES[case]
+    rope_type = parameters["rope_type"]
+    _need(rope_type)
+    config = LlamaConfig(**TINY, max_position_embeddings=256, rope_parameters=dict(parameters))
+    spec = hf.rope_spec(config)
+    assert spec.rope_type == rope_type
+    # the same settings read from the config.json dict, v5 and v4
+    as_dict = config.to_dict()
+    assert hf.rope_spec(as_dict) == spec
+    v4 = {k: v for k, v in as_dict.items() if k != "rope_parameters"}
+    v4_scaling = {k: v for k, v in parameters.items() if k not in ("rope_type", "rope_theta")}
+    v4 = {
+        **v4,
+        "rope_theta": parameters["rope_theta"],
+        "rope_scaling": {"type": rope_type, **v4_scaling},
+    }
+    assert hf.rope_spec(v4) == spec
+    for seq_len in (None, 300):
+        freqs = spec.frequencies(seq_len=seq_len)
+        assert freqs.inv_freq.shape == (8,)  # proportional too: it covers the whole head
+        if rope_type == "default":
+            scaling = 1.0
+            theirs = 1.0 / (spec.base ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+        else:
+            theirs, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+        factor = spec.params.get("factor") or 1.0
+        _hf_delta(theirs, freqs, spec.base, factor)
+        assert freqs.attention_scaling == pytest.approx(scaling, rel=1e-12)
+
+
+def test_rope_spec_reads_text_config_of_composite_configs() -> None:
+    spec = hf.rope_spec({"model_type": "x", "text_config": {**BASE_DICT, "rope_theta": 5e5}})
+    assert spec.base == 5e5
