@@ -1,0 +1,551 @@
+"""Rotary embeddings applied: posenc.rotary.apply and posenc.rotary.module.
+
+References: HF transformers' Llama and GPT-NeoX rotary modules and
+``apply_rotary_pos_emb`` (half layout, partial rotary), rotary-embedding-torch
+(interleaved layout), a float64 formula as the truth.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posenc.rotary.apply import apply_rotary
+from posenc.rotary.module import Rotary
+from posenc.rotary.schedules import frequencies
+
+F32_EPS = 2.0**-24  # unit roundoff of float32
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """The textbook formula, differentiable by autograd (partial rotary included)."""
+    r = cos.shape[-1]
+    xr, rest = x[..., :r], x[..., r:]
+    turn = rotate_half if layout == "half" else rotate_every_two
+    return torch.cat([xr * cos + turn(xr) * sin, rest], dim=-1)
+
+
+def truth(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, layout: str, base=1e4):
+    """float64 rotation with float64 angles: errors ~1e-16 * angle, far below float32's."""
+    k = torch.arange(0, rotary_dim, 2, dtype=torch.float64)
+    theta = positions.double()[..., None] * base ** (-k / rotary_dim)
+    if layout == "half":
+        theta = torch.cat([theta, theta], dim=-1)
+    else:
+        theta = theta.repeat_interleave(2, dim=-1)
+    return plain(x.double(), theta.cos(), theta.sin(), layout)
+
+
+def hf_tolerance(x: torch.Tensor, max_angle: float) -> float:
+    """HF's float32 error: the angle rounds to about 2**-22 relative (inv_freq, then the
+    product), which moves a pair of norm <= 2 max|x| by that much; plus float32 ulps."""
+    scale = 2 * float(x.abs().max())
+    return scale * (max_angle * 2.0**-22 + 8 * F32_EPS)
+
+
+# ---------------------------------------------------------------------- HF equivalence
+
+
+def hf_llama(head_dim: int, base: float = 1e4):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        rope_parameters={"rope_type": "default", "rope_theta": base},
+    )
+    return LlamaRotaryEmbedding(config)
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "k_heads", "offset", "per_batch"),
+    [(4, 4, 0, False), (8, 2, 37, False), (4, 1, 0, True), (4, 4, 50_000, True)],
+)
+def test_half_matches_hf_llama(q_heads: int, k_heads: int, offset: int, per_batch: bool) -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    batch, seq, d = 2, 24, 64
+    q = torch.randn(batch, q_heads, seq, d)
+    k = torch.randn(batch, k_heads, seq, d)
+    if per_batch:
+        positions = torch.stack([torch.arange(seq) + offset, torch.arange(seq) * 3 + offset])
+    else:
+        positions = torch.arange(seq).expand(batch, seq) + offset
+    cos, sin = hf_llama(d)(q, positions)
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    rope = Rotary(d)
+    if per_batch:
+        oq, ok = rope(q, k, positions=positions)
+    else:
+        oq, ok = rope(q, k, offset=offset)
+    max_angle = float(positions.max())
+    for ours, hf, x in ((oq, hq, q), (ok, hk, k)):
+        tol = hf_tolerance(x, max_angle)
+        torch.testing.assert_close(ours, hf, rtol=0, atol=tol)
+        exact = truth(x, positions[:, None, :], d, "half")
+        err_ours = (ours.double() - exact).abs().max().item()
+        err_hf = (hf.double() - exact).abs().max().item()
+        assert err_ours <= 8 * F32_EPS * float(x.abs().max())
+        assert err_ours <= err_hf
+
+
+def test_partial_rotary_matches_gpt_neox() -> None:
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import (
+        GPTNeoXRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    torch.manual_seed(1)
+    heads, d, seq, offset = 4, 64, 20, 1000
+    config = GPTNeoXConfig(
+        hidden_size=heads * d,
+        num_attention_heads=heads,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+    )
+    q, k = torch.randn(2, heads, seq, d), torch.randn(2, 2, seq, d)
+    positions = (torch.arange(seq) + offset)[None].expand(2, seq)
+    cos, sin = GPTNeoXRotaryEmbedding(config)(q, positions)
+    assert cos.shape[-1] == 16
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    oq, ok = Rotary(d, rotary_dim=16)(q, k, offset=offset)
+    assert torch.equal(oq[..., 16:], q[..., 16:])  # the tail passes through untouched
+    for ours, hf, x in ((oq, hq, q), (ok, hk, k)):
+        torch.testing.assert_close(ours, hf, rtol=0, atol=hf_tolerance(x, seq + offset))
+        exact = truth(x, positions[:, None, :], 16, "half")
+        assert (ours.double() - exact).abs().max() <= (hf.double() - exact).abs().max()
+
+
+def test_cos_sin_is_hf_table() -> None:
+    rope = Rotary(64)
+    positions = torch.arange(100)[None]
+    hc, hs = hf_llama(64)(torch.zeros(1), positions)
+    c, s = rope.cos_sin(positions)
+    assert c.shape == hc.shape and c.dtype == torch.float32
+    tol = hf_tolerance(torch.ones(1), 100) / 2
+    torch.testing.assert_close(c, hc, rtol=0, atol=tol)
+    torch.testing.assert_close(s, hs, rtol=0, atol=tol)
+    # HF rounds twice (pow, then 1 / x) plus powf error; ours is rounded once
+    torch.testing.assert_close(rope.inv_freq, hf_llama(64).inv_freq, rtol=4 * F32_EPS, atol=0)
+
+
+# ---------------------------------------------------------------------- interleaved
+
+
+def test_interleaved_matches_rotary_embedding_torch() -> None:
+    from rotary_embedding_torch import RotaryEmbedding
+
+    torch.manual_seed(2)
+    d, seq, offset = 32, 40, 300
+    ref = RotaryEmbedding(d)
+    # its convention: theta ** -(arange(0, dim, 2) / dim), pairs (2i, 2i + 1)
+    expected = 10000.0 ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)
+    # float32 arange / dim, then powf: a few roundings
+    torch.testing.assert_close(ref.freqs.double(), expected, rtol=4 * F32_EPS, atol=0)
+    t = torch.randn(2, 3, seq, d)
+    theirs = ref.rotate_queries_or_keys(t, offset=offset)
+    ours, _ = Rotary(d, layout="interleaved")(t, t, offset=offset)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=hf_tolerance(t, seq + offset))
+    exact = truth(t, torch.arange(seq) + offset, d, "interleaved")
+    assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max()
+
+
+def hf_permute(x: torch.Tensor) -> torch.Tensor:
+    """HF's convert_llama_weights_to_hf permutation of q/k channels: interleaved -> half."""
+    d = x.shape[-1]
+    return x.unflatten(-1, (d // 2, 2)).transpose(-1, -2).flatten(-2)
+
+
+@pytest.mark.parametrize("rotary_dim", [32, 16])
+def test_interleaved_is_half_after_permutation(rotary_dim: int) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(2, 4, 12, 32)
+    inter = Rotary(32, rotary_dim=rotary_dim, layout="interleaved")
+    half = Rotary(32, rotary_dim=rotary_dim, layout="half")
+    a, _ = inter(x, x, offset=5)
+    b, _ = half(_perm_head(x, rotary_dim), x, offset=5)
+    torch.testing.assert_close(_perm_head(a, rotary_dim), b, rtol=4 * F32_EPS, atol=4 * F32_EPS)
+
+
+def _perm_head(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    return torch.cat([hf_permute(x[..., :rotary_dim]), x[..., rotary_dim:]], dim=-1)
+
+
+# ---------------------------------------------------------------------- properties
+
+layouts = st.sampled_from(["half", "interleaved"])
+
+
+@functools.cache
+def rotary(head_dim: int, layout: str) -> Rotary:
+    return Rotary(head_dim, layout=layout)  # type: ignore[arg-type]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    layout=layouts,
+    half_dim=st.integers(1, 16),
+    position=st.integers(-(2**31) + 1, 2**31 - 1),
+    seed=st.integers(0, 2**16),
+)
+def test_norm_preserved(layout: str, half_dim: int, position: int, seed: int) -> None:
+    d = 2 * half_dim
+    x = torch.randn(3, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    c, s = rotary(d, layout).cos_sin(torch.tensor([position] * 3), dtype=torch.float64)
+    y = apply_rotary(x, c, s, layout=layout)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    layout=layouts,
+    m=st.integers(0, 10**6),
+    n=st.integers(0, 10**6),
+    shift=st.integers(-(10**6), 10**6),
+    seed=st.integers(0, 2**16),
+)
+def test_dot_depends_on_distance_only(layout: str, m: int, n: int, shift: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(16, generator=g, dtype=torch.float64), torch.randn(16, generator=g).double()
+    rope = rotary(16, layout)
+
+    def dot(a: int, b: int) -> float:
+        ca, sa = rope.cos_sin(torch.tensor([a]), dtype=torch.float64)
+        cb, sb = rope.cos_sin(torch.tensor([b]), dtype=torch.float64)
+        qa = apply_rotary(q[None], ca, sa, layout=layout)
+        kb = apply_rotary(k[None], cb, sb, layout=layout)
+        return float((qa * kb).sum())
+
+    scale = float(q.norm() * k.norm())
+    assert math.isclose(dot(m, n), dot(m + shift, n + shift), rel_tol=0, abs_tol=1e-12 * scale)
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout=layouts, position=st.integers(0, 2**31 - 1), seed=st.integers(0, 2**16))
+def test_rotate_back_is_identity(layout: str, position: int, seed: int) -> None:
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    c, s = rotary(8, layout).cos_sin(torch.full((5,), position), dtype=torch.float64)
+    back = apply_rotary(apply_rotary(x, c, s, layout=layout), c, -s, layout=layout)
+    torch.testing.assert_close(back, x, rtol=0, atol=1e-14)
+
+
+# ---------------------------------------------------------------------- autograd
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [8, 6])
+def test_gradcheck(layout: str, rotary_dim: int) -> None:
+    c, s = Rotary(8, rotary_dim=rotary_dim, layout=layout).cos_sin(
+        torch.arange(5) * 7, dtype=torch.float64
+    )
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda t: apply_rotary(t, c, s, layout=layout, rotary_dim=rotary_dim), (x,)
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda t: apply_rotary(t, c, s, layout=layout, rotary_dim=rotary_dim), (x,)
+    )
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_equals_autograd_of_formula(layout: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(4)
+    c, s = Rotary(32, rotary_dim=24, layout=layout).cos_sin(torch.arange(9) + 100, dtype=dtype)
+    x = torch.randn(2, 3, 9, 32, dtype=dtype, requires_grad=True)
+    g = torch.randn(2, 3, 9, 32, dtype=dtype)
+    (ours,) = torch.autograd.grad(apply_rotary(x, c, s, layout=layout), x, g)
+    (ref,) = torch.autograd.grad(plain(x, c, s, layout), x, g)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(ours, ref, rtol=0, atol=8 * eps * float(g.abs().max()))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_saves_no_activations(layout: str) -> None:
+    c, s = Rotary(64, layout=layout).cos_sin(torch.arange(16))
+    x = torch.randn(2, 4, 16, 64, requires_grad=True)
+    saved: list[torch.Size] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = apply_rotary(x * 1.0, c, s, layout=layout)
+    # x * 1.0 saves nothing (a constant factor); the rotation saves cos and one sin per pair
+    assert len(saved) == 2
+    assert all(shape[0] == 16 and len(shape) == 2 for shape in saved), saved
+    y.sum().backward()
+    assert x.grad is not None
+
+
+def test_cos_sin_requiring_grad_fall_back_to_autograd() -> None:
+    c, s = Rotary(8).cos_sin(torch.arange(4), dtype=torch.float64)
+    c.requires_grad_(True)
+    s.requires_grad_(True)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    gc, gs = torch.autograd.grad(apply_rotary(x, c, s).sum(), (c, s))
+    rc, rs = torch.autograd.grad(plain(x, c, s, "half").sum(), (c, s))
+    torch.testing.assert_close(gc, rc)
+    # one sin per pair is read: its gradient is the sum over both copies
+    torch.testing.assert_close(gs[..., :4] + gs[..., 4:], rs[..., :4] + rs[..., 4:])
+
+
+# ---------------------------------------------------------------------- dtypes, packing, cache
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_rotated_in_float32(layout: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(5)
+    rope = Rotary(64, layout=layout, rotary_dim=48)
+    q = torch.randn(1, 2, 30, 64).to(dtype)
+    k = torch.randn(1, 1, 30, 64).to(dtype)
+    oq, ok = rope(q, k, offset=4000)
+    fq, fk = rope(q.float(), k.float(), offset=4000)
+    assert oq.dtype == ok.dtype == dtype
+    assert torch.equal(oq, fq.to(dtype)) and torch.equal(ok, fk.to(dtype))
+    qg = q.clone().requires_grad_(True)
+    rope(qg, k, offset=4000)[0].float().sum().backward()
+    assert qg.grad is not None and qg.grad.dtype == dtype
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_low_precision_large_slices(layout: str) -> None:
+    # (seq, head_dim) slices of 2**15 elements and more are rotated slice by slice
+    torch.manual_seed(8)
+    rope = Rotary(64, layout=layout, rotary_dim=40)
+    q = torch.randn(2, 3, 512, 64).bfloat16()
+    k = torch.randn(2, 1, 512, 64).bfloat16()
+    positions = torch.stack([torch.arange(512), torch.arange(512) * 2 + 9])
+    oq, ok = rope(q, k, positions=positions)
+    fq, fk = rope(q.float(), k.float(), positions=positions)
+    assert torch.equal(oq, fq.bfloat16()) and torch.equal(ok, fk.bfloat16())
+    # a strided q takes the real (not complex) formula: float32 results may differ by
+    # an ulp, so the rounding to bfloat16 by one bfloat16 ulp (2**-8 relative)
+    oq, _ = rope(q.transpose(2, 3).contiguous().transpose(2, 3), k, offset=3)
+    ref = rope(q.float(), k.float(), offset=3)[0]
+    torch.testing.assert_close(oq.float(), ref, rtol=2.0**-8, atol=0)
+
+
+def test_model_to_bf16_keeps_float32_inv_freq() -> None:
+    rope = Rotary(64, scaling={"rope_type": "linear", "factor": 4.0})
+    exact = rope.inv_freq.clone()
+    model = torch.nn.Sequential(rope).to(torch.bfloat16)
+    assert model[0].inv_freq.dtype == torch.float32
+    assert torch.equal(model[0].inv_freq, exact)
+    assert "inv_freq" not in model.state_dict() and "0.inv_freq" not in model.state_dict()
+    torch.testing.assert_close(exact, Rotary(64).inv_freq / 4, rtol=F32_EPS, atol=0)
+
+
+def test_seq_before_heads_layout() -> None:
+    torch.manual_seed(6)
+    q, k = torch.randn(2, 10, 4, 32), torch.randn(2, 10, 2, 32)
+    positions = torch.stack([torch.arange(10), torch.arange(10) + 7])
+    a, b = Rotary(32, seq_dim=-3)(q, k, positions=positions)
+    ra, rb = Rotary(32)(q.transpose(1, 2), k.transpose(1, 2), positions=positions)
+    assert torch.equal(a, ra.transpose(1, 2)) and torch.equal(b, rb.transpose(1, 2))
+    a, _ = Rotary(32, seq_dim=-3)(q, k, offset=3)
+    ra, _ = Rotary(32)(q.transpose(1, 2), k.transpose(1, 2), offset=3)
+    assert torch.equal(a, ra.transpose(1, 2))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_cu_seqlens_equals_separate_sequences(layout: str) -> None:
+    torch.manual_seed(7)
+    lengths = [5, 1, 9, 3]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k = torch.randn(total, 4, 32), torch.randn(total, 2, 32)
+    rope = Rotary(32, layout=layout)
+    pq, pk = rope(q, k, cu_seqlens=cu)
+    sep = Rotary(32, layout=layout, seq_dim=-3)
+    for start, n in zip(cu[:-1].tolist(), lengths, strict=True):
+        eq, ek = sep(q[start : start + n], k[start : start + n])
+        assert torch.equal(pq[start : start + n], eq) and torch.equal(pk[start : start + n], ek)
+
+
+def test_table_cached_and_grown_by_doubling() -> None:
+    rope = Rotary(16)
+    key = (torch.device("cpu"), torch.float32)
+    table = rope._tables[key]
+    q = torch.randn(1, 1, 8, 16)
+    rope(q, q, offset=100)
+    assert rope._tables[key] is table  # no recomputation within the table
+    rope(q, q, offset=5000)
+    grown = rope._tables[key]
+    assert grown[0].shape[0] == 8192
+    rope(q, q, offset=6000)
+    assert rope._tables[key] is grown
+    rope(q.double(), q.double(), offset=1)  # float64 gets its own, float64-exact table
+    assert rope._tables[(torch.device("cpu"), torch.float64)][0].dtype == torch.float64
+    c, s = rope.cos_sin(torch.arange(5000, 5008))
+    assert torch.equal(c, grown[0][5000:5008]) and torch.equal(s, grown[1][5000:5008])
+
+
+def test_dynamic_scaling_follows_hf() -> None:
+    params = {"rope_type": "dynamic", "factor": 2.0}
+    rope = Rotary(32, scaling=params, max_position_embeddings=64)
+    default = rope.inv_freq.clone()
+    q = torch.randn(1, 1, 16, 32)
+    rope(q, q, offset=100)  # needs 116 > 64: recomputed for 116
+    longer = frequencies(
+        "dynamic", 32, 1e4, {"factor": 2.0, "max_position_embeddings": 64}, seq_len=116
+    )
+    torch.testing.assert_close(rope.inv_freq, torch.tensor(longer.inv_freq, dtype=torch.float32))
+    rope(q, q, offset=80)  # 96: shorter than 116 but above 64, HF keeps the 116 frequencies
+    torch.testing.assert_close(rope.inv_freq, torch.tensor(longer.inv_freq, dtype=torch.float32))
+    out, _ = rope(q, q)  # 16 < 64: restored (transformers #25104)
+    assert torch.equal(rope.inv_freq, default)
+    assert torch.equal(out, Rotary(32)(q, q)[0])
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        head_dim=32,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+    )
+    hf = LlamaRotaryEmbedding(config)
+    positions = torch.arange(100, 116)[None]
+    hc, _ = hf(q, positions)
+    c, _ = rope.cos_sin(positions)
+    torch.testing.assert_close(c, hc, rtol=0, atol=hf_tolerance(torch.ones(1), 116))
+
+
+# ---------------------------------------------------------------------- torch.compile
+
+
+def test_compile_fullgraph_no_recompile_for_new_length() -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    rope = Rotary(32, rotary_dim=24)
+
+    def f(q: torch.Tensor, k: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope(q, k, offset=offset)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=None)
+    for seq in (8, 13):
+        q, k = torch.randn(2, 4, seq, 32), torch.randn(2, 2, seq, 32)
+        torch._dynamo.mark_dynamic(q, 2)
+        torch._dynamo.mark_dynamic(k, 2)
+        got = compiled(q, k, 7)
+        want = f(q, k, 7)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=4 * F32_EPS * float(q.abs().max()))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"head_dim": 63}, "head_dim"),
+        ({"head_dim": 64, "rotary_dim": 15}, "rotary_dim"),
+        ({"head_dim": 64, "rotary_dim": 96}, "rotary_dim"),
+        ({"head_dim": 64, "layout": "neox"}, "layout"),
+        ({"head_dim": 64, "seq_dim": 1}, "seq_dim"),
+        ({"head_dim": 64, "scaling": {"rope_type": "linear", "factor": 0.5}}, "factor"),
+        ({"head_dim": 64, "scaling": {"rope_type": "bogus"}}, "rope type"),
+        ({"head_dim": 64, "scaling": {"factor": 2.0}}, "rope_type"),
+        ({"head_dim": 64, "scaling": {"rope_type": "linear", "type": "yarn"}}, "alias"),
+    ],
+)
+def test_constructor_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Rotary(**kwargs)
+
+
+def test_old_type_alias_accepted() -> None:
+    a = Rotary(32, scaling={"type": "linear", "factor": 2.0})
+    b = Rotary(32, scaling={"rope_type": "linear", "factor": 2.0})
+    assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_scaling == 1.0
+
+
+def test_call_errors() -> None:
+    rope = Rotary(32)
+    q = torch.randn(1, 2, 4, 32)
+    with pytest.raises(ValueError, match="head_dim"):
+        rope(q, torch.randn(1, 2, 4, 16))
+    with pytest.raises(TypeError, match="dtype"):
+        rope(q, q.double())
+    with pytest.raises(ValueError, match="device"):
+        rope(q, q.to("meta"))
+    with pytest.raises(TypeError, match="q must be a float tensor"):
+        rope(q.long(), q)
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        rope(q, q, positions=torch.tensor([0, 1, 2, 2**31]))
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        rope(q, q, offset=2**31)
+    with pytest.raises(ValueError, match="not both"):
+        rope(q, q, positions=torch.arange(4), offset=3)
+    with pytest.raises(ValueError, match="positions must be"):
+        rope(q, q, positions=torch.arange(5))
+    with pytest.raises(TypeError, match="offset"):
+        rope(q, q, offset=1.5)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        rope(q[0].transpose(0, 1), q[0].transpose(0, 1), cu_seqlens=torch.tensor([0, 2, 3]))
+    with pytest.raises(TypeError, match="cu_seqlens"):
+        rope(q[0], q[0], cu_seqlens=torch.tensor([0.0, 2.0]))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_rotary(q, torch.ones(4, 6), torch.ones(4, 6), rotary_dim=8)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_rotary(q, torch.ones(4, 48), torch.ones(4, 48))
+    with pytest.raises(ValueError, match="layout"):
+        apply_rotary(q, torch.ones(4, 32), torch.ones(4, 32), layout="gptj")
+
+
+def test_longrope_switches_at_original_max() -> None:
+    short, long = [1.0 + 0.1 * i for i in range(8)], [2.0 + 0.2 * i for i in range(8)]
+    params = {"short_factor": short, "long_factor": long, "original_max_position_embeddings": 64}
+    rope = Rotary(16, scaling={"rope_type": "longrope", **params}, max_position_embeddings=256)
+    full = {**params, "max_position_embeddings": 256}
+
+    def inv(seq_len: int) -> torch.Tensor:
+        freqs = frequencies("longrope", 16, 1e4, full, seq_len=seq_len)
+        return torch.tensor(freqs.inv_freq, dtype=torch.float32)
+
+    q = torch.randn(1, 1, 4, 16)
+    rope(q, q, offset=60)  # 64 positions: exactly original_max stays short (unsloth PR #10681)
+    assert torch.equal(rope.inv_freq, inv(64))
+    rope(q, q, offset=61)
+    assert torch.equal(rope.inv_freq, inv(65)) and not torch.equal(inv(65), inv(64))
+    rope(q, q)
+    assert torch.equal(rope.inv_freq, inv(4))
+
+
+def test_concurrent_calls_agree() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rope, fresh = Rotary(16), Rotary(16)
+    q = torch.randn(1, 2, 8, 16)
+    offsets = [3000, 9000, 17000, 40000, 100, 70000] * 2
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda o: rope(q, q, offset=o)[0], offsets))
+    for o, got in zip(offsets, results, strict=True):
+        assert torch.equal(got, fresh(q, q, offset=o)[0])
