@@ -12,9 +12,11 @@ EXPECTED = {
     "PRESETS",
     "GridSpec",
     "LearnedPositionalEmbedding",
+    "Rotary",
     "Sinusoid",
     "SinusoidalEmbedding",
     "__version__",
+    "apply_rotary",
     "cache_positions",
     "fairseq_positions",
     "fourier_features",
@@ -48,3 +50,8 @@ def test_import_needs_only_numpy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_submodules_resolve_lazily():
+    assert posenc.hf.patch_model is not None
+    assert posenc.rotary.schedules.SCHEDULES

@@ -549,3 +549,51 @@ def test_concurrent_calls_agree() -> None:
         results = list(pool.map(lambda o: rope(q, q, offset=o)[0], offsets))
     for o, got in zip(offsets, results, strict=True):
         assert torch.equal(got, fresh(q, q, offset=o)[0])
+
+
+# ------------------------------------------------------------- from an HF config
+
+HF_ROPE_PARAMETERS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+}
+
+
+@pytest.mark.parametrize("rope_type", sorted(HF_ROPE_PARAMETERS))
+def test_from_hf_config_matches_transformers(rope_type):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=1024,
+        rope_parameters=dict(HF_ROPE_PARAMETERS[rope_type]),
+    )
+    rope = Rotary.from_hf_config(config)
+    if rope_type == "default":
+        inv, scaling = 1.0 / (10000.0 ** (torch.arange(0, 16, 2).double() / 16)), 1.0
+    else:
+        inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    # HF's float32 inv_freq: a few float32 roundings of base ** (-2k / d) (and a blend)
+    rel = ((rope.inv_freq.double() - inv.double()).abs() / inv.double().abs()).max()
+    assert rel < 8 * 2.0**-23
+    assert rope.attention_scaling == pytest.approx(scaling, rel=1e-12)
+    # the same from the plain config.json dict
+    again = Rotary.from_hf_config(config.to_dict())
+    torch.testing.assert_close(again.inv_freq, rope.inv_freq, rtol=0, atol=0)

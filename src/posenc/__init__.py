@@ -2,8 +2,9 @@
 
 Exact at any position, numerically matched to the implementations they come
 from, and benchmarked against them. ``import posenc`` needs only numpy; the
-torch modules (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`)
-are imported on first use and need torch.
+torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
+:class:`Rotary`, :func:`apply_rotary`, :mod:`posenc.hf`) are imported on first
+use and need torch.
 """
 
 from typing import Any
@@ -22,16 +23,25 @@ from posenc.positions import cache_positions, fairseq_positions, opt_positions
 
 __version__ = "0.1.0"
 
-_TORCH_MODULES = ("LearnedPositionalEmbedding", "SinusoidalEmbedding")
+# torch-backed names, imported on first use so that `import posenc` stays numpy-only
+_LAZY = {
+    "LearnedPositionalEmbedding": "posenc.modules",
+    "SinusoidalEmbedding": "posenc.modules",
+    "Rotary": "posenc.rotary.module",
+    "apply_rotary": "posenc.rotary.apply",
+}
+_SUBMODULES = ("analysis", "bench", "hf", "rotary")
 
 __all__ = [
     "GRID_PRESETS",
     "PRESETS",
     "GridSpec",
     "LearnedPositionalEmbedding",
+    "Rotary",
     "Sinusoid",
     "SinusoidalEmbedding",
     "__version__",
+    "apply_rotary",
     "cache_positions",
     "fairseq_positions",
     "fourier_features",
@@ -48,11 +58,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # torch modules load lazily so that `import posenc` stays numpy-only
-    if name in _TORCH_MODULES:
-        from posenc import modules
+    import importlib
 
-        return getattr(modules, name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"posenc.{name}")
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")
 
 

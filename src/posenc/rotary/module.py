@@ -155,6 +155,44 @@ class Rotary(nn.Module):
 
     inv_freq: torch.Tensor
 
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        layer_type: str | None = None,
+        layout: Layout = "half",
+        seq_dim: int = -2,
+    ) -> Rotary:
+        """The rotary embedding an HF model's config describes.
+
+        Args:
+            config: a transformers config object or a plain ``config.json`` dict,
+                in the v5 ``rope_parameters`` form (per layer type too) or the v4
+                ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.hf.rope_spec`).
+            layer_type: which layer type's RoPE, for per-layer-type configs.
+            layout, seq_dim: as in the constructor (HF models use ``"half"``).
+
+        Raises:
+            ValueError: unknown rope type, missing or extra keys (named), no
+                head dim information, M-RoPE configs.
+        """
+        from posenc.hf import rope_spec
+
+        spec = rope_spec(config, layer_type)
+        scaling = None
+        if spec.rope_type != "default":
+            scaling = {"rope_type": spec.rope_type, **spec.params}
+        return cls(
+            spec.head_dim,
+            base=spec.base,
+            rotary_dim=spec.rotary_dim,
+            layout=layout,
+            scaling=scaling,
+            max_position_embeddings=spec.max_position_embeddings,
+            seq_dim=seq_dim,
+        )
+
     def __init__(
         self,
         head_dim: int,
