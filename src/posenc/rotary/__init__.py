@@ -1,8 +1,14 @@
-"""Rotary position embeddings (RoPE): frequency schedules and their application.
+"""Rotary position embeddings (RoPE), one mechanism for every variant.
 
 - :mod:`posenc.rotary.schedules`: the registry of frequency schedules (HF
-  ``rope_type``), each returning exact frequencies and the attention scaling.
+  ``rope_type``: default, linear, ntk, dynamic, yarn, llama3, longrope,
+  proportional), each returning exact frequencies and the attention scaling.
+- :mod:`posenc.rotary.tables`: exact cos/sin tables in the half (GPT-NeoX, HF)
+  and interleaved (GPT-J, Meta) orders.
+- :mod:`posenc.rotary.apply`: :func:`apply_rotary`, whose backward is the
+  inverse rotation.
+- :mod:`posenc.rotary.module`: the :class:`Rotary` module (GQA, per-batch
+  positions, KV-cache offsets, packed sequences, ``from_hf_config``).
 
-Work in progress (issue 3); the public names are re-exported from
-:mod:`posenc` once the family is complete.
+``Rotary`` and ``apply_rotary`` are re-exported from :mod:`posenc`.
 """
