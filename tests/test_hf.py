@@ -358,17 +358,100 @@ def test_gemma3_per_layer_type() -> None:
     assert (after - before).abs().max() <= 10 * tol * before.abs().max()
 
 
-def test_patch_refuses_mrope() -> None:
-    from transformers import Qwen2VLTextConfig, Qwen2VLTextModel
+MROPE_MODELS: dict[str, tuple[str, list[int], bool]] = {
+    # name: (transformers model class, mrope_section, interleaved)
+    "qwen2-vl": ("Qwen2VLTextModel", [2, 3, 3], False),
+    "qwen3-vl": ("Qwen3VLTextModel", [4, 2, 2], True),
+}
 
-    config = Qwen2VLTextConfig(
-        **TINY, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}
+
+def _mrope_model(name: str) -> Any:
+    cls_name, section, _ = MROPE_MODELS[name]
+    config_cls = getattr(transformers, cls_name.replace("Model", "Config"))
+    config = config_cls(
+        **{**TINY, "head_dim": 16},
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
     )
-    model = Qwen2VLTextModel(config)
-    with pytest.raises(ValueError, match="M-RoPE"):
+    torch.manual_seed(0)
+    return getattr(transformers, cls_name)(config).eval()
+
+
+def _mrope_positions(n: int, batch: int = 2) -> Any:
+    """(3, batch, n) M-RoPE positions: a long temporal axis, a small image-like grid."""
+    t = torch.arange(n) * 97  # up to ~ 97 n: HF's float32 angles err visibly there
+    h, w = torch.arange(n) // 8 + 3, torch.arange(n) % 8 + 5
+    return torch.stack([t, h, w])[:, None].expand(3, batch, n)
+
+
+def _logits(model: Any, ids: Any, positions: Any) -> Any:
+    """Tied-embedding logits of a text-only VL model (it has no LM head of its own)."""
+    hidden = model(input_ids=ids, position_ids=positions).last_hidden_state
+    return hidden @ model.embed_tokens.weight.T
+
+
+@pytest.mark.parametrize("name", list(MROPE_MODELS))
+def test_patched_mrope_model_matches_hf(name: str) -> None:
+    """Qwen2-VL / Qwen3-VL text models: tables and logits as HF's, closer to float64 truth."""
+    _, section, interleaved = MROPE_MODELS[name]
+    model = _mrope_model(name)
+    hf_rotary = _rotary(model)
+    reference = hf.rope_spec(model.config)
+    assert reference.mrope_section == tuple(section)
+    n = 200
+    positions = _mrope_positions(n)
+    ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = _logits(model, ids, positions)
+    hf.patch_model(model)
+    ours_rotary = _rotary(model)
+    assert type(ours_rotary).__name__ == "HFRotaryEmbedding"
+    assert ours_rotary.specs[None].mrope_interleaved is interleaved  # read from the module
+    assert ours_rotary.mrope_section == section
+    with torch.no_grad():
+        after = _logits(model, ids, positions)
+
+    x = torch.zeros(1)
+    hf_cos, hf_sin = hf_rotary(x, positions)
+    cos, sin = ours_rotary(x, positions)
+    assert cos.shape == hf_cos.shape == (2, n, 16)
+    freqs = reference.frequencies()
+    delta = _hf_delta(hf_rotary.inv_freq, freqs, reference.base, 1.0)
+    tol = _table_tol(int(positions.max()), freqs, delta)
+    table_diff = max((cos - hf_cos).abs().max().item(), (sin - hf_sin).abs().max().item())
+    assert table_diff <= tol, (table_diff, tol)
+
+    # truth: float64 angles of every axis, recomposed by HF's own code
+    angles = positions.to(torch.float64)[..., None] * torch.tensor(freqs.inv_freq)
+    true_cos = hf_rotary.recomposition_frequencies(torch.cos(angles)).numpy()
+    true_sin = hf_rotary.recomposition_frequencies(torch.sin(angles)).numpy()
+    ours_err = max(np.abs(cos.numpy() - true_cos).max(), np.abs(sin.numpy() - true_sin).max())
+    hf_err = max(np.abs(hf_cos.numpy() - true_cos).max(), np.abs(hf_sin.numpy() - true_sin).max())
+    assert ours_err <= 2.0**-24 * 1.01
+    assert ours_err < hf_err
+
+    # (batch, seq) positions broadcast to the three axes, as HF does
+    flat = torch.arange(12)[None]
+    for a, b in zip(hf_rotary(x, flat), ours_rotary(x, flat), strict=True):
+        assert (a - b).abs().max() <= _table_tol(12, freqs, delta)
+
+    logit_diff = (after - before).abs().max().item()
+    assert logit_diff <= 10 * tol * before.abs().max().item(), (logit_diff, tol)
+
+
+def test_patch_refuses_mrope_module_in_an_unknown_order() -> None:
+    model = _mrope_model("qwen2-vl")
+    rotary = _rotary(model)
+    # a module recomposing its sections in some third order
+    rotary.recomposition_frequencies = lambda f: torch.cat([f[2], f[2]], -1)
+    with pytest.raises(ValueError, match="does not recognise"):
         hf.patch_model(model)
-    with pytest.raises(ValueError, match="M-RoPE"):
-        hf.rope_spec(config)
+
+
+def test_patch_mrope_rejects_bad_position_shapes() -> None:
+    model = hf.patch_model(_mrope_model("qwen3-vl"))
+    with pytest.raises(ValueError, match=r"\(3, batch, seq\)"):
+        _rotary(model)(torch.zeros(1), torch.zeros(2, 1, 5, dtype=torch.long))
 
 
 def test_patch_refuses_models_without_rotary() -> None:
@@ -522,8 +605,36 @@ def test_rope_spec_errors() -> None:
         hf.rope_spec({**BASE_DICT, "partial_rotary_factor": 0})
     with pytest.raises(TypeError, match="rope_scaling must be a dict"):
         hf.rope_spec({**BASE_DICT, "rope_scaling": "linear"})
-    with pytest.raises(ValueError, match="M-RoPE"):
-        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "default", "mrope_section": [2, 3, 3]}})
+    with pytest.raises(ValueError, match="mrope_section must sum to rotary_dim / 2 = 8"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "default", "mrope_section": [2, 3, 4]}})
+    with pytest.raises(ValueError, match="interleaved mrope_section"):
+        hf.rope_spec(
+            {
+                **BASE_DICT,
+                "rope_scaling": {"mrope_section": [2, 3, 3], "mrope_interleaved": True},
+            }
+        )
+    with pytest.raises(TypeError, match="mrope_interleaved"):
+        hf.rope_spec(
+            {**BASE_DICT, "rope_scaling": {"mrope_section": [4, 2, 2], "mrope_interleaved": 1}}
+        )
+
+
+def test_rope_spec_reads_mrope_keys() -> None:
+    spec = hf.rope_spec(
+        {**BASE_DICT, "rope_scaling": {"type": "default", "mrope_section": [2, 3, 3]}}
+    )
+    assert (spec.rope_type, spec.mrope_section, spec.mrope_interleaved) == (
+        "default",
+        (2, 3, 3),
+        None,
+    )
+    assert dict(spec.params) == {}
+    spec = hf.rope_spec(
+        {**BASE_DICT, "rope_parameters": {"mrope_section": [4, 2, 2], "mrope_interleaved": True}}
+    )
+    assert (spec.mrope_section, spec.mrope_interleaved) == ((4, 2, 2), True)
+    assert hf.rope_spec({**BASE_DICT, "rope_theta": 1e4}).mrope_section is None
 
 
 def test_rope_spec_is_frozen_and_hashable() -> None:

@@ -40,8 +40,13 @@ functions):
 - Every other key goes to the schedule unchanged, which rejects unknown and
   missing keys with a ``ValueError`` (HF only logs a warning).
 
-Not supported: multi-axis RoPE (Qwen2-VL's M-RoPE, ``mrope_section``);
-:func:`rope_spec` and :func:`patch_model` refuse it by name.
+Multi-axis RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL): ``mrope_section``
+(and Qwen3-VL's ``mrope_interleaved``) in ``rope_parameters`` are read into
+:attr:`RopeSpec.mrope_section` and :attr:`RopeSpec.mrope_interleaved`; the
+patched module then takes ``(3, batch, seq)`` positions and computes
+:func:`posenc.rotary.multiaxis.mrope_cos_sin`. Whether a module interleaves
+(transformers decides it by model class, not by config) is read from the
+config when it says, and always checked against the module's own output.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ _ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 #: Keys that mark a multi-axis RoPE.
 _MULTI_AXIS_KEYS = ("mrope_section", "mrope_interleaved")
+#: M-RoPE position axes: temporal, height, width.
+_MROPE_AXES = 3
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,12 @@ class RopeSpec:
             that use one (``llama3``, ``yarn``, ``longrope``), else ``None``.
         layer_type: the layer type the spec was read for, ``None`` for models
             with one RoPE.
+        mrope_section: M-RoPE's frequencies per section (summing to
+            ``rotary_dim / 2``), ``None`` for one-axis RoPE.
+        mrope_interleaved: Qwen3-VL's interleaved M-RoPE (``True``),
+            Qwen2-VL's contiguous sections (``False``), or ``None`` when the
+            config does not say (transformers decides by model class;
+            :func:`patch_model` reads it from the module).
     """
 
     rope_type: str
@@ -102,6 +115,8 @@ class RopeSpec:
     max_position_embeddings: int | None = None
     original_max_position_embeddings: int | None = None
     layer_type: str | None = None
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool | None = None
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The schedule's frequencies, for a sequence of ``seq_len`` positions.
@@ -233,7 +248,8 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     Raises:
         ValueError: no head dim, unknown rope type (the valid ones are listed),
             missing or unknown parameters (as the schedule reports them),
-            a missing or unknown ``layer_type``, multi-axis RoPE (M-RoPE).
+            a missing or unknown ``layer_type``, an ``mrope_section`` that
+            does not sum to ``rotary_dim / 2``.
         TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
     """
     config = _text_config(config)
@@ -262,12 +278,14 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         parameters = raw
         where = "rope_parameters" if _has(config, "rope_parameters") else "rope_scaling"
 
-    multi = [k for k in _MULTI_AXIS_KEYS if k in parameters]
-    if multi:
-        raise ValueError(
-            f"multi-axis RoPE (M-RoPE, Qwen2-VL; {where} has {', '.join(multi)}) "
-            "is not supported by posenc.hf yet"
-        )
+    section = parameters.pop("mrope_section", None)
+    interleaved = parameters.pop("mrope_interleaved", None)
+    if interleaved is not None and not isinstance(interleaved, bool):
+        raise TypeError(f"{where}['mrope_interleaved'] must be a bool; got {interleaved!r}")
+    if interleaved is not None and section is None:
+        raise ValueError(f"{where} has mrope_interleaved but no mrope_section")
+    if section is not None and not isinstance(section, (list, tuple)):
+        raise TypeError(f"{where}['mrope_section'] must be a list of ints; got {section!r}")
 
     rope_type = _rope_type(parameters, where)
     if _get(config, "model_type") == "phi3" and rope_type == "yarn":
@@ -306,6 +324,9 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     else:
         rotary_dim = int(head_dim * partial)
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    if section is not None:
+        section = tuple(section)
+        _check_mrope(section, rotary_dim, interleaved)
 
     spec = RopeSpec(
         rope_type=rope_type,
@@ -317,9 +338,20 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         max_position_embeddings=max_pos,
         original_max_position_embeddings=original,
         layer_type=layer_type,
+        mrope_section=section,
+        mrope_interleaved=interleaved,
     )
     spec.frequencies()  # the schedule reports unknown types, missing and unknown keys
     return spec
+
+
+def _check_mrope(section: tuple[int, ...], rotary_dim: int, interleaved: bool | None) -> None:
+    """Raise unless ``section`` splits the ``rotary_dim / 2`` frequencies (either order if None)."""
+    from posenc.rotary.multiaxis import mrope_axes
+
+    modes = (False,) if interleaved is None else (interleaved,)
+    for mode in modes:
+        mrope_axes(section, rotary_dim // 2, _MROPE_AXES, mode)
 
 
 # --------------------------------------------------------------------------------------
@@ -335,6 +367,7 @@ def _module_class() -> type:
     import torch
     from torch import nn
 
+    from posenc.rotary.multiaxis import mrope_cos_sin
     from posenc.rotary.tables import cos_sin
 
     class HFRotaryEmbedding(nn.Module):
@@ -356,6 +389,12 @@ def _module_class() -> type:
         depends on the current call only, so the same positions always get the
         same tables. (Keys cached under another base stay stale in both:
         transformers #25104.)
+
+        M-RoPE specs (``mrope_section`` set; Qwen2-VL, Qwen3-VL) take
+        ``position_ids`` of ``(3, batch, seq)``, or ``(batch, seq)`` broadcast
+        to the three axes as HF does, and return
+        :func:`posenc.rotary.multiaxis.mrope_cos_sin` (``(batch, seq,
+        rotary_dim)``).
 
         Args:
             specs: ``{None: spec}`` for a model with one RoPE, ``{layer_type:
@@ -386,6 +425,11 @@ def _module_class() -> type:
             else:
                 fixed = self._fixed[None]
                 self.rope_type = self.specs[None].rope_type
+                section = self.specs[None].mrope_section
+                if section is not None:
+                    if self.specs[None].mrope_interleaved is None:
+                        raise ValueError("an M-RoPE spec must say whether it is interleaved")
+                    self.mrope_section = list(section)  # HF's attribute
                 self.attention_scaling = fixed.attention_scaling
                 # HF's attribute, float32 like HF's, for code that reads it; forward does not
                 self.register_buffer("inv_freq", _inv_freq(fixed), persistent=False)
@@ -430,11 +474,32 @@ def _module_class() -> type:
             if spec.rope_type in _LENGTH_DEPENDENT:
                 seq_len = int(position_ids.max()) + 1
             freqs = self.frequencies(seq_len, layer_type)
+            if spec.mrope_section is not None:
+                if position_ids.ndim == 2:
+                    position_ids = position_ids.expand(_MROPE_AXES, -1, -1)
+                if position_ids.ndim != 3 or position_ids.shape[0] != _MROPE_AXES:
+                    raise ValueError(
+                        f"M-RoPE position_ids must be (3, batch, seq) or (batch, seq); got "
+                        f"shape {tuple(position_ids.shape)}"
+                    )
+                return mrope_cos_sin(
+                    position_ids.to(x.device),
+                    freqs,
+                    spec.mrope_section,
+                    interleaved=bool(spec.mrope_interleaved),
+                    dtype=x.dtype,
+                )
             return cos_sin(position_ids.to(x.device), freqs, layout="half", dtype=x.dtype)
 
         def extra_repr(self) -> str:
             return ", ".join(
                 f"{k or 'rope'}: {s.rope_type}, base={s.base:g}, rotary_dim={s.rotary_dim}"
+                + (
+                    ""
+                    if s.mrope_section is None
+                    else f", mrope_section={list(s.mrope_section)}, "
+                    f"interleaved={s.mrope_interleaved}"
+                )
                 for k, s in self.specs.items()
             )
 
@@ -461,6 +526,13 @@ def _is_multi_axis(module: Any) -> bool:
     return any(k in d for d in dicts for k in _MULTI_AXIS_KEYS)
 
 
+def _inv_freq_rtol(spec: RopeSpec) -> float:
+    """Bound on the relative error of HF's float32 ``inv_freq`` (see ``_check_against_module``)."""
+    factor = spec.params.get("factor")
+    factor = factor if isinstance(factor, (int, float)) and factor > 1 else 1.0
+    return (4 + abs(math.log(spec.base)) + factor) * 2.0**-23
+
+
 def _check_against_module(module: Any, spec: RopeSpec, name: str, prefix: str = "") -> None:
     """Refuse to patch when HF's own float32 frequencies disagree with the spec's."""
     import torch
@@ -475,9 +547,7 @@ def _check_against_module(module: Any, spec: RopeSpec, name: str, prefix: str = 
     # HF's float32 inv_freq (tests/test_rotary_schedules.py derives it): the exponent's
     # rounding costs ln(base) ulps, pow and the divisions a few more, and the blends of
     # yarn and llama3 amplify the ramp's rounding up to (factor - 1) times
-    factor = spec.params.get("factor")
-    factor = factor if isinstance(factor, (int, float)) and factor > 1 else 1.0
-    rtol = (4 + abs(math.log(spec.base)) + factor) * 2.0**-23
+    rtol = _inv_freq_rtol(spec)
     if theirs_np.shape != ours.shape or not all(
         abs(t - o) <= rtol * abs(o) for t, o in zip(theirs_np.tolist(), ours.tolist(), strict=True)
     ):
@@ -486,6 +556,53 @@ def _check_against_module(module: Any, spec: RopeSpec, name: str, prefix: str = 
             f"not match the module's own {prefix}inv_freq (shape {tuple(theirs.shape)}); "
             "this model computes RoPE in a way posenc.hf does not recognise, so it is not patched"
         )
+
+
+def _mrope_spec(module: Any, spec: RopeSpec, name: str) -> RopeSpec:
+    """The spec of an HF M-RoPE module, its section order read from the module's own output.
+
+    transformers picks contiguous (Qwen2-VL) or interleaved (Qwen3-VL) sections
+    by model class, and a section list from the module (``mrope_section``, with
+    a per-class default when the config has none). Both candidates are tried
+    on a probe with distinct axes; the one matching the module's tables within
+    HF's float32 error is kept, and a module matching neither is refused.
+    """
+    import dataclasses
+
+    import torch
+
+    from posenc.rotary.multiaxis import mrope_cos_sin
+
+    section = getattr(module, "mrope_section", None)
+    section = tuple(section) if section is not None else spec.mrope_section
+    if section is None:
+        raise ValueError(f"{name}: an M-RoPE module without mrope_section; cannot patch it")
+    candidates = (False, True) if spec.mrope_interleaved is None else (spec.mrope_interleaved,)
+    inv_freq = getattr(module, "inv_freq", None)
+    device = inv_freq.device if isinstance(inv_freq, torch.Tensor) else torch.device("cpu")
+    steps = torch.arange(16, device=device)
+    probe = torch.stack([steps, 2 * steps + 1, 3 * steps + 2])[:, None, :]  # (3, 1, 16)
+    with torch.no_grad():
+        theirs = module(torch.zeros(1, device=device), probe)
+    freqs = spec.frequencies(seq_len=int(probe.max()) + 1)
+    # HF's table error over positions up to P: s (P max(omega) (rtol + 2**-24) + 2**-22)
+    top = float(probe.max()) * float(max(freqs.inv_freq, default=0.0))
+    tol = freqs.attention_scaling * (top * (_inv_freq_rtol(spec) + 2.0**-24) + 2.0**-22)
+    for interleaved in candidates:
+        try:
+            ours = mrope_cos_sin(probe, freqs, section, interleaved=interleaved)
+        except ValueError:
+            continue
+        if all(
+            t.shape == o.shape and float((t.float().cpu() - o.cpu()).abs().max()) <= tol
+            for t, o in zip(theirs, ours, strict=True)
+        ):
+            return dataclasses.replace(spec, mrope_section=section, mrope_interleaved=interleaved)
+    raise ValueError(
+        f"{name}: the module's M-RoPE tables match neither posenc's contiguous nor its "
+        f"interleaved order for mrope_section={list(section)}; "
+        "this model computes RoPE in a way posenc.hf does not recognise, so it is not patched"
+    )
 
 
 def patch_model(model: Any) -> Any:
@@ -497,7 +614,9 @@ def patch_model(model: Any) -> Any:
     for per-layer-type modules such as Gemma 3's, whose ``forward`` takes a
     ``layer_type``). Each is checked against its own float32 ``inv_freq``
     before it is replaced, so a model computing RoPE some other way is
-    refused instead of silently changed.
+    refused instead of silently changed. M-RoPE modules (Qwen2-VL,
+    Qwen3-VL text models) are also checked against their own tables on a
+    probe, which settles their section order.
 
     Args:
         model: a loaded ``transformers`` model (any ``nn.Module``).
@@ -506,9 +625,9 @@ def patch_model(model: Any) -> Any:
         ``model``, patched in place.
 
     Raises:
-        ValueError: multi-axis RoPE (Qwen2-VL's M-RoPE), a rotary module that
-            does not follow HF's contract, frequencies that do not match, or no
-            rotary module at all.
+        ValueError: a rotary module that does not follow HF's contract
+            (vision rotary modules of full VL models among them), frequencies
+            or M-RoPE tables that do not match, or no rotary module at all.
     """
     found = [
         (name, module)
@@ -520,11 +639,6 @@ def patch_model(model: Any) -> Any:
     replacements = []
     for name, module in found:
         label = f"{name or 'model'} ({type(module).__name__})"
-        if _is_multi_axis(module):
-            raise ValueError(
-                f"{label} is a multi-axis RoPE (M-RoPE, Qwen2-VL-style mrope_section); "
-                "posenc.hf does not support M-RoPE yet"
-            )
         config = getattr(module, "config", None)
         rope_type = getattr(module, "rope_type", None)
         if config is None or rope_type is None:
@@ -534,6 +648,9 @@ def patch_model(model: Any) -> Any:
             )
         takes_layer_type = "layer_type" in inspect.signature(module.forward).parameters
         specs: dict[str | None, RopeSpec] = {}
+        multi_axis = _is_multi_axis(module)
+        if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
+            raise ValueError(f"{label}: M-RoPE with one RoPE per layer type is not supported")
         if takes_layer_type or isinstance(rope_type, Mapping):
             types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
             if not types_:
@@ -546,6 +663,13 @@ def patch_model(model: Any) -> Any:
             spec = rope_spec(config)
             _check_type(label, spec, rope_type)
             _check_against_module(module, spec, label)
+            if multi_axis:
+                spec = _mrope_spec(module, spec, label)
+            elif spec.mrope_section is not None:
+                raise ValueError(
+                    f"{label}: its config has mrope_section but the module is not an M-RoPE "
+                    "module; posenc.hf cannot tell how it uses the sections"
+                )
             specs[None] = spec
         replacements.append((name, module, specs, config))
 
