@@ -679,8 +679,11 @@ def _rotary(
 ) -> list[Impl]:
     """Rotate q and k of ``(batch, heads, seq, head_dim)``; optionally backward too.
 
-    With ``backward`` each row also computes the gradients of both inputs for a
-    fixed upstream gradient (``torch.autograd.grad``, so nothing accumulates).
+    With ``backward`` each row also runs ``backward()`` from a fixed upstream
+    gradient into ``q.grad`` and ``k.grad`` (reset to None before each call), as
+    a training step does: a fresh gradient is stored as it is, one that is
+    still referenced elsewhere (clone's passes the upstream one through) is
+    copied, so every row writes both gradients once.
     """
     shape = (batch, heads, seq, head_dim)
 
@@ -703,8 +706,10 @@ def _rotary(
             return lambda: step(q, k)
 
         def call() -> object:
+            q.grad = k.grad = None
             a, b = step(q, k)
-            return torch.autograd.grad((a, b), (q, k), (g, g))
+            torch.autograd.backward((a, b), (g, g))
+            return q.grad, k.grad
 
         return call
 
