@@ -9,6 +9,8 @@
   inverse rotation.
 - :mod:`posenc.rotary.module`: the :class:`Rotary` module (GQA, per-batch
   positions, KV-cache offsets, packed sequences, ``from_hf_config``).
+- :mod:`posenc.rotary.multiaxis`: M-RoPE (Qwen2-VL contiguous, Qwen3-VL
+  interleaved sections), axial 2-D/3-D RoPE (:class:`AxialRotary`) and xPos.
 
 ``Rotary`` and ``apply_rotary`` are re-exported from :mod:`posenc`.
 """
