@@ -13,11 +13,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.demo: pyproject.toml constraints-dev.txt | $(BIN)/python
+# setup.py builds the optional compiled kernel (src/posenc/_kernels.c) in place
+$(VENV)/.demo: pyproject.toml setup.py src/posenc/_kernels.c constraints-dev.txt | $(BIN)/python
 	$(PIP) install -q -c constraints-dev.txt -e ".[torch,plot]"
 	touch $@
 
-$(VENV)/.test: pyproject.toml constraints-dev.txt | $(BIN)/python
+$(VENV)/.test: pyproject.toml setup.py src/posenc/_kernels.c constraints-dev.txt | $(BIN)/python
 	$(PIP) install -q -c constraints-dev.txt -e ".[torch,plot,test]"
 	$(PIP) install -q --no-deps $(NODEPS_ANCHORS)
 	touch $@ $(VENV)/.demo
@@ -39,4 +40,4 @@ pytest: $(VENV)/.test
 test: lint types pytest
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so .pytest_cache .mypy_cache .ruff_cache

@@ -155,3 +155,65 @@ def test_exact_limit_is_2_to_31():
 def test_unknown_arithmetic_is_rejected():
     with pytest.raises(ValueError, match="arithmetic"):
         sincos_torch(torch.arange(3), geometric_turns(*LADDERS["single"]), "float16")
+
+
+# ------------------------------------------------------------------ the compiled table kernel
+
+
+def test_kernel_is_built_in_the_dev_install():
+    # setup.py builds it wherever a C compiler exists (as on every development and CI
+    # machine); without it posenc falls back to numpy, and the tests below would skip
+    assert _angles._kernels is not None
+
+
+def _numpy_only(monkeypatch, fn):
+    with monkeypatch.context() as m:
+        m.setattr(_angles, "_kernels", None)
+        return fn()
+
+
+@pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
+@pytest.mark.parametrize("preset", ["vaswani", "ldm", "marian", "positional-encodings", "ddpm"])
+@pytest.mark.parametrize("dim", [2, 3, 7, 64, 129])
+@pytest.mark.parametrize("n", [128, 1000, 4099])
+def test_kernel_table_equals_numpy_path(monkeypatch, preset, dim, n):
+    import posenc
+
+    kw = {"offset": -1234.5} if preset == "ddpm" else {}
+    fast = posenc.sinusoidal(n, dim, preset=preset, **kw)
+    slow = _numpy_only(monkeypatch, lambda: posenc.sinusoidal(n, dim, preset=preset, **kw))
+    # the same complex128 products rounded once: float32 results agree exactly
+    np.testing.assert_array_equal(fast, slow)
+    fast = posenc.sinusoidal(n, dim, preset=preset, dtype="float64", **kw)
+    slow = _numpy_only(
+        monkeypatch, lambda: posenc.sinusoidal(n, dim, preset=preset, dtype="float64", **kw)
+    )
+    # float64: numpy's vectorised loop may round a product differently in the last bit
+    np.testing.assert_allclose(fast, slow, rtol=0, atol=4 * 2.0**-53)
+
+
+@pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
+def test_kernel_declines_what_it_cannot_write():
+    turns = geometric_turns(4, 10000.0, 1.0, 4.0, 1.0)
+    place = ((0, 2, 4), (1, 2, 4))
+    assert not _angles.progression_table(0.0, 300, turns, np.empty((300, 8), np.float16), *place)
+    strided = np.empty((300, 16), np.float32)[:, ::2]
+    assert not _angles.progression_table(0.0, 300, turns, strided, *place)
+    assert not _angles.progression_table(0.0, 300, turns, np.empty((299, 8), np.float32), *place)
+    out = np.full((300, 8), np.nan, np.float32)
+    assert _angles.progression_table(0.0, 300, turns, out, *place)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
+def test_kernel_refuses_bad_arguments():
+    step = np.zeros((16, 2, 4))
+    coarse = fine = np.zeros((4, 4), np.complex128)
+    out = np.zeros((64, 8), np.float32)
+    table = _angles._kernels.table
+    with pytest.raises(ValueError, match="out too small"):
+        table(coarse, fine, step, out, 65, 4, 8, 0, 2, 4, 1, 2, 4, False, 1)
+    with pytest.raises(ValueError, match="outside the row"):
+        table(coarse, fine, step, out, 64, 4, 8, 1, 2, 4, 2, 2, 4, False, 1)
+    with pytest.raises(ValueError, match="too short"):
+        table(coarse[:1], fine, step, out, 64, 1, 8, 0, 2, 4, 1, 2, 4, False, 1)

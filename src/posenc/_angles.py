@@ -30,8 +30,10 @@ within 1e-6 of the exact value for ``|position| < 2**31``):
 
 The module also builds tables for arithmetic progressions of positions fast:
 ``e^{i w (s + B P + j)} = e^{i w (s + B P)} e^{i w j}``, with both factors
-exact, so a table of n rows costs n / B + B exact evaluations and one complex
-multiply per entry, done block by block in cache on several threads.
+exact to a few 1e-15 (doublings of exact phasors at the powers of two), so a
+table of n rows costs about log2(n) exact evaluations and one complex multiply
+per entry, done on several threads: in the optional compiled kernel
+(``posenc._kernels``, one fused pass) or block by block in numpy.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+try:  # the optional compiled table loop (setup.py); numpy does the same without it
+    from posenc import _kernels
+except ImportError:  # pragma: no cover - depends on the build
+    _kernels = None
 
 #: Positions (after any offset) must satisfy ``|p| < EXACT_LIMIT``.
 EXACT_LIMIT = 2**31
@@ -316,6 +323,91 @@ def unit_phasors(positions: npt.NDArray[Any], turns: Turns) -> npt.NDArray[np.co
     return out
 
 
+def _doubling(
+    origin: npt.NDArray[np.complex128], powers: npt.NDArray[np.complex128], count: int
+) -> npt.NDArray[np.complex128]:
+    """Rows ``origin * z**i`` for ``i < count``, from ``powers[e] = z**(2**e)``.
+
+    Row ``i`` is reached through at most ``ceil(log2(count))`` products, each
+    adding at most ``2**-52`` to these unit-modulus values.
+    """
+    out = np.empty((count, origin.shape[-1]), dtype=np.complex128)
+    out[0] = origin
+    filled = 1
+    for power in powers:
+        if filled >= count:
+            break
+        take = min(filled, count - filled)
+        np.multiply(out[:take], power, out=out[filled : filled + take])
+        filled += take
+    return out
+
+
+def _progression_factors(
+    start: float, n: int, turns: Turns, coefficient: complex, conjugate: bool
+) -> tuple[npt.NDArray[np.complex128], npt.NDArray[np.complex128], npt.NDArray[np.complex128]]:
+    """``(step, coarse, fine)``: row ``P B + j`` is ``coarse[P // m] * fine[P % m] * step[j]``.
+
+    ``B = _BLOCK_ROWS`` and ``m = len(fine)`` are powers of two, ``m`` near
+    ``sqrt(n / B)``. The three tables are doublings (:func:`_doubling`) of
+    exact phasors at ``start`` and at the powers of two, so the exact engine
+    runs on about ``log2(n)`` positions; every entry is within ``(log2(n) + 2)
+    * 3e-16`` of exact. ``coefficient`` is folded into ``coarse``; with
+    ``conjugate`` every factor is conjugated.
+    """
+    b = _BLOCK_ROWS
+    nblocks = -(-n // b)
+    m = 1 << ((math.isqrt(nblocks - 1) + 1).bit_length() - 1) if nblocks > 1 else 1
+    ncoarse = -(-nblocks // m)
+    levels = max(1, (b * m * max(ncoarse - 1, 1)).bit_length())
+    exact = unit_phasors(np.array([start, *(2.0**e for e in range(levels))]), turns)
+    if conjugate:
+        exact = exact.conj()
+    powers, one = exact[1:], np.ones(turns.size, dtype=np.complex128)
+    step = _doubling(one, powers, b)
+    fine = _doubling(one, powers[b.bit_length() - 1 :], m)
+    coarse = _doubling(exact[0] * coefficient, powers[(b * m).bit_length() - 1 :], ncoarse)
+    return step, coarse, fine
+
+
+def progression_table(
+    start: float,
+    n: int,
+    turns: Turns,
+    out: npt.NDArray[Any],
+    first: tuple[int, int, int],
+    second: tuple[int, int, int],
+    *,
+    coefficient: complex = 1.0,
+    conjugate: bool = False,
+) -> bool:
+    """Write a progression table straight into the rows of ``out``, if the kernel can.
+
+    The values of :func:`progression_blocks` (``w = coefficient * z**(+-1)`` for
+    positions ``start + i``), computed by the optional compiled kernel
+    (``posenc._kernels``) with the same complex128 arithmetic, rounded once:
+    ``Re(w_k)`` goes to channel ``first[0] + k * first[1]`` for ``k < first[2]``,
+    ``Im(w_k)`` to ``second[0] + k * second[1]`` for ``k < second[2]``.
+
+    Returns:
+        False, having written nothing, when the kernel is not built or ``out``
+        is not a C-contiguous ``(n, dim)`` float32 or float64 array; the caller
+        then uses :func:`progression_blocks`.
+    """
+    if _kernels is None or n <= 0 or out.ndim != 2 or out.shape[0] != n:
+        return False
+    if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous:
+        return False
+    step, coarse, fine = _progression_factors(start, n, turns, coefficient, conjugate)
+    threads = _workers() if n * turns.size >= 1 << 18 else 1
+    planes = np.stack([step.real, step.imag], axis=1)  # (B, 2, K): vector loads
+    _kernels.table(
+        coarse, fine, planes, out, n, fine.shape[0], out.shape[1], *first, *second,
+        out.dtype == np.float64, threads,
+    )  # fmt: skip
+    return True
+
+
 def progression_blocks(
     start: float,
     n: int,
@@ -335,23 +427,17 @@ def progression_blocks(
     1 MiB each) and must copy them before returning (the buffer is reused).
     Chunks are processed on several threads at once, each row exactly once.
 
-    Each row is ``start_phasor(block) * step_phasor(row in block)``, both exact
-    to about 1e-16, so the float64 product is exact to a few 1e-16.
+    Each row is ``start_phasor(block) * step_phasor(row in block)``, both within
+    ``(log2(n) + 2) * 3e-16`` of exact (:func:`_progression_factors`), so the
+    float64 product is exact to a few 1e-15.
     """
     if n <= 0:
         return
     b = _BLOCK_ROWS
     k = turns.size
     nblocks = -(-n // b)
-    step = unit_phasors(np.arange(b, dtype=np.float64), turns)
-    # block starts s + B P, P = Q m + r, as coarse(Q) * fine(r): two more exact
-    # evaluations of about sqrt(n / B) rows each, rather than n / B rows
-    m = max(1, math.isqrt(nblocks - 1) + 1)
-    coarse = unit_phasors(start + b * m * np.arange(-(-nblocks // m)), turns)
-    fine = unit_phasors(b * np.arange(m, dtype=np.float64), turns)
-    if conjugate:
-        step, coarse, fine = step.conj(), coarse.conj(), fine.conj()
-    coarse *= coefficient
+    step, coarse, fine = _progression_factors(start, n, turns, coefficient, conjugate)
+    m = fine.shape[0]
     group = max(1, _CHUNK_BYTES // (16 * k * b))  # blocks per chunk
 
     if (target is None) == (emit is None):

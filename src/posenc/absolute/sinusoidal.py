@@ -35,7 +35,14 @@ import numpy as np
 import numpy.typing as npt
 
 from posenc import _arrays
-from posenc._angles import Turns, geometric_turns, progression_blocks, sincos_numpy, sincos_torch
+from posenc._angles import (
+    Turns,
+    geometric_turns,
+    progression_blocks,
+    progression_table,
+    sincos_numpy,
+    sincos_torch,
+)
 
 Layout = Literal["interleaved", "half"]
 Order = Literal["sin_cos", "cos_sin"]
@@ -375,6 +382,13 @@ def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
     out = np.empty((n, slots.dim), dtype=_arrays.numpy_dtype(name))
     coefficient, conjugate = _phasor_form(spec, slots.dim)
     turns = spec.turns(slots.dim)
+    placement = [(sl.start, sl.step or 1, count) for sl, count in _slot_runs(slots)]
+    if progression_table(
+        spec.offset, n, turns, out, *placement, coefficient=coefficient, conjugate=conjugate
+    ):
+        if slots.zero is not None:
+            out[:, slots.zero] = 0
+        return out
     target = _pair_view(out, slots)
     if target is not None:
         # interleaved pairs are complex numbers: the products land in place
@@ -390,6 +404,11 @@ def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
 
     progression_blocks(spec.offset, n, turns, emit, coefficient=coefficient, conjugate=conjugate)
     return out
+
+
+def _slot_runs(slots: Slots) -> tuple[tuple[slice, int], tuple[slice, int]]:
+    """The first and second members' channel slices with their channel counts."""
+    return (slots.first, slots.n_first), (slots.second, slots.n_second)
 
 
 def _pair_view(out: npt.NDArray[Any], slots: Slots) -> npt.NDArray[Any] | None:

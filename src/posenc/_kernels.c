@@ -1,0 +1,180 @@
+/* posenc._kernels: the fused table loop of posenc._angles (optional; numpy does the same).
+
+   table(coarse, fine, step, out, n, m, first_off, first_step, n_first,
+         second_off, second_step, n_second, threads)
+
+   Row r = P * B + j (P = r // B, j = r % B) of a table is
+   w = (coarse[P // m] * fine[P % m]) * step[j], complex128 arithmetic in that
+   order, as posenc._angles.progression_blocks evaluates it in numpy. coarse
+   and fine are complex128 arrays; step is (B, 2, K) float64: the real and
+   imaginary planes of each step row. Built with -ffp-contract=off (no fused
+   multiply-add); numpy's own vectorised loop may round a float64 product
+   differently in the last bit, float32 results agree.
+   Re(w) goes to out[r, first_off + k * first_step] for k < n_first and Im(w)
+   to out[r, second_off + k * second_step] for k < n_second, rounded once to
+   out's dtype (float32 or float64, flag f64). out is C-contiguous (n, dim).
+   The rows are split over `threads` POSIX threads, the GIL released. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+typedef struct {
+    const double *coarse, *fine; /* (re, im) pairs: (?, K) and (m, K) */
+    const double *step;          /* planes: row j is K re, then K im */
+    char *out;
+    Py_ssize_t n, m, B, K, dim;
+    Py_ssize_t first_off, first_step, n_first, second_off, second_step, n_second;
+    int f64;
+    Py_ssize_t block0, block1; /* blocks P of this job */
+    int failed, started;
+} job_t;
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* One row from the block start (sr, si) and the step (tr, ti), planes of K. */
+#define ROW(T)                                                                     \
+    static void row_##T(const job_t *j, T *row, const double *sr, const double *si, \
+                        const double *tr, const double *ti, double *re, double *im) { \
+        Py_ssize_t K = j->K;                                                       \
+        for (Py_ssize_t k = 0; k < K; ++k) {                                       \
+            re[k] = sr[k] * tr[k] - si[k] * ti[k];                                 \
+            im[k] = sr[k] * ti[k] + si[k] * tr[k];                                 \
+        }                                                                          \
+        if (j->first_step == 2 && j->second_off == j->first_off + 1 &&             \
+            j->second_step == 2 && j->n_first == j->n_second) {                    \
+            T *pair = row + j->first_off;                                          \
+            for (Py_ssize_t k = 0; k < j->n_first; ++k) {                          \
+                pair[2 * k] = (T)re[k];                                            \
+                pair[2 * k + 1] = (T)im[k];                                        \
+            }                                                                      \
+        } else {                                                                   \
+            T *a = row + j->first_off, *b = row + j->second_off;                   \
+            Py_ssize_t fs = j->first_step, ss = j->second_step;                    \
+            for (Py_ssize_t k = 0; k < j->n_first; ++k) a[k * fs] = (T)re[k];      \
+            for (Py_ssize_t k = 0; k < j->n_second; ++k) b[k * ss] = (T)im[k];     \
+        }                                                                          \
+    }
+
+VECTOR_CLONES ROW(float)
+VECTOR_CLONES ROW(double)
+
+static void *run(void *arg) {
+    job_t *j = (job_t *)arg;
+    Py_ssize_t K = j->K;
+    /* the block start and one row's products, as re and im planes */
+    double *buf = (double *)malloc(sizeof(double) * 4 * (size_t)(K > 0 ? K : 1));
+    if (buf == NULL) {
+        j->failed = 1;
+        return NULL;
+    }
+    double *sr = buf, *si = buf + K, *re = buf + 2 * K, *im = buf + 3 * K;
+    for (Py_ssize_t P = j->block0; P < j->block1; ++P) {
+        const double *c = j->coarse + 2 * K * (P / j->m);
+        const double *f = j->fine + 2 * K * (P % j->m);
+        for (Py_ssize_t k = 0; k < K; ++k) {
+            double cr = c[2 * k], ci = c[2 * k + 1], fr = f[2 * k], fi = f[2 * k + 1];
+            sr[k] = cr * fr - ci * fi;
+            si[k] = cr * fi + ci * fr;
+        }
+        for (Py_ssize_t jj = 0; jj < j->B; ++jj) {
+            Py_ssize_t r = P * j->B + jj;
+            if (r >= j->n) break;
+            const double *tr = j->step + 2 * K * jj, *ti = tr + K;
+            if (j->f64)
+                row_double(j, (double *)j->out + r * j->dim, sr, si, tr, ti, re, im);
+            else
+                row_float(j, (float *)j->out + r * j->dim, sr, si, tr, ti, re, im);
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+static PyObject *table(PyObject *self, PyObject *args) {
+    Py_buffer coarse, fine, step, out;
+    Py_ssize_t n, m, first_off, first_step, n_first, second_off, second_step, n_second, dim;
+    int f64, threads;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnnnnnnnnpi", &coarse, &fine, &step, &out, &n, &m,
+                          &dim, &first_off, &first_step, &n_first, &second_off, &second_step,
+                          &n_second, &f64, &threads))
+        return NULL;
+    Py_ssize_t K = n_first > n_second ? n_first : n_second;
+    Py_ssize_t B = K ? step.len / (Py_ssize_t)(16 * K) : 0;
+    Py_ssize_t blocks = B ? (n + B - 1) / B : 0;
+    Py_ssize_t item = f64 ? 8 : 4;
+    const char *bad = NULL;
+    if (K <= 0 || B <= 0 || m <= 0 || threads < 1)
+        bad = "empty tables or no threads";
+    else if (fine.len < 16 * K * (blocks < m ? blocks : m) ||
+             coarse.len < 16 * K * ((blocks + m - 1) / m))
+        bad = "coarse or fine too short";
+    else if (out.len < n * dim * item)
+        bad = "out too small";
+    else if (first_off < 0 || second_off < 0 || first_step < 1 || second_step < 1 ||
+             first_off + (n_first - 1) * first_step >= dim ||
+             (n_second && second_off + (n_second - 1) * second_step >= dim))
+        bad = "channel placement outside the row";
+    if (bad != NULL) {
+        PyBuffer_Release(&coarse);
+        PyBuffer_Release(&fine);
+        PyBuffer_Release(&step);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    if (threads > blocks) threads = (int)(blocks ? blocks : 1);
+    job_t *jobs = (job_t *)calloc((size_t)threads, sizeof(job_t));
+    pthread_t *ids = (pthread_t *)calloc((size_t)threads, sizeof(pthread_t));
+    int failed = jobs == NULL || ids == NULL;
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t per = (blocks + threads - 1) / threads;
+        for (int i = 0; i < threads; ++i) {
+            job_t *j = &jobs[i];
+            j->coarse = (const double *)coarse.buf;
+            j->fine = (const double *)fine.buf;
+            j->step = (const double *)step.buf;
+            j->out = (char *)out.buf;
+            j->n = n; j->m = m; j->B = B; j->K = K; j->dim = dim;
+            j->first_off = first_off; j->first_step = first_step; j->n_first = n_first;
+            j->second_off = second_off; j->second_step = second_step; j->n_second = n_second;
+            j->f64 = f64;
+            j->block0 = i * per;
+            j->block1 = (i + 1) * per < blocks ? (i + 1) * per : blocks;
+            /* job 0 runs on this thread; a thread that cannot start runs here too */
+            if (i > 0) {
+                j->started = pthread_create(&ids[i], NULL, run, j) == 0;
+                if (!j->started) run(j);
+            }
+        }
+        run(&jobs[0]);
+        for (int i = 1; i < threads; ++i)
+            if (jobs[i].started) pthread_join(ids[i], NULL);
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+        Py_END_ALLOW_THREADS
+    }
+    free(jobs);
+    free(ids);
+    PyBuffer_Release(&coarse);
+    PyBuffer_Release(&fine);
+    PyBuffer_Release(&step);
+    PyBuffer_Release(&out);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"table", table, METH_VARARGS, "The fused table loop (see the module source)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc._kernels",
+                                    "Optional compiled loops of posenc._angles.", -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
