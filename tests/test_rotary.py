@@ -338,7 +338,13 @@ def test_low_precision_large_slices(layout: str) -> None:
     positions = torch.stack([torch.arange(512), torch.arange(512) * 2 + 9])
     oq, ok = rope(q, k, positions=positions)
     fq, fk = rope(q.float(), k.float(), positions=positions)
-    assert torch.equal(oq, fq.bfloat16()) and torch.equal(ok, fk.bfloat16())
+    # bfloat16 is rotated in float32 and rounded once. The float32 path's addcmul fuses
+    # a multiply-add that the bfloat16 kernel rounds, so the float32 values may differ
+    # by one float32 rounding, which moves the bfloat16 result by one ulp (2**-7
+    # relative at most) where it crosses a rounding boundary: rarely
+    for got, want in ((oq, fq.bfloat16()), (ok, fk.bfloat16())):
+        assert ((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs()).all()
+        assert (got != want).float().mean() < 0.01
     # a strided q takes the real (not complex) formula: float32 results may differ by
     # an ulp, so the rounding to bfloat16 by one bfloat16 ulp (2**-8 relative)
     oq, _ = rope(q.transpose(2, 3).contiguous().transpose(2, 3), k, offset=3)
@@ -597,3 +603,100 @@ def test_from_hf_config_matches_transformers(rope_type):
     # the same from the plain config.json dict
     again = Rotary.from_hf_config(config.to_dict())
     torch.testing.assert_close(again.inv_freq, rope.inv_freq, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the fused CPU kernel
+
+_kernels = pytest.importorskip("posenc._kernels")
+
+
+def _without_kernel(fn):
+    from posenc.rotary import apply as module
+
+    saved = module._KERNEL_DTYPES
+    module._KERNEL_DTYPES = ()
+    try:
+        return fn()
+    finally:
+        module._KERNEL_DTYPES = saved
+
+
+def _reference(x, cos, sin, layout, rotary_dim):
+    """The rotation in float64 from the same float32 tables (the exact product)."""
+    xd, cd, sd = x.double(), cos.double(), sin.double()
+    r = rotary_dim
+    if layout == "half":
+        x1, x2 = xd[..., : r // 2], xd[..., r // 2 : r]
+        rot = torch.cat([-x2, x1], -1)
+    else:
+        rot = torch.stack([-xd[..., 1:r:2], xd[..., 0:r:2]], -1).flatten(-2)
+    return torch.cat([xd[..., :r] * cd + rot * sd, xd[..., r:]], -1)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_float64_rotation(layout, dtype):
+    torch.manual_seed(11)
+    rope = Rotary(64, rotary_dim=48, layout=layout)
+    x = torch.randn(2, 3, 40, 64).to(dtype)
+    cos, sin = rope.cos_sin(torch.arange(1000, 1040))
+    got = apply_rotary(x, cos, sin, layout=layout)
+    want = _reference(x, cos, sin, layout, 48)
+    # float32: each product and the sum rounded once, |x1 c| + |x2 s| <= |x|max * 2,
+    # so the error is at most 3 * 2**-24 * 2 * max|x|; bfloat16 (7 stored mantissa
+    # bits) adds one rounding of the result, half an ulp: 2**-8 relative
+    scale = float(x.float().abs().max())
+    tol = 6 * 2.0**-24 * scale * (1 + 2.0**-8)
+    if dtype == torch.bfloat16:
+        tol = tol + 2.0**-8 * want.abs()
+    assert ((got.double() - want).abs() <= tol).all()
+    assert got.dtype == dtype
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_kernel_agrees_with_torch_path(layout):
+    torch.manual_seed(13)
+    rope = Rotary(32, layout=layout)
+    q = torch.randn(2, 4, 50, 32).bfloat16()
+    k = torch.randn(2, 2, 50, 32).bfloat16()
+    positions = torch.stack([torch.arange(50), torch.arange(50) + 77])
+    fast = rope(q, k, positions=positions)
+    slow = _without_kernel(lambda: rope(q, k, positions=positions))
+    # both round the float32 rotation once; torch's addcmul fuses one multiply-add,
+    # so the float32 values may differ by one rounding, which can move the bfloat16
+    # result by one ulp (2**-7 relative at most)
+    for a, b in zip(fast, slow, strict=True):
+        assert ((a.float() - b.float()).abs() <= 2.0**-7 * b.float().abs()).all()
+        assert (a != b).float().mean() < 0.01
+
+
+def test_kernel_strided_inputs_equal_contiguous():
+    torch.manual_seed(14)
+    base = torch.randn(2, 12, 6, 64).bfloat16()  # (batch, seq, heads, head_dim)
+    q = base.transpose(1, 2)  # a (batch, heads, seq, head_dim) view with seq-major strides
+    rope = Rotary(64, rotary_dim=32)
+    a, b = rope(q, q[:, :2])
+    c, d = rope(q.contiguous(), q[:, :2].contiguous())
+    assert torch.equal(a, c) and torch.equal(b, d)
+    assert a.is_contiguous()
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_kernel_backward_is_the_inverse_rotation(layout):
+    torch.manual_seed(15)
+    rope = Rotary(32, layout=layout)
+    x = torch.randn(1, 2, 30, 32).bfloat16().requires_grad_(True)
+    y, _ = rope(x, x)
+    (g,) = torch.autograd.grad(y, x, y.detach())  # R^T R x == x, up to two roundings
+    # each pass rounds to bfloat16 once: half an ulp (2**-8 relative) of a value of
+    # at most |x|max, twice
+    bound = 2 * 2.0**-8 * float(x.detach().float().abs().max())
+    assert (g.float() - x.detach().float()).abs().max() <= bound
+
+
+def test_kernel_keeps_nan_in_bfloat16():
+    rope = Rotary(8)
+    x = torch.zeros(1, 1, 3, 8, dtype=torch.bfloat16)
+    x[0, 0, 1, 2] = float("nan")
+    out, _ = rope(x, x)
+    assert torch.isnan(out[0, 0, 1]).sum() >= 1 and not torch.isnan(out[0, 0, 0]).any()

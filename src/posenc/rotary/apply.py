@@ -122,10 +122,52 @@ def _leading_index(t: torch.Tensor, index: tuple[int, ...], ndim: int) -> tuple[
     return tuple(index[skip + i] if t.shape[i] > 1 else 0 for i in range(t.ndim - 2))
 
 
+def _rotate_kernel(
+    x: torch.Tensor, cos: torch.Tensor, s: torch.Tensor, rotary_dim: int, layout: str, sign: float
+) -> torch.Tensor | None:
+    """The rotation in one fused pass (``posenc._kernels.rotate``), or None if it cannot.
+
+    For CPU bfloat16 ``x`` with unit stride along ``head_dim`` (any strides
+    elsewhere; ``cos`` and ``s`` float32, broadcast through their expanded
+    strides): widened to float32, rotated, rounded once, in one pass instead of
+    torch's upcast, rotation and rounding passes. float32 stays with torch's
+    kernels, which measured as fast or faster here.
+    """
+    from posenc._angles import _kernels, _workers
+
+    if _kernels is None or x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES:
+        return None
+    lead = x.shape[:-1]
+    if x.stride(-1) != 1 or not 1 <= len(lead) <= _KERNEL_MAX_LEAD:
+        return None
+    if cos.dtype != torch.float32 or s.dtype != torch.float32 or cos.device != x.device:
+        return None
+    try:
+        cos_e = cos.contiguous().expand(*lead, rotary_dim)
+        s_e = s.contiguous().expand(*lead, rotary_dim // 2)
+    except RuntimeError:  # not broadcastable this way: the general path decides
+        return None
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    threads = _workers() if x.numel() >= 1 << 18 else 1
+    _kernels.rotate(
+        x.data_ptr(), out.data_ptr(), cos_e.data_ptr(), s_e.data_ptr(),
+        list(lead), list(x.stride()[:-1]), list(cos_e.stride()[:-1]), list(s_e.stride()[:-1]),
+        x.shape[-1], rotary_dim, layout == "half", sign, threads,
+    )  # fmt: skip
+    return out
+
+
+_KERNEL_DTYPES = (torch.bfloat16,)
+_KERNEL_MAX_LEAD = 8  # MAX_LEAD in _kernels.c
+
+
 def _rotate_eager(
     x: torch.Tensor, cos: torch.Tensor, s: torch.Tensor, rotary_dim: int, layout: str, sign: float
 ) -> torch.Tensor:
     """The rotation by ``sign * theta`` as a fresh tensor of ``x``'s dtype (eager fast path)."""
+    fused = _rotate_kernel(x, cos, s, rotary_dim, layout, sign)
+    if fused is not None:
+        return fused
     work = _compute_dtype(x.dtype)
     if x.dtype == work:
         out = torch.empty(x.shape, dtype=work, device=x.device)
