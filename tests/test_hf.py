@@ -23,7 +23,6 @@ by at most ``10 e max|logits|`` (measured: about ``0.5 e max|logits|``).
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -52,14 +51,7 @@ TINY = {
 VOCAB = 100
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_transformers() -> Any:
-    # HF logs (not warns) about unusual rope parameters; keep the test output readable
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def _need(*rope_types: str) -> None:

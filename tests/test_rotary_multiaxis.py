@@ -23,7 +23,6 @@ float64 truth at any position below ``2**31``.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -50,13 +49,7 @@ transformers = pytest.importorskip("transformers")
 rotary_embedding_torch = pytest.importorskip("rotary_embedding_torch")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_transformers() -> Any:
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def _table_tol(max_angle: float, delta_ulps: float = 3.0) -> float:

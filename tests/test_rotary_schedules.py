@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import decimal
 import functools
-import logging
 import math
 
 import mpmath
@@ -37,15 +36,7 @@ MAX_POS = 4096
 ORIGINAL = 1024
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _quiet_hf_logger():
-    # HF logs (does not warn) about keys its validators do not expect, e.g. `factor`
-    # for `proportional`, which its own init function reads.
-    logger = logging.getLogger("transformers")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 @functools.cache
