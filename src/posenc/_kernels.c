@@ -1,7 +1,10 @@
-/* posenc._kernels: the fused table loop of posenc._angles (optional; numpy does the same).
+/* posenc._kernels: optional compiled loops; without them numpy and torch do the same work.
 
-   table(coarse, fine, step, out, n, m, first_off, first_step, n_first,
-         second_off, second_step, n_second, threads)
+   - table: the sinusoidal table loop of posenc._angles (below);
+   - rotate: the bfloat16 rotary rotation of posenc.rotary.apply (further down).
+
+   table(coarse, fine, step, out, n, m, dim, first_off, first_step, n_first,
+         second_off, second_step, n_second, f64, threads)
 
    Row r = P * B + j (P = r // B, j = r % B) of a table is
    w = (coarse[P // m] * fine[P % m]) * step[j], complex128 arithmetic in that

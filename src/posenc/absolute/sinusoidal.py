@@ -382,9 +382,10 @@ def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
     out = np.empty((n, slots.dim), dtype=_arrays.numpy_dtype(name))
     coefficient, conjugate = _phasor_form(spec, slots.dim)
     turns = spec.turns(slots.dim)
-    placement = [(sl.start, sl.step or 1, count) for sl, count in _slot_runs(slots)]
+    first = (slots.first.start, slots.first.step or 1, slots.n_first)
+    second = (slots.second.start, slots.second.step or 1, slots.n_second)
     if progression_table(
-        spec.offset, n, turns, out, *placement, coefficient=coefficient, conjugate=conjugate
+        spec.offset, n, turns, out, first, second, coefficient=coefficient, conjugate=conjugate
     ):
         if slots.zero is not None:
             out[:, slots.zero] = 0
@@ -404,11 +405,6 @@ def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
 
     progression_blocks(spec.offset, n, turns, emit, coefficient=coefficient, conjugate=conjugate)
     return out
-
-
-def _slot_runs(slots: Slots) -> tuple[tuple[slice, int], tuple[slice, int]]:
-    """The first and second members' channel slices with their channel counts."""
-    return (slots.first, slots.n_first), (slots.second, slots.n_second)
 
 
 def _pair_view(out: npt.NDArray[Any], slots: Slots) -> npt.NDArray[Any] | None:
