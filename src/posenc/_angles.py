@@ -306,6 +306,12 @@ def _workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def workers_for(elements: int) -> int:
+    """Threads for a loop over ``elements`` values: one below 2**18, where starting
+    more costs more than it saves."""
+    return _workers() if elements >= 1 << 18 else 1
+
+
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
@@ -399,7 +405,7 @@ def progression_table(
     if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous:
         return False
     step, coarse, fine = _progression_factors(start, n, turns, coefficient, conjugate)
-    threads = _workers() if n * turns.size >= 1 << 18 else 1
+    threads = workers_for(n * turns.size)
     planes = np.stack([step.real, step.imag], axis=1)  # (B, 2, K): vector loads
     _kernels.table(
         coarse, fine, planes, out, n, fine.shape[0], out.shape[1], *first, *second,
@@ -464,7 +470,7 @@ def progression_blocks(
                 assert emit is not None
                 emit(q * b, w)
 
-    workers = _workers() if n * k >= 1 << 18 else 1
+    workers = workers_for(n * k)
     per = -(-nblocks // workers)
     per = -(-per // group) * group
     jobs = [(i, min(nblocks, i + per)) for i in range(0, nblocks, per)]

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from posenc import _arrays
+from posenc._angles import _kernels, workers_for
 from posenc.rotary.tables import LAYOUTS, Layout
 
 __all__ = ["apply_rotary"]
@@ -133,8 +134,6 @@ def _rotate_kernel(
     torch's upcast, rotation and rounding passes. float32 stays with torch's
     kernels, which measured as fast or faster here.
     """
-    from posenc._angles import _kernels, _workers
-
     if _kernels is None or x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES:
         return None
     lead = x.shape[:-1]
@@ -148,7 +147,7 @@ def _rotate_kernel(
     except RuntimeError:  # not broadcastable this way: the general path decides
         return None
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    threads = _workers() if x.numel() >= 1 << 18 else 1
+    threads = workers_for(x.numel())
     _kernels.rotate(
         x.data_ptr(), out.data_ptr(), cos_e.data_ptr(), s_e.data_ptr(),
         list(lead), list(x.stride()[:-1]), list(cos_e.stride()[:-1]), list(s_e.stride()[:-1]),
