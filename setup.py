@@ -1,9 +1,9 @@
 """The optional compiled kernel; everything else is declared in pyproject.toml.
 
 ``posenc._kernels`` fuses the sinusoidal table loop of ``posenc._angles`` and the
-bfloat16 rotation of ``posenc.rotary.apply``. It is optional: where no C compiler
-is found, the build goes on without it and posenc does the same work in numpy
-and torch.
+float32 and bfloat16 rotation of ``posenc.rotary.apply``. It is optional: where no
+C compiler is found, the build goes on without it and posenc does the same work in
+numpy and torch.
 """
 
 import sys
@@ -19,7 +19,7 @@ setup(
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],
-            extra_link_args=["-pthread"] if unix else [],
+            extra_link_args=["-pthread", "-ldl"] if unix else [],
             optional=True,
         )
     ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import decimal
+import subprocess
+import sys
 
 import mpmath
 import numpy as np
@@ -190,6 +192,21 @@ def test_kernel_table_equals_numpy_path(monkeypatch, preset, dim, n):
     )
     # float64: numpy's vectorised loop may round a product differently in the last bit
     np.testing.assert_allclose(fast, slow, rtol=0, atol=4 * 2.0**-53)
+
+
+@pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
+def test_kernel_threads_without_torch():
+    # in this process torch is loaded, and the kernel runs on torch's OpenMP team;
+    # without torch (numpy only) it starts POSIX threads: the same table either way
+    code = (
+        "import sys, numpy as np, posenc\n"
+        "from posenc import _angles\n"
+        "assert 'torch' not in sys.modules and _angles._kernels is not None\n"
+        "fast = posenc.sinusoidal(8192, 256)\n"
+        "_angles._kernels = None\n"
+        "assert np.array_equal(fast, posenc.sinusoidal(8192, 256))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")

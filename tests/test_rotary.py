@@ -328,28 +328,45 @@ def test_low_precision_rotated_in_float32(layout: str, dtype: torch.dtype) -> No
     assert qg.grad is not None and qg.grad.dtype == dtype
 
 
+def _without_kernel(fn):
+    """``fn()`` on torch's eager ops, as where the compiled kernel is not built."""
+    from posenc.rotary import apply as module
+
+    saved = module._KERNEL_DTYPES
+    module._KERNEL_DTYPES = ()
+    try:
+        return fn()
+    finally:
+        module._KERNEL_DTYPES = saved
+
+
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_low_precision_large_slices(layout: str) -> None:
-    # (seq, head_dim) slices of 2**15 elements and more are rotated slice by slice
+@pytest.mark.parametrize(("dtype", "ulp"), [(torch.bfloat16, 2.0**-7), (torch.float16, 2.0**-10)])
+def test_low_precision_large_slices(layout: str, dtype: torch.dtype, ulp: float) -> None:
+    # without the kernel, (seq, head_dim) slices of 2**15 elements and more are
+    # upcast and rotated slice by slice
     torch.manual_seed(8)
     rope = Rotary(64, layout=layout, rotary_dim=40)
-    q = torch.randn(2, 3, 512, 64).bfloat16()
-    k = torch.randn(2, 1, 512, 64).bfloat16()
+    q = torch.randn(2, 3, 512, 64).to(dtype)
+    k = torch.randn(2, 1, 512, 64).to(dtype)
     positions = torch.stack([torch.arange(512), torch.arange(512) * 2 + 9])
-    oq, ok = rope(q, k, positions=positions)
+    oq, ok = _without_kernel(lambda: rope(q, k, positions=positions))
     fq, fk = rope(q.float(), k.float(), positions=positions)
-    # bfloat16 is rotated in float32 and rounded once. The float32 path's addcmul fuses
-    # a multiply-add that the bfloat16 kernel rounds, so the float32 values may differ
-    # by one float32 rounding, which moves the bfloat16 result by one ulp (2**-7
-    # relative at most) where it crosses a rounding boundary: rarely
-    for got, want in ((oq, fq.bfloat16()), (ok, fk.bfloat16())):
-        assert ((got.float() - want.float()).abs() <= 2.0**-7 * want.float().abs()).all()
+    # rotated in float32 and rounded once. The eager in-place path's addcmul fuses a
+    # multiply-add that the float32 kernel rounds, so the float32 values may differ:
+    # each is within 6 * 2**-24 * max|x| of the exact value (two products and a sum
+    # of terms up to max|x|, each rounded once), so by twice that from each other.
+    # Rounding to the low precision adds at most one ulp (`ulp` relative) between
+    # the two, half an ulp against the float32 value itself; differences are rare
+    drift = 12 * 2.0**-24 * float(q.float().abs().max()) * (1 + ulp)
+    for got, want in ((oq, fq.to(dtype)), (ok, fk.to(dtype))):
+        assert ((got.float() - want.float()).abs() <= ulp * want.float().abs() + drift).all()
         assert (got != want).float().mean() < 0.01
-    # a strided q takes the real (not complex) formula: float32 results may differ by
-    # an ulp, so the rounding to bfloat16 by one bfloat16 ulp (2**-8 relative)
-    oq, _ = rope(q.transpose(2, 3).contiguous().transpose(2, 3), k, offset=3)
+    # a strided q takes the real (not complex) formula
+    strided = q.transpose(2, 3).contiguous().transpose(2, 3)
+    oq, _ = _without_kernel(lambda: rope(strided, k, offset=3))
     ref = rope(q.float(), k.float(), offset=3)[0]
-    torch.testing.assert_close(oq.float(), ref, rtol=2.0**-8, atol=0)
+    torch.testing.assert_close(oq.float(), ref, rtol=ulp / 2, atol=drift)
 
 
 def test_model_to_bf16_keeps_float32_inv_freq() -> None:
@@ -610,17 +627,6 @@ def test_from_hf_config_matches_transformers(rope_type):
 _kernels = pytest.importorskip("posenc._kernels")
 
 
-def _without_kernel(fn):
-    from posenc.rotary import apply as module
-
-    saved = module._KERNEL_DTYPES
-    module._KERNEL_DTYPES = ()
-    try:
-        return fn()
-    finally:
-        module._KERNEL_DTYPES = saved
-
-
 def _reference(x, cos, sin, layout, rotary_dim):
     """The rotation in float64 from the same float32 tables (the exact product)."""
     xd, cd, sd = x.double(), cos.double(), sin.double()
@@ -633,24 +639,57 @@ def _reference(x, cos, sin, layout, rotary_dim):
     return torch.cat([xd[..., :r] * cd + rot * sd, xd[..., r:]], -1)
 
 
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_float64_rotation(layout, dtype):
-    torch.manual_seed(11)
-    rope = Rotary(64, rotary_dim=48, layout=layout)
-    x = torch.randn(2, 3, 40, 64).to(dtype)
-    cos, sin = rope.cos_sin(torch.arange(1000, 1040))
-    got = apply_rotary(x, cos, sin, layout=layout)
-    want = _reference(x, cos, sin, layout, 48)
+# (shape of x, head_dim, rotary_dim, heads_last): the kernel's generic rows (partial
+# rotary), its vector rows (rotary_dim == head_dim, pairs in multiples of eight),
+# several cos/sin tiles per head (seq above the tile of 65536 / (6 * rotary_dim)
+# rows), and the (batch, seq, heads, head_dim) layout
+KERNEL_CASES = [
+    ((2, 3, 40, 64), 48, False),
+    ((2, 3, 400, 64), 64, False),
+    ((2, 700, 3, 32), 32, True),
+]
+
+
+def _kernel_tolerance(x, want):
     # float32: each product and the sum rounded once, |x1 c| + |x2 s| <= |x|max * 2,
     # so the error is at most 3 * 2**-24 * 2 * max|x|; bfloat16 (7 stored mantissa
     # bits) adds one rounding of the result, half an ulp: 2**-8 relative
-    scale = float(x.float().abs().max())
-    tol = 6 * 2.0**-24 * scale * (1 + 2.0**-8)
-    if dtype == torch.bfloat16:
-        tol = tol + 2.0**-8 * want.abs()
-    assert ((got.double() - want).abs() <= tol).all()
+    tol = 6 * 2.0**-24 * float(x.float().abs().max()) * (1 + 2.0**-8)
+    if x.dtype == torch.bfloat16:
+        return tol + 2.0**-8 * want.abs()
+    return tol
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "rotary_dim", "heads_last"), KERNEL_CASES)
+def test_kernel_matches_float64_rotation(layout, dtype, shape, rotary_dim, heads_last):
+    torch.manual_seed(11)
+    rope = Rotary(shape[-1], rotary_dim=rotary_dim, layout=layout)
+    x = torch.randn(shape).to(dtype)
+    seq = shape[1] if heads_last else shape[2]
+    cos, sin = rope.cos_sin(torch.arange(1000, 1000 + seq))
+    if heads_last:
+        cos, sin = cos[:, None], sin[:, None]
+    got = apply_rotary(x, cos, sin, layout=layout)
+    want = _reference(x, cos, sin, layout, rotary_dim)
+    assert ((got.double() - want).abs() <= _kernel_tolerance(x, want)).all()
     assert got.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_large_output_streams_and_stays_exact(dtype):
+    # an output above 16 MiB is mapped in up front and written with non-temporal
+    # stores; batch-broadcast tables and per-batch positions take the same rows
+    torch.manual_seed(12)
+    heads = 9 if dtype == torch.float32 else 17  # 18 MiB, 17 MiB
+    rope = Rotary(128)
+    x = torch.randn(2, heads, 2048, 128).to(dtype)
+    positions = torch.stack([torch.arange(2048), torch.arange(2048) * 3 + 5])
+    cos, sin = rope.cos_sin(positions)
+    got = apply_rotary(x, cos[:, None], sin[:, None])
+    want = _reference(x, cos[:, None], sin[:, None], "half", 128)
+    assert ((got.double() - want).abs() <= _kernel_tolerance(x, want)).all()
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -662,11 +701,12 @@ def test_kernel_agrees_with_torch_path(layout):
     positions = torch.stack([torch.arange(50), torch.arange(50) + 77])
     fast = rope(q, k, positions=positions)
     slow = _without_kernel(lambda: rope(q, k, positions=positions))
-    # both round the float32 rotation once; torch's addcmul fuses one multiply-add,
-    # so the float32 values may differ by one rounding, which can move the bfloat16
-    # result by one ulp (2**-7 relative at most)
-    for a, b in zip(fast, slow, strict=True):
-        assert ((a.float() - b.float()).abs() <= 2.0**-7 * b.float().abs()).all()
+    # both round the float32 rotation once; torch's in-place addcmul fuses one
+    # multiply-add, so the float32 values may differ (each within 6 * 2**-24 * max|x|
+    # of exact), which can move the bfloat16 result by one ulp (2**-7 relative)
+    for a, b, x in zip(fast, slow, (q, k), strict=True):
+        drift = 12 * 2.0**-24 * float(x.float().abs().max()) * (1 + 2.0**-7)
+        assert ((a.float() - b.float()).abs() <= 2.0**-7 * b.float().abs() + drift).all()
         assert (a != b).float().mean() < 0.01
 
 
@@ -694,9 +734,51 @@ def test_kernel_backward_is_the_inverse_rotation(layout):
     assert (g.float() - x.detach().float()).abs().max() <= bound
 
 
-def test_kernel_keeps_nan_in_bfloat16():
-    rope = Rotary(8)
-    x = torch.zeros(1, 1, 3, 8, dtype=torch.bfloat16)
+@pytest.mark.parametrize("head_dim", [8, 32])  # the portable rows, the vector rows
+def test_kernel_keeps_nan_in_bfloat16(head_dim):
+    rope = Rotary(head_dim)
+    x = torch.zeros(1, 1, 3, head_dim, dtype=torch.bfloat16)
     x[0, 0, 1, 2] = float("nan")
     out, _ = rope(x, x)
     assert torch.isnan(out[0, 0, 1]).sum() >= 1 and not torch.isnan(out[0, 0, 0]).any()
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("shape", "rotary_dim", "heads_last"), KERNEL_CASES)
+def test_kernel_equals_unfused_float32_formula_bit_for_bit(
+    layout, dtype, shape, rotary_dim, heads_last
+):
+    # the kernel rounds each product, the difference and the sum once (no fused
+    # multiply-add), in float32, then rounds once to the input's dtype: the same as
+    # torch's separate mul and sub kernels followed by a cast
+    torch.manual_seed(16)
+    rope = Rotary(shape[-1], rotary_dim=rotary_dim, layout=layout)
+    x = torch.randn(shape).mul(50).to(dtype)
+    seq = shape[1] if heads_last else shape[2]
+    cos, sin = rope.cos_sin(torch.arange(3, 3 + seq) * 7)
+    if heads_last:
+        cos, sin = cos[:, None], sin[:, None]
+    xf = x.float()
+    if layout == "half":
+        h = rotary_dim // 2
+        x1, x2, c1, c2, s = (
+            xf[..., :h],
+            xf[..., h:rotary_dim],
+            cos[..., :h],
+            cos[..., h:],
+            sin[..., :h],
+        )
+    else:
+        x1, x2, c1, c2, s = (
+            xf[..., 0:rotary_dim:2],
+            xf[..., 1:rotary_dim:2],
+            cos[..., 0::2],
+            cos[..., 1::2],
+            sin[..., 0::2],
+        )
+    y1, y2 = x1 * c1 - x2 * s, x2 * c2 + x1 * s
+    y = torch.cat([y1, y2], -1) if layout == "half" else torch.stack([y1, y2], -1).flatten(-2)
+    want = torch.cat([y.to(dtype), x[..., rotary_dim:]], -1)
+    got = apply_rotary(x, cos, sin, layout=layout)
+    assert torch.equal(got, want)

@@ -1,7 +1,7 @@
 /* posenc._kernels: optional compiled loops; without them numpy and torch do the same work.
 
    - table: the sinusoidal table loop of posenc._angles (below);
-   - rotate: the bfloat16 rotary rotation of posenc.rotary.apply (further down).
+   - rotate: the float32 and bfloat16 rotary rotation of posenc.rotary.apply (further down).
 
    table(coarse, fine, step, out, n, m, dim, first_off, first_step, n_first,
          second_off, second_step, n_second, f64, threads)
@@ -16,7 +16,7 @@
    Re(w) goes to out[r, first_off + k * first_step] for k < n_first and Im(w)
    to out[r, second_off + k * second_step] for k < n_second, rounded once to
    out's dtype (float32 or float64, flag f64). out is C-contiguous (n, dim).
-   The rows are split over `threads` POSIX threads, the GIL released. On CPUs
+   The rows are split over `threads` threads (run_jobs), the GIL released. On CPUs
    with AVX2 the float32 rows of the interleaved-pair and half layouts take a
    vector path (same operations, same order), and tables above STREAM_BYTES
    are written with non-temporal stores. */
@@ -24,6 +24,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <dlfcn.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +41,7 @@ typedef struct {
     Py_ssize_t first_off, first_step, n_first, second_off, second_step, n_second;
     int f64, avx2, stream; /* stream: non-temporal stores (tables larger than a cache) */
     Py_ssize_t block0, block1; /* blocks P of this job */
-    int failed, started;
+    int failed;
 } job_t;
 
 /* Tables larger than this are written with non-temporal stores: they cannot stay in
@@ -128,6 +133,75 @@ __attribute__((target("avx2"))) static int row_float_avx2(const job_t *j, float 
 }
 #endif
 
+/* Runs fn(jobs[0]), ..., fn(jobs[n - 1]) (each `size` bytes) in parallel, the GIL
+   already released.
+
+   Where an OpenMP runtime is loaded already (torch's libgomp, when torch is
+   imported), its thread team runs them: those are the threads torch's own
+   kernels run on, and after each parallel region they spin for a while waiting
+   for more work; threads of our own would share the CPUs with those spinning
+   threads and measured here up to 1.4x slower. Otherwise POSIX threads, the
+   caller running jobs[0]; a thread that cannot start has its job run here. */
+typedef void *(*work_fn)(void *);
+typedef struct {
+    work_fn fn;
+    char *jobs;
+    size_t size;
+    int n;
+} team_t;
+
+static void (*gomp_parallel)(void (*)(void *), void *, unsigned, unsigned);
+static int (*omp_thread_num)(void);
+static int (*omp_num_threads)(void);
+
+static void find_openmp(void) {
+#ifdef __linux__
+    static int looked = 0;
+    if (looked) return;
+    looked = 1;
+    void *lib = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD); /* only if loaded */
+    if (lib == NULL) return;
+    void *par = dlsym(lib, "GOMP_parallel"), *num = dlsym(lib, "omp_get_thread_num");
+    void *team = dlsym(lib, "omp_get_num_threads");
+    if (par && num && team) {
+        *(void **)&gomp_parallel = par;
+        *(void **)&omp_thread_num = num;
+        *(void **)&omp_num_threads = team;
+    }
+#endif
+}
+
+static void team_body(void *arg) {
+    team_t *t = (team_t *)arg;
+    /* the team may be smaller than asked (nested regions): stride over the jobs */
+    for (int i = omp_thread_num(); i < t->n; i += omp_num_threads()) t->fn(t->jobs + i * t->size);
+}
+
+static void run_jobs(work_fn fn, void *jobs, int n, size_t size) {
+    char *base = (char *)jobs;
+    if (n > 1) find_openmp();
+    if (n > 1 && gomp_parallel != NULL) {
+        team_t team = {fn, base, size, n};
+        gomp_parallel(team_body, &team, (unsigned)n, 0);
+        return;
+    }
+    pthread_t *ids = n > 1 ? (pthread_t *)calloc((size_t)n, sizeof(pthread_t)) : NULL;
+    int *started = n > 1 ? (int *)calloc((size_t)n, sizeof(int)) : NULL;
+    if (ids == NULL || started == NULL) { /* one job or no memory: all of them here */
+        for (int i = 0; i < n; ++i) fn(base + i * size);
+    } else {
+        for (int i = 1; i < n; ++i) {
+            started[i] = pthread_create(&ids[i], NULL, fn, base + i * size) == 0;
+            if (!started[i]) fn(base + i * size);
+        }
+        fn(base);
+        for (int i = 1; i < n; ++i)
+            if (started[i]) pthread_join(ids[i], NULL);
+    }
+    free(ids);
+    free(started);
+}
+
 static void *run(void *arg) {
     job_t *j = (job_t *)arg;
     Py_ssize_t K = j->K;
@@ -207,8 +281,7 @@ static PyObject *table(PyObject *self, PyObject *args) {
     int avx2 = 0;
 #endif
     job_t *jobs = (job_t *)calloc((size_t)threads, sizeof(job_t));
-    pthread_t *ids = (pthread_t *)calloc((size_t)threads, sizeof(pthread_t));
-    int failed = jobs == NULL || ids == NULL;
+    int failed = jobs == NULL;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
         Py_ssize_t per = (blocks + threads - 1) / threads;
@@ -226,20 +299,12 @@ static PyObject *table(PyObject *self, PyObject *args) {
             j->stream = n * dim * item > STREAM_BYTES;
             j->block0 = i * per;
             j->block1 = (i + 1) * per < blocks ? (i + 1) * per : blocks;
-            /* job 0 runs on this thread; a thread that cannot start runs here too */
-            if (i > 0) {
-                j->started = pthread_create(&ids[i], NULL, run, j) == 0;
-                if (!j->started) run(j);
-            }
         }
-        run(&jobs[0]);
-        for (int i = 1; i < threads; ++i)
-            if (jobs[i].started) pthread_join(ids[i], NULL);
+        run_jobs(run, jobs, threads, sizeof(job_t));
         for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
         Py_END_ALLOW_THREADS
     }
     free(jobs);
-    free(ids);
     PyBuffer_Release(&coarse);
     PyBuffer_Release(&fine);
     PyBuffer_Release(&step);
@@ -250,10 +315,10 @@ static PyObject *table(PyObject *self, PyObject *args) {
 
 /* ---------------------------------------------------------------------------------
    rotate(x, out, cos, sin, lead, x_strides, cos_strides, sin_strides, D, R, half, sign,
-          threads)
+          f32, threads)
 
-   The rotation of posenc.rotary.apply for bfloat16 CPU tensors in one pass
-   (addresses x, out, cos, sin as ints): x and out are (*lead, D) bfloat16, out
+   The rotation of posenc.rotary.apply for float32 (f32) or bfloat16 CPU tensors in
+   one pass (addresses x, out, cos, sin as ints): x and out are (*lead, D), out
    C-contiguous, x with unit stride along D and element strides x_strides over
    `lead`; row i of out (its index over `lead`, row-major) is made from the row
    of x at that index and uses the cos row at sum(index[d] * cos_strides[d]) of
@@ -263,23 +328,32 @@ static PyObject *table(PyObject *self, PyObject *args) {
    free. Pairs are (k, k + R/2) when `half`, else (2k, 2k + 1); with
    s = sign * sin:
        o1 = x1 c1 - x2 s,   o2 = x2 c2 + x1 s,
-   in float32 (x widened exactly), rounded once to bfloat16, to nearest even.
-   Channels R .. D - 1 are copied. Rows are split over `threads` threads.
-   (float32 inputs are left to torch's own kernels: measured here, they were as
-   fast or faster; bfloat16 saves torch's separate upcast and rounding passes.) */
+   in float32, each product and sum rounded (no fused multiply-add); bfloat16 x
+   is widened exactly and the result rounded once, to nearest even. Channels
+   R .. D - 1 are copied.
+
+   Why it is a kernel: torch's eager ops take three passes over memory for the
+   half layout (x cos, then the cross term on each half) and, for bfloat16, an
+   upcast and a rounding pass besides. Here the rows are visited tile by tile
+   (the cos/sin rows of a tile stay in cache for every head), an output above
+   STREAM_BYTES has its pages mapped in by one madvise per thread rather than a
+   fault per page and is written with non-temporal stores, and the rows are
+   split over torch's own OpenMP threads (run_jobs). */
 
 #define MAX_LEAD 8
+#define TILE_TABLE_BYTES ((Py_ssize_t)64 << 10)
 
 typedef struct {
-    const uint16_t *x;
-    uint16_t *out;
+    const char *x; /* bfloat16 or float32 (f32), like out */
+    char *out;
     const float *cos, *sin;
     Py_ssize_t lead[MAX_LEAD], xs[MAX_LEAD], cs[MAX_LEAD], ss[MAX_LEAD];
-    int nlead, half;
+    int nlead, half, f32, avx2, stream;
     Py_ssize_t D, R;
     float sign;
-    Py_ssize_t row0, row1;
-    int started;
+    Py_ssize_t populate0, populate1; /* bytes of out this thread maps in first */
+    Py_ssize_t tile;       /* rows per work unit along the innermost lead dim */
+    Py_ssize_t row0, row1; /* this thread's work units */
 } rot_t;
 
 static inline float bf16_load(uint16_t v) {
@@ -316,32 +390,159 @@ VECTOR_CLONES static void rot_row_bf16(const rot_t *t, const uint16_t *restrict 
     for (Py_ssize_t k = t->R; k < t->D; ++k) o[k] = x[k];
 }
 
+VECTOR_CLONES static void rot_row_f32(const rot_t *t, const float *restrict x, float *restrict o,
+                                      const float *restrict c, const float *restrict s) {
+    Py_ssize_t h = t->R / 2;
+    float sg = t->sign;
+    if (t->half) {
+        for (Py_ssize_t k = 0; k < h; ++k) {
+            float x1 = x[k], x2 = x[k + h], sk = sg * s[k];
+            o[k] = x1 * c[k] - x2 * sk;
+            o[k + h] = x2 * c[k + h] + x1 * sk;
+        }
+    } else {
+        for (Py_ssize_t k = 0; k < h; ++k) {
+            float x1 = x[2 * k], x2 = x[2 * k + 1], sk = sg * s[k];
+            o[2 * k] = x1 * c[2 * k] - x2 * sk;
+            o[2 * k + 1] = x2 * c[2 * k + 1] + x1 * sk;
+        }
+    }
+    for (Py_ssize_t k = t->R; k < t->D; ++k) o[k] = x[k];
+}
+
+#ifdef HAVE_AVX2_ROW
+/* Eight channels of a row as float32: float32 as is, bfloat16 widened exactly. */
+__attribute__((target("avx2"))) static inline __m256 load8(const char *p, Py_ssize_t k, int f32) {
+    if (f32) return _mm256_loadu_ps((const float *)p + k);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + k));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+/* Eight float32 results stored as float32, or rounded to bfloat16 as bf16_store
+   does (to nearest even, NaN kept quiet); non-temporal when `stream`. */
+__attribute__((target("avx2"))) static inline void store8(char *p, Py_ssize_t k, __m256 v,
+                                                          int f32, int stream) {
+    if (f32) {
+        if (stream)
+            _mm256_stream_ps((float *)p + k, v);
+        else
+            _mm256_storeu_ps((float *)p + k, v);
+        return;
+    }
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    __m256i w = _mm256_blendv_epi8(rounded, quiet, nan);
+    /* 32 -> 16 bits: packus works within 128-bit lanes, the permute joins them */
+    __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08));
+    if (stream)
+        _mm_stream_si128((__m128i *)((uint16_t *)p + k), h);
+    else
+        _mm_storeu_si128((__m128i *)((uint16_t *)p + k), h);
+}
+
+/* A row of either layout and either dtype, eight channels per step: the same
+   operations as rot_row_f32 and rot_row_bf16 (x2 * -s added is x2 * s subtracted,
+   exactly). Outputs larger than a cache are written with non-temporal stores: the
+   destination lines are then never read, so the rotation moves the bytes a copy
+   moves. Returns 0 for rows it does not handle (the portable loops write them). */
+__attribute__((target("avx2"))) static int rot_row_avx2(const rot_t *t, const char *restrict x,
+                                                        char *restrict o,
+                                                        const float *restrict c,
+                                                        const float *restrict s) {
+    Py_ssize_t R = t->R, h = R / 2, item = t->f32 ? 4 : 2;
+    int f32 = t->f32;
+    if (R % 16 || t->D != R) return 0;
+    int stream = t->stream && !((uintptr_t)o & 31) && !((uintptr_t)(o + h * item) & 31);
+    if (t->half) {
+        __m256 sg = _mm256_set1_ps(t->sign);
+        for (Py_ssize_t k = 0; k < h; k += 8) {
+            __m256 x1 = load8(x, k, f32), x2 = load8(x, h + k, f32);
+            __m256 sk = _mm256_mul_ps(sg, _mm256_loadu_ps(s + k));
+            __m256 o1 = _mm256_sub_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + k)), _mm256_mul_ps(x2, sk));
+            __m256 o2 = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + h + k)), _mm256_mul_ps(x1, sk));
+            store8(o, k, o1, f32, stream);
+            store8(o, h + k, o2, f32, stream);
+        }
+        return 1;
+    }
+    /* interleaved: (x1, x2) pairs side by side; each sin widened to its pair, signed
+       (-s for the first member, +s for the second), times the pair-swapped x */
+    __m256 sg = _mm256_setr_ps(-t->sign, t->sign, -t->sign, t->sign, -t->sign, t->sign,
+                               -t->sign, t->sign);
+    __m256i twice = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    for (Py_ssize_t k = 0; k < R; k += 8) {
+        __m256 v = load8(x, k, f32);
+        __m256 sk = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(s + k / 2)), twice);
+        __m256 r = _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + k)),
+                                 _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), _mm256_mul_ps(sg, sk)));
+        store8(o, k, r, f32, stream);
+    }
+    return 1;
+}
+#endif
+
+static void rot_one(const rot_t *t, Py_ssize_t xo, Py_ssize_t co, Py_ssize_t so, Py_ssize_t i) {
+    Py_ssize_t item = t->f32 ? 4 : 2;
+    const char *x = t->x + xo * item;
+    char *o = t->out + i * t->D * item;
+    const float *c = t->cos + co, *s = t->sin + so;
+#ifdef HAVE_AVX2_ROW
+    if (t->avx2 && rot_row_avx2(t, x, o, c, s)) return;
+#endif
+    if (t->f32)
+        rot_row_f32(t, (const float *)x, (float *)o, c, s);
+    else
+        rot_row_bf16(t, (const uint16_t *)x, (uint16_t *)o, c, s);
+}
+
+/* Maps in fresh pages of [p, p + n) with one system call instead of a page fault per
+   page (Linux 5.14+; elsewhere, or on failure, the first writes fault them in). */
+static void prefault(char *p, Py_ssize_t n) {
+#if defined(__linux__) && defined(MADV_POPULATE_WRITE)
+    static long page = 0;
+    if (page == 0) page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    uintptr_t b = ((uintptr_t)p + (uintptr_t)n) & ~((uintptr_t)page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* Work units of up to `tile` rows along the innermost lead dim (seq, in the usual
+   (batch, heads, seq, D) layout), ordered tile-major: a tile of the tables is read
+   once from memory and then reused from cache by every head, instead of the whole
+   table streaming past once per head. */
 static void *rot_run(void *arg) {
     rot_t *t = (rot_t *)arg;
-    /* the index of row0 over `lead`, then advanced like an odometer: no division per row */
-    Py_ssize_t idx[MAX_LEAD], rest = t->row0, xo = 0, co = 0, so = 0;
-    for (int d = t->nlead - 1; d >= 0; --d) {
-        idx[d] = rest % t->lead[d];
-        rest /= t->lead[d];
-        xo += idx[d] * t->xs[d];
-        co += idx[d] * t->cs[d];
-        so += idx[d] * t->ss[d];
-    }
-    for (Py_ssize_t i = t->row0; i < t->row1; ++i) {
-        if (i > t->row0) {
-            for (int d = t->nlead - 1; d >= 0; --d) {
-                xo += t->xs[d];
-                co += t->cs[d];
-                so += t->ss[d];
-                if (++idx[d] < t->lead[d]) break;
-                xo -= t->lead[d] * t->xs[d];
-                co -= t->lead[d] * t->cs[d];
-                so -= t->lead[d] * t->ss[d];
-                idx[d] = 0;
-            }
+    if (t->populate1 > t->populate0)
+        prefault(t->out + t->populate0, t->populate1 - t->populate0);
+    int last = t->nlead - 1;
+    Py_ssize_t inner = t->lead[last], outer = 1;
+    for (int d = 0; d < last; ++d) outer *= t->lead[d];
+    for (Py_ssize_t u = t->row0; u < t->row1; ++u) {
+        Py_ssize_t b = u / outer, rest = u % outer, xo = 0, co = 0, so = 0;
+        for (int d = last - 1; d >= 0; --d) {
+            Py_ssize_t k = rest % t->lead[d];
+            rest /= t->lead[d];
+            xo += k * t->xs[d];
+            co += k * t->cs[d];
+            so += k * t->ss[d];
         }
-        rot_row_bf16(t, t->x + xo, t->out + i * t->D, t->cos + co, t->sin + so);
+        Py_ssize_t first = b * t->tile, stop = first + t->tile < inner ? first + t->tile : inner;
+        for (Py_ssize_t r = first; r < stop; ++r)
+            rot_one(t, xo + r * t->xs[last], co + r * t->cs[last], so + r * t->ss[last],
+                    (u % outer) * inner + r);
     }
+#ifdef HAVE_AVX2_ROW
+    if (t->stream) _mm_sfence(); /* the streamed rows are visible before the join */
+#endif
     return NULL;
 }
 
@@ -368,10 +569,10 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
     unsigned long long xp, op, cp, sp;
     PyObject *lead, *xstr, *cstr, *sstr;
     Py_ssize_t D, R;
-    int half, threads;
+    int half, f32, threads;
     double sign;
-    if (!PyArg_ParseTuple(args, "KKKKOOOOnnpdi", &xp, &op, &cp, &sp, &lead, &xstr, &cstr,
-                          &sstr, &D, &R, &half, &sign, &threads))
+    if (!PyArg_ParseTuple(args, "KKKKOOOOnnpdpi", &xp, &op, &cp, &sp, &lead, &xstr, &cstr,
+                          &sstr, &D, &R, &half, &sign, &f32, &threads))
         return NULL;
     rot_t base;
     memset(&base, 0, sizeof base);
@@ -389,8 +590,13 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t rows = 1;
     for (int d = 0; d < base.nlead; ++d) rows *= base.lead[d];
-    base.x = (const uint16_t *)(uintptr_t)xp;
-    base.out = (uint16_t *)(uintptr_t)op;
+    base.x = (const char *)(uintptr_t)xp;
+    base.out = (char *)(uintptr_t)op;
+    base.f32 = f32;
+#ifdef HAVE_AVX2_ROW
+    base.avx2 = __builtin_cpu_supports("avx2");
+#endif
+    base.stream = rows * D * (f32 ? 4 : 2) > STREAM_BYTES;
     base.cos = (const float *)(uintptr_t)cp;
     base.sin = (const float *)(uintptr_t)sp;
     base.half = half;
@@ -398,31 +604,29 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
     base.R = R;
     base.sign = (float)sign;
     if (rows == 0) Py_RETURN_NONE;
-    if (threads > rows) threads = (int)rows;
+    /* tiles of about TILE_TABLE_BYTES of cos and sin rows */
+    Py_ssize_t inner = base.lead[base.nlead - 1];
+    base.tile = TILE_TABLE_BYTES / (6 * R) > 0 ? TILE_TABLE_BYTES / (6 * R) : 1;
+    if (base.tile > inner) base.tile = inner;
+    Py_ssize_t units = (rows / inner) * ((inner + base.tile - 1) / base.tile);
+    if (threads > units) threads = (int)units;
     rot_t *jobs = (rot_t *)calloc((size_t)threads, sizeof(rot_t));
-    pthread_t *ids = (pthread_t *)calloc((size_t)threads, sizeof(pthread_t));
-    if (jobs == NULL || ids == NULL) {
-        free(jobs);
-        free(ids);
-        return PyErr_NoMemory();
-    }
+    if (jobs == NULL) return PyErr_NoMemory();
+    Py_ssize_t bytes = rows * D * (f32 ? 4 : 2), share = (bytes + threads - 1) / threads;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t per = (rows + threads - 1) / threads;
+    Py_ssize_t per = (units + threads - 1) / threads;
     for (int i = 0; i < threads; ++i) {
         jobs[i] = base;
-        jobs[i].row0 = i * per < rows ? i * per : rows;
-        jobs[i].row1 = (i + 1) * per < rows ? (i + 1) * per : rows;
-        if (i > 0) {
-            jobs[i].started = pthread_create(&ids[i], NULL, rot_run, &jobs[i]) == 0;
-            if (!jobs[i].started) rot_run(&jobs[i]);
+        jobs[i].row0 = i * per < units ? i * per : units;
+        jobs[i].row1 = (i + 1) * per < units ? (i + 1) * per : units;
+        if (bytes > STREAM_BYTES) { /* a large output: each thread maps in a share of it */
+            jobs[i].populate0 = i * share < bytes ? i * share : bytes;
+            jobs[i].populate1 = (i + 1) * share < bytes ? (i + 1) * share : bytes;
         }
     }
-    rot_run(&jobs[0]);
-    for (int i = 1; i < threads; ++i)
-        if (jobs[i].started) pthread_join(ids[i], NULL);
+    run_jobs(rot_run, jobs, threads, sizeof(rot_t));
     Py_END_ALLOW_THREADS
     free(jobs);
-    free(ids);
     Py_RETURN_NONE;
 }
 

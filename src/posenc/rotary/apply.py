@@ -128,11 +128,12 @@ def _rotate_kernel(
 ) -> torch.Tensor | None:
     """The rotation in one fused pass (``posenc._kernels.rotate``), or None if it cannot.
 
-    For CPU bfloat16 ``x`` with unit stride along ``head_dim`` (any strides
-    elsewhere; ``cos`` and ``s`` float32, broadcast through their expanded
-    strides): widened to float32, rotated, rounded once, in one pass instead of
-    torch's upcast, rotation and rounding passes. float32 stays with torch's
-    kernels, which measured as fast or faster here.
+    For CPU float32 and bfloat16 ``x`` with unit stride along ``head_dim`` (any
+    strides elsewhere; ``cos`` and ``s`` float32, broadcast through their expanded
+    strides): one read of ``x`` and one write of the result, where torch's eager
+    ops take three passes for the half layout (and an upcast and a rounding pass
+    more for bfloat16). Rounds as the unfused float32 formula does (no fused
+    multiply-add), then once to ``x``'s dtype.
     """
     if _kernels is None or x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES:
         return None
@@ -151,12 +152,12 @@ def _rotate_kernel(
     _kernels.rotate(
         x.data_ptr(), out.data_ptr(), cos_e.data_ptr(), s_e.data_ptr(),
         list(lead), list(x.stride()[:-1]), list(cos_e.stride()[:-1]), list(s_e.stride()[:-1]),
-        x.shape[-1], rotary_dim, layout == "half", sign, threads,
+        x.shape[-1], rotary_dim, layout == "half", sign, x.dtype == torch.float32, threads,
     )  # fmt: skip
     return out
 
 
-_KERNEL_DTYPES = (torch.bfloat16,)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL_MAX_LEAD = 8  # MAX_LEAD in _kernels.c
 
 
