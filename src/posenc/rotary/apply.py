@@ -148,7 +148,7 @@ def _rotate_kernel(
     except RuntimeError:  # not broadcastable this way: the general path decides
         return None
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    threads = workers_for(x.numel())
+    threads = min(workers_for(x.numel()), torch.get_num_threads())  # as torch is told
     _kernels.rotate(
         x.data_ptr(), out.data_ptr(), cos_e.data_ptr(), s_e.data_ptr(),
         list(lead), list(x.stride()[:-1]), list(cos_e.stride()[:-1]), list(s_e.stride()[:-1]),
