@@ -19,7 +19,7 @@ setup(
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],
-            extra_link_args=["-pthread", "-ldl"] if unix else [],
+            extra_link_args=["-pthread", "-ldl", "-lm"] if unix else [],
             optional=True,
         )
     ]

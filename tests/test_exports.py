@@ -8,6 +8,16 @@ import sys
 import posenc
 
 EXPECTED = {
+    "ALiBi",
+    "AttentionBias",
+    "FIRE",
+    "KERPLE",
+    "NoPE",
+    "Sandwich",
+    "T5Bias",
+    "alibi_slopes",
+    "attention",
+    "t5_bucket",
     "GRID_PRESETS",
     "PRESETS",
     "GridSpec",
@@ -55,3 +65,11 @@ def test_import_needs_only_numpy():
 def test_submodules_resolve_lazily():
     assert posenc.hf.patch_model is not None
     assert posenc.rotary.schedules.SCHEDULES
+    assert posenc.bias.ALiBi is posenc.ALiBi
+
+
+def test_attention_stays_the_function():
+    # the function lives in posenc.attend, so importing that module cannot shadow it
+    import posenc.attend
+
+    assert callable(posenc.attention) and posenc.attention.__module__ == "posenc.attend"

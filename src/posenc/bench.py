@@ -60,6 +60,7 @@ __all__ = [
     "Impl",
     "Timing",
     "format_table",
+    "peak_memory",
     "register",
     "run",
     "run_case",
@@ -101,6 +102,8 @@ class Case:
         full: the size used by default, e.g. ``{"length": 8192, "dim": 1024}``.
         quick: a smaller size for ``--quick``.
         quick_repeat: runs per implementation with ``--quick``.
+        memory: also measure each implementation's peak memory (one more,
+            untimed call; see :func:`peak_memory`).
     """
 
     name: str
@@ -109,6 +112,7 @@ class Case:
     full: Mapping[str, int]
     quick: Mapping[str, int]
     quick_repeat: int = 5
+    memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,10 @@ class Timing:
         median_s: median seconds per call (None unless ok).
         min_s: fastest call in seconds (None unless ok).
         ratio: ``median_s`` over the case baseline's ``median_s``.
+        peak_bytes: for cases that measure memory, the peak resident memory one
+            call adds above what the process held before it (None otherwise, or
+            where the platform cannot tell).
+        memory_ratio: ``peak_bytes`` over the baseline's.
     """
 
     case: str
@@ -141,6 +149,8 @@ class Timing:
     median_s: float | None = None
     min_s: float | None = None
     ratio: float | None = None
+    peak_bytes: int | None = None
+    memory_ratio: float | None = None
 
 
 #: The registered cases, by name, in registration order.
@@ -233,8 +243,11 @@ def _measure(
     warmup: int,
     budget_s: float,
     say: _Progress,
-) -> dict[int, list[float]]:
-    """Warm up, then time interleaved; failed or skipped rows go into ``rows``."""
+) -> tuple[dict[int, list[float]], dict[int, Callable[[], object]]]:
+    """Warm up, then time interleaved; failed or skipped rows go into ``rows``.
+
+    Returns the times of each implementation that ran, and its callable.
+    """
     # build and warm up; a peer that fails is reported, posenc failing is a bug
     fns: dict[int, Callable[[], object]] = {}
     runs: dict[int, int] = {}
@@ -287,7 +300,7 @@ def _measure(
     finally:
         if enabled:
             gc.enable()
-    return times
+    return times, fns
 
 
 def run_case(
@@ -350,24 +363,68 @@ def run_case(
     rows: dict[int, Timing] = {}
     say = _Progress(progress)
     try:
-        times = _measure(label, impls, rows, row, repeat, warmup, budget_s, say)
+        times, fns = _measure(label, impls, rows, row, repeat, warmup, budget_s, say)
+        peaks: dict[int, int | None] = {}
+        if case.memory:
+            for i in fns:
+                say(f"{label}: peak memory of {impls[i].name}")
+                peaks[i] = peak_memory(fns[i])
     finally:
         say.done()
 
-    base_median = None
+    base_median = base_peak = None
     for i, impl in enumerate(impls):
         if impl.role == "baseline" and i in times:
             base_median = statistics.median(times[i])
+            base_peak = peaks.get(i)
             break
     for i, impl in enumerate(impls):
         if i in rows:
             continue
         median = statistics.median(times[i])
         ratio = median / base_median if base_median else None
+        peak = peaks.get(i)
         rows[i] = row(
-            impl, "ok", runs=len(times[i]), median_s=median, min_s=min(times[i]), ratio=ratio
-        )
+            impl, "ok", runs=len(times[i]), median_s=median, min_s=min(times[i]), ratio=ratio,
+            peak_bytes=peak,
+            memory_ratio=peak / base_peak if peak is not None and base_peak else None,
+        )  # fmt: skip
     return [rows[i] for i in range(len(impls))]
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def peak_memory(fn: Callable[[], object]) -> int | None:
+    """The peak resident memory one call of ``fn`` adds above the process's level before it.
+
+    Linux: free heap memory is first handed back (``malloc_trim``), so that the
+    call's allocations show up as new resident pages; the peak counter is reset
+    (``/proc/self/clear_refs``), and its value after the call, minus the
+    resident size before it, is the answer, in bytes. The call's result is
+    released before returning. None where the platform offers no such counter.
+    """
+    if not (os.path.exists("/proc/self/status") and os.access("/proc/self/clear_refs", os.W_OK)):
+        return None
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak resident size to the current one
+    before = _status_kib("VmRSS")
+    result = fn()
+    peak = _status_kib("VmHWM")
+    del result
+    return max(0, peak - before) * 1024
 
 
 def run(
@@ -454,22 +511,40 @@ def _ratio(t: Timing) -> str:
     return f"{t.ratio:.2f}x" if t.ratio < 10 else f"{t.ratio:,.0f}x"
 
 
-def _table_rows(timings: Sequence[Timing]) -> list[tuple[str, ...]]:
+def _mib(t: Timing) -> tuple[str, str]:
+    if t.peak_bytes is None:
+        return "-", "-"
+    ratio = "-" if t.memory_ratio is None else f"{t.memory_ratio:.2f}x"
+    return f"{t.peak_bytes / 2**20:,.1f}", ratio
+
+
+def _table_rows(timings: Sequence[Timing], memory: bool) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for t in timings:
+        mem = _mib(t) if memory else ()
         if t.status == "ok":
             runs = "" if t.runs > 1 else " (1 run)"
-            out.append((t.impl, _ms(t.median_s), _ms(t.min_s), _ratio(t), t.note + runs))
+            cells = (t.impl, _ms(t.median_s), _ms(t.min_s), _ratio(t), *mem, t.note + runs)
         else:
-            out.append((t.impl, "-", "-", t.status, t.reason))
+            cells = (t.impl, "-", "-", t.status, *(("-", "-") if memory else ()), t.reason)
+        out.append(cells)
     return out
 
 
 _HEADER = ("implementation", "median ms", "min ms", "x baseline", "note")
+_MEMORY_HEADER = ("peak MiB", "x baseline")
+
+
+def _header(memory: bool) -> tuple[str, ...]:
+    return (*_HEADER[:4], *_MEMORY_HEADER, _HEADER[4]) if memory else _HEADER
 
 
 def format_table(timings: Sequence[Timing], *, use_rich: bool | None = None) -> str:
-    """A human-readable table per case (rich if installed, else plain text)."""
+    """A human-readable table per case (rich if installed, else plain text).
+
+    Cases that measure memory get two more columns: the peak MiB a call adds
+    and its ratio to the baseline's.
+    """
     cases: dict[str, list[Timing]] = {}
     for t in timings:
         cases.setdefault(t.case, []).append(t)
@@ -481,7 +556,9 @@ def format_table(timings: Sequence[Timing], *, use_rich: bool | None = None) -> 
         runs = max((t.runs for t in rows), default=0)
         title = f"{name} ({size}): median of {runs} interleaved runs, ratio to the first baseline"
         desc = CASES[name].description if name in CASES else ""
-        blocks.append(_rich_table(title, desc, rows) if use_rich else _plain(title, desc, rows))
+        memory = any(t.peak_bytes is not None for t in rows)
+        render = _rich_table if use_rich else _plain
+        blocks.append(render(title, desc, rows, memory))
     return "\n".join(blocks)
 
 
@@ -493,24 +570,27 @@ def _has_rich() -> bool:
     return True
 
 
-def _plain(title: str, description: str, rows: Sequence[Timing]) -> str:
-    body = [_HEADER, *_table_rows(rows)]
-    widths = [max(len(r[c]) for r in body) for c in range(len(_HEADER) - 1)]
+def _plain(title: str, description: str, rows: Sequence[Timing], memory: bool) -> str:
+    header = _header(memory)
+    body = [header, *_table_rows(rows, memory)]
+    last = len(header) - 1
+    widths = [max(len(r[c]) for r in body) for c in range(last)]
     lines = [title] + ([description] if description else [])
     for r in body:
-        cells = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in (1, 2, 3)]
-        lines.append("  ".join([*cells, r[4]]).rstrip())
+        cells = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, last)]
+        lines.append("  ".join([*cells, r[last]]).rstrip())
     return "\n".join(lines) + "\n"
 
 
-def _rich_table(title: str, description: str, rows: Sequence[Timing]) -> str:
+def _rich_table(title: str, description: str, rows: Sequence[Timing], memory: bool) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    header = _header(memory)
     table = Table(title=title, caption=description or None, title_justify="left")
-    for c, head in enumerate(_HEADER):
-        table.add_column(head, justify="right" if c in (1, 2, 3) else "left")
-    for t, cells in zip(rows, _table_rows(rows), strict=True):
+    for c, head in enumerate(header):
+        table.add_column(head, justify="left" if c in (0, len(header) - 1) else "right")
+    for t, cells in zip(rows, _table_rows(rows, memory), strict=True):
         style = "bold" if t.role == "ours" else ("dim" if t.role == "baseline" else None)
         table.add_row(*cells, style=style)
     console = Console(width=max(110, _terminal_width()), record=True, file=io.StringIO())
@@ -797,3 +877,120 @@ for _dtype in ("float32", "bfloat16"):
                 quick_repeat=3,
             )
         )
+
+
+# --------------------------------------------------------------------------------------
+# attention-bias: attention with a positional bias, against attention with none
+
+
+def _attention_bias(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
+    """Forward attention over ``(batch, heads, seq, head_dim)`` float32 q, k, v.
+
+    The baseline is SDPA with no bias and no mask (torch's CPU flash kernel). The
+    peers add the bias the way users do today: x-transformers materialises a
+    ``(heads, seq, seq)`` ALiBi bias and hands it to SDPA as a float mask;
+    FlexAttention (compiled) adds it in a score mod.
+    """
+    shape = (batch, heads, seq, head_dim)
+
+    def inputs() -> tuple[Any, Any, Any]:
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        return tuple(torch.randn(shape, generator=gen) for _ in range(3))  # type: ignore[return-value]
+
+    def sdpa(causal: bool) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            import torch
+            import torch.nn.functional as F
+
+            q, k, v = inputs()
+
+            def call() -> object:
+                with torch.no_grad():
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            return call
+
+        return make
+
+    def ours(kind: str, causal: bool) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            import torch
+
+            q, k, v = inputs()
+            bias = {
+                "none": None,
+                "alibi": posenc.ALiBi(heads, symmetric=not causal),
+                "t5": posenc.T5Bias(heads),
+                "kerple": posenc.KERPLE(heads),
+            }[kind]
+
+            def call() -> object:
+                with torch.no_grad():
+                    return posenc.attention(q, k, v, bias=bias, causal=causal)
+
+            return call
+
+        return make
+
+    def materialised() -> Callable[[], object]:
+        import torch
+        import torch.nn.functional as F
+        from x_transformers.x_transformers import AlibiPositionalBias
+
+        q, k, v = inputs()
+        alibi = AlibiPositionalBias(heads=heads, total_heads=heads)
+
+        def call() -> object:
+            with torch.no_grad():
+                alibi.bias = None  # x-transformers caches the dense bias: build it each call
+                mask = alibi(seq, seq)  # (heads, seq, seq) float32
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        return call
+
+    def flex() -> Callable[[], object]:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        q, k, v = inputs()
+        slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32)
+
+        def score_mod(score: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return score - slopes[h] * (qi - ki).abs()
+
+        compiled = torch.compile(flex_attention)
+
+        def call() -> object:
+            with torch.no_grad():
+                return compiled(q, k, v, score_mod=score_mod)
+
+        call()  # compile here: the warm-up and the run budget time the kernel
+        return call
+
+    return [
+        Impl("SDPA, no bias", sdpa(False), "baseline", "torch CPU flash kernel (reference)"),
+        Impl("SDPA causal, no bias", sdpa(True), "baseline", "is_causal=True"),
+        Impl("posenc, no bias", ours("none", False), "ours", "posenc.attention"),
+        Impl("posenc ALiBi", ours("alibi", False), "ours", "symmetric, bidirectional"),
+        Impl("posenc ALiBi causal", ours("alibi", True), "ours", "causal=True"),
+        Impl("posenc T5", ours("t5", False), "ours", "T5Bias, bidirectional"),
+        Impl("posenc KERPLE", ours("kerple", False), "ours", "KERPLE log"),
+        Impl("x-transformers ALiBi", materialised, "peer", "dense bias as SDPA mask"),
+        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod"),
+    ]
+
+
+register(
+    Case(
+        "attention-bias",
+        "Attention with a positional bias (float32, forward), against SDPA with none; "
+        "peak MiB is what one call adds.",
+        build=_attention_bias,
+        full={"batch": 1, "heads": 8, "seq": 8192, "head_dim": 64},
+        quick={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
+        quick_repeat=3,
+        memory=True,
+    )
+)

@@ -58,6 +58,14 @@ class AttentionBias(nn.Module):
         """The bias ``(heads, *broadcast_shape)`` of integer query and key positions."""
         return self.relative_bias(k_pos - q_pos)
 
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias of one head for one (query, key) pair, all 0-d tensors.
+
+        What a FlexAttention score mod calls (element by element, compiled);
+        :func:`posenc.attention` uses it for biases that are not ``relative``.
+        """
+        return self(q_pos, k_pos)[head]
+
     def bias(self, q_len: int, k_len: int) -> torch.Tensor:
         """The dense ``(heads, q_len, k_len)`` bias, queries aligned bottom-right.
 
@@ -283,15 +291,27 @@ class FIRE(AttentionBias):
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
         self.eps = _arrays.check_number(eps, "eps", positive=True)
 
-    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    def _normalised(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``psi(|i - j|) / (psi(max(L, i)) + eps)``, the MLP's input."""
         dtype = self.c.dtype
         q = q_pos.to(dtype)
         dist = (q - k_pos.to(dtype)).abs()
         threshold = (self.L_multiplier * self.init_L).abs()
         psi = torch.log1p((self.c * dist).abs())
         norm = torch.log1p((self.c * torch.maximum(q, threshold)).abs()) + self.eps
-        x = (psi / norm).unsqueeze(-1)
-        return self.mlp(x).movedim(-1, 0)
+        return psi / norm
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self._normalised(q_pos, k_pos).unsqueeze(-1)).movedim(-1, 0)
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        # the MLP of one head written out unit by unit: a score mod may not reduce
+        x = self._normalised(q_pos, k_pos)
+        first, last = self.mlp[0], self.mlp[2]
+        out = last.bias[head]
+        for u in range(first.out_features):
+            out = out + last.weight[head, u] * torch.relu(first.weight[u, 0] * x + first.bias[u])
+        return out
 
 
 class Sandwich(AttentionBias):

@@ -1,4 +1,4 @@
-"""``posenc.attention``: softmax attention with a rotary encoding and/or a bias, never quadratic.
+"""``posenc.attention`` (in ``posenc.attend``): attention with RoPE and/or bias, linear memory.
 
 Shapes::
 
@@ -372,7 +372,7 @@ def _flex(
         if table is not None:
             return score + table[hi, ki - qi - offset + (lk - 1)]
         if bias is not None and not isinstance(bias, NoPE):
-            return score + bias(qi + offset, ki)[hi] * factor
+            return score + bias.score(hi, qi + offset, ki) * factor
         return score
 
     def mask_mod(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:

@@ -1,0 +1,286 @@
+"""posenc.attention against softmax attention over the materialised bias, in float64.
+
+Every backend (the compiled kernel, the blockwise torch path, compiled
+FlexAttention for the forward) is compared with the dense formula for causal,
+bidirectional, KV-cache, grouped-query and padded inputs, gradients included.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc import attend
+from posenc.bench import peak_memory
+from posenc.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
+from posenc.bias.modules import ALiBi
+
+BIASES = {
+    "none": lambda h: None,
+    "alibi": lambda h: ALiBi(h),
+    "alibi-symmetric": lambda h: ALiBi(h, symmetric=True),
+    "alibi-falcon": lambda h: ALiBi(h, scale_with_logits=True),
+    "t5": lambda h: T5Bias(h),
+    "t5-decoder": lambda h: T5Bias(h, bidirectional=False, num_buckets=8, max_distance=20),
+    "kerple-log": lambda h: KERPLE(h),
+    "kerple-power": lambda h: KERPLE(h, kind="power"),
+    "fire": lambda h: FIRE(h, init_L=16.0),
+    "sandwich": lambda h: Sandwich(h, dim=16),
+    "nope": lambda h: NoPE(h),
+}
+
+# (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim): plain, a KV cache with
+# grouped-query attention, lengths that leave partial blocks of the kernel (64
+# queries, 256 keys, six-key and four-query tiles), a single decoding query
+SHAPES = {
+    "square": (2, 4, 4, 37, 37, 16, 16),
+    "cache-gqa": (2, 4, 2, 5, 41, 16, 32),
+    "partial-blocks": (1, 2, 1, 70, 300, 24, 48),
+    "decode": (3, 2, 2, 1, 19, 8, 16),
+}
+
+
+def dense(q, k, v, bias, *, causal, scale, mask=None):
+    """softmax(q k^T scale + bias + mask) v in float64, the bias materialised."""
+    q, k, v = q.double(), k.double(), v.double()
+    b, h, lq, _ = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if bias is not None:
+        dense_bias = bias.bias(lq, lk).double()
+        s = s + (dense_bias * scale if bias.scale_with_logits else dense_bias)
+    allowed = torch.ones(b, 1, lq, lk, dtype=torch.bool)
+    if causal:
+        allowed &= torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + lk - lq
+    if mask is not None:
+        allowed &= mask[:, None, None, :].bool()
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    return p @ v
+
+
+def tolerance(q, k, v, bias, scale):
+    """A bound on |float32 attention - exact| derived from the float32 roundings.
+
+    A score is a dot product of head_dim terms (relative error head_dim * 2**-24
+    of sum |q_d k_d| <= |q| |k|) plus a bias rounded once (2**-24 of its size)
+    and scaled: its absolute error is delta. Softmax weights then move by at most
+    2 delta relative (plus 2 ulps of exp), the weighted sum of values by the
+    rounding of k_len + 16 terms of at most max|v|.
+    """
+    d = q.shape[-1]
+    qn = q.double().norm(dim=-1).max()
+    kn = k.double().norm(dim=-1).max()
+    delta = d * 2.0**-24 * qn * kn * scale
+    if bias is not None:
+        lq, lk = q.shape[2], k.shape[2]
+        delta = delta + 2 * 2.0**-24 * bias.bias(lq, lk).detach().double().abs().max()
+    vmax = v.double().abs().max()
+    return float(vmax * (2 * delta + 4 * 2.0**-24 + (k.shape[2] + 16) * 2.0**-24) * 2)
+
+
+def inputs(shape, seed=0, grad=False):
+    b, h, hk, lq, lk, d, dv = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=gen)
+    k = torch.randn(b, hk, lk, d, generator=gen)
+    v = torch.randn(b, hk, lk, dv, generator=gen)
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def padding(b, lk):
+    mask = torch.ones(b, lk, dtype=torch.bool)
+    mask[-1, : lk // 3] = False  # the last sequence is left-padded
+    return mask
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("bias_name", BIASES)
+def test_forward_equals_dense(bias_name, causal, shape, backend):
+    torch.manual_seed(3)
+    bias = BIASES[bias_name](shape[1])
+    q, k, v = inputs(shape)
+    mask = padding(shape[0], shape[4])
+    scale = 1 / math.sqrt(shape[5])
+    with torch.no_grad():
+        got = posenc.attention(
+            q, k, v, bias=bias, causal=causal, attention_mask=mask, backend=backend
+        )
+        want = dense(q, k, v, bias, causal=causal, scale=scale, mask=mask)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert (got.double() - want).abs().max() <= tolerance(q, k, v, bias, scale)
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+@pytest.mark.parametrize("shape", ["square", "cache-gqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("bias_name", BIASES)
+def test_gradients_equal_dense(bias_name, causal, shape, backend):
+    torch.manual_seed(4)
+    bias = BIASES[bias_name](SHAPES[shape][1])
+    q, k, v = inputs(SHAPES[shape], grad=True)
+    mask = padding(q.shape[0], k.shape[2])
+    scale = 1 / math.sqrt(q.shape[-1])
+    out = posenc.attention(q, k, v, bias=bias, causal=causal, attention_mask=mask, backend=backend)
+    ref = dense(q, k, v, bias, causal=causal, scale=scale, mask=mask)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    params = [q, k, v] + ([p for p in bias.parameters() if p.requires_grad] if bias else [])
+    got = torch.autograd.grad(out, params, g)
+    want = torch.autograd.grad(ref, params, g.double())
+    for a, b in zip(got, want, strict=True):
+        # a gradient sums k_len (or more, for shared bias parameters) products of
+        # quantities each within a few float32 roundings: relative to the largest
+        # term, (terms + 64) * 2**-24 * 16
+        terms = q.shape[2] * k.shape[2] * q.shape[1] * q.shape[0]
+        scale_b = float(b.abs().max()) + 1.0
+        assert (a.double() - b).abs().max() <= 16 * (terms + 64) * 2.0**-24 * scale_b
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+def test_rotary_and_bias_together(backend):
+    torch.manual_seed(6)
+    rope = posenc.Rotary(16)
+    bias = ALiBi(4)
+    q, k, v = inputs(SHAPES["cache-gqa"])
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, bias=bias, rotary=rope, causal=True, backend=backend)
+        lq, lk = q.shape[2], k.shape[2]
+        c, s = rope.cos_sin(torch.arange(lk))
+        qr = posenc.apply_rotary(q, c[lk - lq :], s[lk - lq :])
+        kr = posenc.apply_rotary(k, c, s)
+        want = dense(qr, kr, v, bias, causal=True, scale=0.25)
+    assert (got.double() - want).abs().max() <= tolerance(qr, kr, v, bias, 0.25)
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+def test_query_that_sees_no_key_gives_zeros(backend):
+    q, k, v = inputs((2, 2, 2, 3, 6, 8, 16), grad=True)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False  # the second sequence is all padding
+    out = posenc.attention(q, k, v, bias=ALiBi(2), attention_mask=mask, backend=backend)
+    assert torch.isfinite(out).all() and out[1].eq(0).all()
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad[1].eq(0).all()
+
+
+def test_padded_keys_do_not_leak():
+    # whatever a padded key holds, the output is the same
+    q, k, v = inputs(SHAPES["square"])
+    mask = padding(2, 37)
+    bias = T5Bias(4)
+    with torch.no_grad():
+        a = posenc.attention(q, k, v, bias=bias, attention_mask=mask)
+        k2, v2 = k.clone(), v.clone()
+        k2[~mask[:, None, :].expand(-1, 4, -1)] = 1e4
+        v2[~mask[:, None, :].expand(-1, 4, -1)] = -1e4
+        b = posenc.attention(q, k2, v2, bias=bias, attention_mask=mask)
+    assert torch.equal(a, b)
+
+
+def test_kernel_and_blockwise_agree_and_kernel_runs():
+    assert attend._kernels is not None and hasattr(attend._kernels, "attend")
+    q, k, v = inputs(SHAPES["partial-blocks"])
+    plan = attend._Plan(None, True, 0.2, None, k.shape[2] - q.shape[2], False)
+    result = attend._forward_kernel(plan, (), q, k, v)
+    assert result is not None  # this machine has AVX-512: the kernel took it
+    out, lse = result
+    ref_out, ref_lse = attend._forward_blockwise(plan, (), q, k, v)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_low_precision_inputs_computed_in_float32():
+    q, k, v = (t.bfloat16() for t in inputs(SHAPES["square"]))
+    out = posenc.attention(q, k, v, bias=ALiBi(4), causal=True)
+    want = dense(q, k, v, ALiBi(4), causal=True, scale=0.25)
+    assert out.dtype == torch.bfloat16
+    # one bfloat16 rounding of the result (2**-8 relative) beyond float32 attention
+    assert (out.double() - want).abs().max() <= 2.0**-8 * want.abs().max() + 1e-5
+
+
+def test_bias_parameters_train():
+    torch.manual_seed(7)
+    for bias in (T5Bias(2), KERPLE(2), KERPLE(2, kind="power"), FIRE(2, init_L=4.0)):
+        q, k, v = inputs((1, 2, 2, 9, 9, 8, 8), grad=True)
+        out = posenc.attention(q, k, v, bias=bias, causal=True)
+        out.square().sum().backward()
+        for p in bias.parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all()
+            assert p.grad.abs().sum() > 0
+
+
+def test_no_quadratic_memory():
+    # doubling the length doubles what a call adds (inputs, output, gradients) and
+    # leaves the per-block scratch as it is; materialised scores would quadruple
+    # (4 heads x 4096 x 4096 float32 scores alone would be 256 MiB)
+    def step(length: int, train: bool) -> int | None:
+        q, k, v = inputs((1, 4, 4, length, length, 32, 32), grad=train)
+        bias = T5Bias(4)
+
+        def call() -> object:
+            if not train:
+                with torch.no_grad():
+                    return posenc.attention(q, k, v, bias=bias, causal=True)
+            posenc.attention(q, k, v, bias=bias, causal=True).sum().backward()
+            return None
+
+        return peak_memory(call)
+
+    for train in (False, True):
+        small, large = step(2048, train), step(4096, train)
+        if small is None or large is None:
+            pytest.skip("no peak-memory counter on this platform")
+        assert large < 3 * small, f"train={train}: {small / 2**20:.0f} -> {large / 2**20:.0f} MiB"
+        assert large < 128 << 20
+
+
+def test_flex_backend_forward_equals_dense():
+    # compiled FlexAttention on the CPU (inference only): one compile per bias kind
+    q, k, v = inputs((2, 4, 2, 16, 24, 16, 16))
+    mask = padding(2, 24)
+    for bias in (ALiBi(4), FIRE(4)):
+        with torch.no_grad():
+            got = posenc.attention(q, k, v, bias=bias, causal=True, attention_mask=mask,
+                                   backend="flex")  # fmt: skip
+            want = dense(q, k, v, bias, causal=True, scale=0.25, mask=mask)
+        assert (got.double() - want).abs().max() <= tolerance(q, k, v, bias, 0.25)
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_errors_name_the_problem():
+    q, k, v = inputs(SHAPES["cache-gqa"])
+    cases = [
+        (lambda: posenc.attention(q, k, v, bias=ALiBi(3)), ValueError, "heads"),
+        (lambda: posenc.attention(q, k[:1], v[:1]), ValueError, "batch"),
+        (lambda: posenc.attention(q, k[..., :8], v), ValueError, "head_dim"),
+        (lambda: posenc.attention(q, k, v[:, :, :5]), ValueError, "same heads and length"),
+        (lambda: posenc.attention(q[:, :3], k, v), ValueError, "multiple"),
+        (
+            lambda: posenc.attention(q.new_zeros(2, 4, 50, 16), k, v, causal=True),
+            ValueError,
+            "q_len <= k_len",
+        ),
+        (lambda: posenc.attention(q, k, v, backend="cuda"), ValueError, "backend"),
+        (lambda: posenc.attention(q, k, v, scale=0.0), ValueError, "scale"),
+        (lambda: posenc.attention(q, k, v, attention_mask=torch.ones(2, 5)), TypeError, "mask"),
+        (
+            lambda: posenc.attention(q, k, v, attention_mask=torch.ones(2, 5, dtype=torch.bool)),
+            ValueError,
+            "attention_mask",
+        ),
+        (lambda: posenc.attention(q, k.double(), v), TypeError, "dtype"),
+        (lambda: posenc.attention(q, k, v, bias="alibi"), TypeError, "bias"),
+        (lambda: posenc.attention(q[0], k, v), ValueError, "batch, heads"),
+        (lambda: posenc.attention(q, k, v, rotary=posenc.Rotary(8)), ValueError, "head_dim"),
+        (lambda: posenc.attention(q, k, v, causal=1), TypeError, "causal"),
+    ]
+    for call, error, words in cases:
+        with pytest.raises(error, match=words):
+            call()
