@@ -17,7 +17,7 @@ import posenc.absolute.sinusoidal
 from posenc import bench
 
 FIELDS = {"case", "impl", "role", "note", "size", "status", "reason", "runs"}
-FIELDS |= {"median_s", "min_s", "ratio"}
+FIELDS |= {"median_s", "min_s", "ratio", "peak_bytes", "memory_ratio"}
 
 
 def test_sinusoidal_table_case_structure():
@@ -261,3 +261,39 @@ def test_rotary_rows_compute_the_same_rotation():
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     # and the rotation is not the identity
     assert not torch.allclose(out["posenc half"][0], out["q.clone(), k.clone()"][0])
+
+
+TINY_ATTENTION = {"batch": 1, "heads": 2, "seq": 40, "head_dim": 16}
+
+
+def test_attention_case_runs_every_row_and_measures_memory():
+    case = bench.CASES["attention-bias"]
+    assert case.memory
+    assert dict(case.full) == {"batch": 1, "heads": 8, "seq": 8192, "head_dim": 64}
+    rows = bench.run_case(case, size=TINY_ATTENTION, repeat=1)
+    assert rows[0].impl == "SDPA, no bias" and rows[0].role == "baseline"
+    assert [t.status for t in rows] == ["ok"] * len(rows), [t.reason for t in rows]
+    if rows[0].peak_bytes is not None:  # Linux: every row has a peak, ratios to the first
+        assert all(t.peak_bytes is not None for t in rows)
+        text = bench.format_table(rows, use_rich=False)
+        assert "peak MiB" in text
+
+
+def test_attention_rows_compute_the_same_attention():
+    """The bench's rows with the same bias agree: the ratios compare equal work."""
+    impls = {i.name: i for i in bench._attention_bias(**TINY_ATTENTION)}
+    out = {name: impl.make()() for name, impl in impls.items()}
+    # float32 attention of values ~1 over 40 keys: a few ulps apart
+    torch.testing.assert_close(out["posenc, no bias"], out["SDPA, no bias"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["posenc ALiBi"], out["x-transformers ALiBi"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["posenc ALiBi"], out["flex_attention ALiBi"], rtol=0, atol=1e-5)
+    assert not torch.allclose(out["posenc ALiBi"], out["posenc, no bias"])
+
+
+def test_peak_memory_sees_an_allocation():
+    peak = bench.peak_memory(lambda: np.ones(64 << 20, dtype=np.uint8))
+    if peak is None:
+        pytest.skip("no peak-memory counter on this platform")
+    # 64 MiB touched; the counter is in KiB pages, plus what the call itself needs
+    assert 64 << 20 <= peak < 80 << 20
+    assert bench.peak_memory(lambda: None) < 8 << 20

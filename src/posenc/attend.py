@@ -290,9 +290,9 @@ def _bias_grads(
         grads = iter(torch.autograd.grad(block, leaves, dbias, allow_unused=True))
     for n, w in enumerate(wanted):
         if w:
-            g = next(grads)
+            g, prev = next(grads), dparams[n]
             if g is not None:
-                dparams[n] = g if dparams[n] is None else dparams[n] + g
+                dparams[n] = g if prev is None else prev + g
 
 
 class _Attention(torch.autograd.Function):

@@ -87,9 +87,7 @@ class AttentionBias(nn.Module):
         return self(q_pos[:, None], torch.arange(k_len, device=device)[None, :])
 
     def _device(self) -> torch.device:
-        for t in self.parameters():
-            return t.device
-        for t in self.buffers():
+        for t in [*self.parameters(), *self.buffers()]:
             return t.device
         return torch.device("cpu")
 
@@ -270,6 +268,7 @@ class FIRE(AttentionBias):
     """
 
     relative = False
+    init_L: torch.Tensor
 
     def __init__(
         self,
@@ -308,6 +307,7 @@ class FIRE(AttentionBias):
         # the MLP of one head written out unit by unit: a score mod may not reduce
         x = self._normalised(q_pos, k_pos)
         first, last = self.mlp[0], self.mlp[2]
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
         out = last.bias[head]
         for u in range(first.out_features):
             out = out + last.weight[head, u] * torch.relu(first.weight[u, 0] * x + first.bias[u])
@@ -344,6 +344,9 @@ class Sandwich(AttentionBias):
         profile = torch.cos(angles).sum(-1) - self.dim / 2
         scales = self.head_scales.to(rel.device).view(-1, *([1] * rel.ndim))
         return (profile / scales).float()
+
+    inv_freq: torch.Tensor
+    head_scales: torch.Tensor
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         super()._apply(fn, recurse)
