@@ -383,12 +383,16 @@ def _flex(
             keep = keep & key_mask[bi, ki]
         return keep
 
+    compiling = torch.compiler.is_compiling()
     block_mask = None
     if plan.causal or key_mask is not None:
-        block_mask = create_block_mask(
+        # eager create_block_mask materialises the dense (B, H, q_len, k_len) mask
+        # first; compiled, it evaluates mask_mod block by block
+        make_mask = create_block_mask if compiling else _compiled(create_block_mask)
+        block_mask = make_mask(
             mask_mod, None if key_mask is None else b, None, lq, lk, device=q.device
         )
-    run = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+    run = flex_attention if compiling else _compiled(flex_attention)
     out: torch.Tensor = run(
         q, k, v, score_mod=score_mod, block_mask=block_mask, scale=plan.scale,
         enable_gqa=h != k.shape[1],
@@ -396,15 +400,14 @@ def _flex(
     return out
 
 
-_COMPILED: list[Any] = []
+_COMPILED: dict[Any, Any] = {}
 
 
-def _compiled_flex() -> Any:
-    if not _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _COMPILED.append(torch.compile(flex_attention))
-    return _COMPILED[0]
+def _compiled(fn: Any) -> Any:
+    """``torch.compile(fn)``, made once per process (FlexAttention runs compiled only)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
 
 
 def attention(
