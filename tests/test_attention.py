@@ -251,6 +251,25 @@ def test_flex_backend_forward_equals_dense():
         assert (got.double() - want).abs().max() <= tolerance(q, k, v, bias, 0.25)
 
 
+# dynamo reads .grad of the non-leaf tensors it hands to the frame after a graph break
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_inside_torch_compile_on_cpu():
+    # the CPU kernel runs behind a graph break; gradients as in eager mode
+    bias = T5Bias(4)
+    q, k, v = inputs(SHAPES["cache-gqa"], grad=True)
+
+    def layer(q, k, v):
+        return posenc.attention(q * 2, k, v, bias=bias, causal=True).relu()
+
+    compiled = torch.compile(layer)
+    a = compiled(q, k, v)
+    (ga,) = torch.autograd.grad(a.sum(), [bias.relative_attention_bias.weight])
+    b = layer(q, k, v)
+    (gb,) = torch.autograd.grad(b.sum(), [bias.relative_attention_bias.weight])
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ bad input
 
 

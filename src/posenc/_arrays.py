@@ -6,6 +6,7 @@ imported only when a torch object is seen or asked for.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -84,7 +85,7 @@ def check_number(value: Any, name: str, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number; got {type(value).__name__} {value!r}")
     v = float(value)
-    if not np.isfinite(v):
+    if not math.isfinite(v):  # math, not numpy: traceable by torch.compile
         raise ValueError(f"{name} must be finite; got {value!r}")
     if positive and v <= 0:
         raise ValueError(f"{name} must be > 0; got {value!r}")

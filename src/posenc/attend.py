@@ -22,9 +22,9 @@ No path builds a ``(batch, heads, q_len, k_len)`` tensor:
   log-sum-exp (as flash attention does), so training needs O(q_len) memory
   beyond a block;
 - ``"flex"``: ``torch.nn.attention.flex_attention`` with a score mod and a block
-  mask, compiled: what ``"auto"`` takes on GPUs and inside ``torch.compile``.
-  On this CPU compiled flex measured 6x slower than SDPA and has no backward,
-  so ``"auto"`` takes the kernel or blockwise there.
+  mask, compiled: what ``"auto"`` takes on GPUs. On this CPU compiled flex
+  measured 6x slower than SDPA and has no backward, so ``"auto"`` takes the
+  kernel (or blockwise) there, also inside ``torch.compile`` (a graph break).
 
 The forward of ``"kernel"`` and ``"blockwise"`` goes through one autograd
 function whose backward is the blockwise recomputation: gradients reach q, k,
@@ -494,10 +494,20 @@ def attention(
     plan = _Plan(bias_fn, causal, scale, key_mask, offset, table)
 
     if backend == "auto":
-        flex_wanted = torch.compiler.is_compiling() or q.device.type != "cpu"
-        backend = "flex" if flex_wanted else "kernel"
+        backend = "kernel" if q.device.type == "cpu" else "flex"
     if backend == "flex":
         out = _flex(q, k, v, plan, params, bias)
+    elif torch.compiler.is_compiling():
+        # the compiled loop is opaque to the tracer: a graph break around it, and
+        # autograd records it as in eager mode (CPU FlexAttention has no backward,
+        # and inductor's CPU flex template cannot read a table made in the graph)
+        out = _eager_apply(q, k, v, plan, backend == "kernel", *params)
     else:
         out = _Attention.apply(q, k, v, plan, backend == "kernel", *params)
     return out.to(dtype)
+
+
+@torch.compiler.disable
+def _eager_apply(*args: Any) -> torch.Tensor:
+    out: torch.Tensor = _Attention.apply(*args)
+    return out

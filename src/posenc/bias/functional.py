@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from posenc import _arrays
 
-__all__ = ["alibi_slopes", "t5_bucket"]
+__all__ = ["alibi_slopes", "bucket_torch", "t5_boundaries", "t5_bucket"]
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> npt.NDArray[np.float64]:
@@ -110,34 +110,56 @@ def t5_bucket(
             not above the exact range (``num_buckets / 4``, or ``/ 2`` for a
             decoder).
     """
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool; got {type(bidirectional).__name__}")
-    nb = _arrays.check_dim(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
-    md = _arrays.check_dim(max_distance, "max_distance")
-    buckets = nb // 2 if bidirectional else nb
-    me = buckets // 2
-    if md <= me:
-        raise ValueError(
-            f"max_distance must be > {me} (the exact range of num_buckets={nb}); got {md}"
-        )
-    thresholds = _t5_thresholds(buckets, md)
+    buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
     if _arrays.is_torch(relative_position):
         import torch
 
         rel = relative_position
         if rel.is_floating_point() or rel.is_complex() or rel.dtype == torch.bool:
             raise TypeError(f"relative_position must be an integer tensor; got {rel.dtype}")
-        rel = rel.long()
-        base = (rel > 0).long() * buckets if bidirectional else torch.zeros_like(rel)
-        dist = rel.abs() if bidirectional else (-rel).clamp(min=0)
         thr = torch.as_tensor(thresholds, device=rel.device)
-        large = me + torch.searchsorted(thr, dist.contiguous(), right=True)
-        return base + torch.where(dist < me, dist, large)
+        return bucket_torch(rel, thr, buckets, bidirectional)
     arr = np.asarray(relative_position)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"relative_position must hold integers; got dtype {arr.dtype}")
     rel_np = arr.astype(np.int64)
+    me = buckets // 2
     base_np = (rel_np > 0) * buckets if bidirectional else np.zeros_like(rel_np)
     dist_np = np.abs(rel_np) if bidirectional else np.maximum(-rel_np, 0)
     large_np = me + np.searchsorted(thresholds, dist_np, side="right")
     return (base_np + np.where(dist_np < me, dist_np, large_np)).astype(np.int64)
+
+
+def t5_boundaries(
+    bidirectional: bool, num_buckets: int, max_distance: int
+) -> tuple[int, npt.NDArray[np.int64]]:
+    """Validated settings as ``(buckets per direction, first distance of each log bucket)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`t5_bucket`.
+    """
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be a bool; got {type(bidirectional).__name__}")
+    nb = _arrays.check_dim(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
+    md = _arrays.check_dim(max_distance, "max_distance")
+    buckets = nb // 2 if bidirectional else nb
+    if md <= buckets // 2:
+        raise ValueError(
+            f"max_distance must be > {buckets // 2} (the exact range of num_buckets={nb}); got {md}"
+        )
+    return buckets, _t5_thresholds(buckets, md)
+
+
+def bucket_torch(rel: Any, thresholds: Any, buckets: int, bidirectional: bool) -> Any:
+    """:func:`t5_bucket` of an integer tensor, given :func:`t5_boundaries` as a tensor.
+
+    Only torch ops (no numpy, no cache): what modules call inside ``torch.compile``.
+    """
+    import torch
+
+    rel = rel.long()
+    me = buckets // 2
+    base = (rel > 0).long() * buckets if bidirectional else torch.zeros_like(rel)
+    dist = rel.abs() if bidirectional else (-rel).clamp(min=0)
+    large = me + torch.searchsorted(thresholds, dist.contiguous(), right=True)
+    return base + torch.where(dist < me, dist, large)

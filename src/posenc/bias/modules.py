@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from posenc import _arrays
-from posenc.bias.functional import alibi_slopes, t5_bucket
+from posenc.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
 
 __all__ = ["FIRE", "KERPLE", "ALiBi", "AttentionBias", "NoPE", "Sandwich", "T5Bias"]
 
@@ -183,22 +183,19 @@ class T5Bias(AttentionBias):
     ) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
-        t5_bucket(
-            0, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
-        )
+        buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
         self.bidirectional = bidirectional
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, self.num_heads)
+        self._buckets = buckets
+        self.register_buffer("thresholds", torch.from_numpy(thresholds), persistent=False)
+
+    thresholds: torch.Tensor
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
-        buckets = t5_bucket(
-            rel,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
-        return self.relative_attention_bias(buckets).movedim(-1, 0)
+        index = bucket_torch(rel, self.thresholds, self._buckets, self.bidirectional)
+        return self.relative_attention_bias(index).movedim(-1, 0)
 
     def extra_repr(self) -> str:
         return (
