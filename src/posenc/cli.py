@@ -8,6 +8,8 @@ Subcommands:
   print PASS/FAIL against bounds derived from the arithmetic; exit 1 on a FAIL.
 - ``posenc bench``: time posenc against the code users run, in one process.
 - ``posenc presets``: list the named conventions and where each comes from.
+- ``posenc report``: the explainer (figures and measured numbers) as one HTML file.
+- ``posenc plot KIND``: any single figure of the report, as PNG or SVG.
 
 Errors in the input (posenc's ``ValueError``/``TypeError``) print as
 ``posenc: error: ...`` and exit with status 2, like argparse's own errors.
@@ -297,6 +299,65 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from posenc import report
+
+    def say(message: str) -> None:
+        print(f"posenc report: {message}", file=sys.stderr, flush=True)
+
+    result = report.build(
+        args.out,
+        dim=args.dim,
+        length=args.length,
+        preset=args.preset,
+        rope_config=args.rope_config,
+        train_steps=args.train_steps,
+        progress=say,
+    )
+    rows = [(s.title, k, v) for s in result.sections for k, v in s.numbers[:3]]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="posenc report: a few of the measured numbers", title_justify="left")
+        for head in ("section", "measured", "value"):
+            table.add_column(head)
+        last = None
+        for title, k, v in rows:
+            table.add_row(title if title != last else "", k, v)
+            last = title
+        Console(width=max(100, _width())).print(table)
+    except ImportError:
+        for title, k, v in rows:
+            print(f"{title}: {k}: {v}")
+    print(
+        f"report: {result.index.resolve()} ({len(result.figures)} figures, {result.seconds:.1f} s)"
+    )
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from posenc import plot
+
+    out = Path(args.o)
+    if out.suffix not in (".png", ".svg"):
+        raise _UsageError(f"-o must end in .png or .svg; got {args.o!r}")
+    options = {"dim": args.dim, "length": args.length, "preset": args.preset}
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.preset is not None:
+        from posenc.absolute.sinusoidal import PRESETS
+
+        if args.preset not in PRESETS:
+            raise _UsageError(f"unknown preset {args.preset!r}; see `posenc presets`")
+    fig = plot.figure(args.kind, **options)
+    try:
+        plot.save(fig, out)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.o!r}: {exc.strerror}") from None
+    print(out)
+    return 0
+
+
 def _presets(args: argparse.Namespace) -> int:
     for name, spec in PRESETS.items():
         fields = f"layout={spec.layout} order={spec.order} base={spec.base:g} shift={spec.shift:g}"
@@ -432,6 +493,62 @@ def build_parser() -> argparse.ArgumentParser:
         description="List every preset with its parameters and the code or paper it reproduces.",
     )
     presets.set_defaults(run=_presets)
+
+    rep = sub.add_parser(
+        "report",
+        help="write the explainer: figures and measured numbers in one HTML file",
+        description="Answer the seed questions (why exp and log, the shift operator, the "
+        "heatmap, clock hands, the norm sqrt(d/2), learned versus sinusoidal, RoPE, ALiBi "
+        "and T5, 2-D grids) with figures and numbers measured now; write DIR/index.html "
+        "(self-contained) and DIR/figures/*.png and *.svg.",
+    )
+    rep.add_argument(
+        "--out",
+        default="posenc-report",
+        metavar="DIR",
+        help="output directory; default: %(default)s",
+    )
+    rep.add_argument(
+        "--dim", type=_int_at_least(4), default=512, help="channels (even); default: %(default)s"
+    )
+    rep.add_argument(
+        "--length", type=_int_at_least(3), default=50, help="positions; default: %(default)s"
+    )
+    rep.add_argument(
+        "--preset",
+        default="vaswani",
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help="sinusoidal preset (see `posenc presets`); default: %(default)s",
+    )
+    rep.add_argument(
+        "--rope-config",
+        default=None,
+        metavar="FILE",
+        help="a model's config.json for the RoPE scaling section",
+    )
+    rep.add_argument(
+        "--train-steps",
+        type=_int_at_least(1),
+        default=300,
+        metavar="N",
+        help="steps of the learned-table training run; default: %(default)s",
+    )
+    rep.set_defaults(run=_report)
+
+    from posenc.plot import KINDS
+
+    pl = sub.add_parser(
+        "plot",
+        help="render one figure of the report to PNG or SVG",
+        description=f"Render one figure. Kinds: {', '.join(KINDS)}.",
+    )
+    pl.add_argument("kind", choices=list(KINDS), metavar="KIND", help=f"one of: {', '.join(KINDS)}")
+    pl.add_argument("-o", required=True, metavar="FILE", help="output file, .png or .svg")
+    pl.add_argument("--dim", type=_int_at_least(4), default=None, help="channels")
+    pl.add_argument("--length", type=_int_at_least(3), default=None, help="positions")
+    pl.add_argument("--preset", default=None, metavar="NAME", help="sinusoidal preset")
+    pl.set_defaults(run=_plot)
     return parser
 
 
@@ -454,6 +571,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except (ValueError, TypeError) as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        needed = exc.name or str(exc)
+        print(f"posenc: error: {needed} is needed here: pip install posenc[plot,torch]",
+              file=sys.stderr)  # fmt: skip
         return 2
 
 
