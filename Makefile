@@ -23,9 +23,9 @@ $(VENV)/.test: pyproject.toml setup.py src/posenc/_kernels.c constraints-dev.txt
 	$(PIP) install -q --no-deps $(NODEPS_ANCHORS)
 	touch $@ $(VENV)/.demo
 
+# the main job: the explainer, written to posenc-report/index.html (its path is printed)
 demo: $(VENV)/.demo
-	$(BIN)/posenc check
-	$(BIN)/posenc bench --quick
+	$(BIN)/posenc report --out posenc-report
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check src tests

@@ -23,7 +23,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -400,9 +400,16 @@ def _add_spec_options(p: argparse.ArgumentParser, *, length: int, min_length: in
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors on one line (``posenc report: error: ...``) and no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``posenc`` argument parser with its subcommands."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="posenc",
         description="Positional encodings: exact tables, their properties, and benchmarks.",
     )

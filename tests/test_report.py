@@ -1,0 +1,153 @@
+"""posenc report and posenc plot: every section with its measured numbers, figures that decode."""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+import xml.etree.ElementTree as ET
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from posenc import plot, report
+from posenc.cli import main
+
+SECTIONS = [
+    "heatmap", "frequencies", "shift", "clocks", "geometry", "precision", "learned", "rope",
+    "biases", "grid",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    return report.build(out, dim=16, length=8, train_steps=5)
+
+
+def numbers(result, key):
+    (section,) = [s for s in result.sections if s.key == key]
+    return dict(section.numbers)
+
+
+def first_float(text):
+    return float(re.search(r"-?\d+(\.\d+)?(e[-+]?\d+)?", text).group())
+
+
+def test_every_section_with_numbers_and_figures(small):
+    assert [s.key for s in small.sections] == SECTIONS
+    for s in small.sections:
+        assert s.title and s.text and s.numbers and s.figures, s.key
+        for label, value in s.numbers:
+            assert label and value, s.key
+    page = small.index.read_text()
+    for key in SECTIONS:
+        assert f'id="{key}"' in page
+    assert "http://" not in page and "https://" not in page  # self-contained
+
+
+def test_numbers_are_the_measured_properties(small):
+    geo = numbers(small, "geometry")
+    # d = 16: every row has norm sqrt(8), printed to 12 significant digits
+    norms = [float(x) for x in geo["row norms min / max / sqrt(d/2)"].split(" / ")]
+    assert all(abs(n - math.sqrt(8)) <= 1e-11 * math.sqrt(8) for n in norms)
+    shift = numbers(small, "shift")
+    assert first_float(shift["max |PE(p+10) - M_k PE(p)| over all p"]) < 1e-13
+    assert float(shift["R^2 from its (sin, cos) pair"]) > 1 - 1e-12
+    single = [v for k, v in shift.items() if k.startswith("R^2, channel")]
+    assert float(single[0]) < 0.99
+    prec = numbers(small, "precision")
+    posenc_err, naive32, naive16 = (
+        first_float(x)
+        for x in prec["at position 1e+06: posenc / naive float32 / naive bfloat16"].split(" / ")
+    )
+    assert posenc_err < 1e-7 < naive32 < naive16
+    rope = numbers(small, "rope")
+    assert first_float(rope["spread of q_m.k_n at fixed m-n, float64"]) < 1e-12
+
+
+def test_figures_decode_as_png_and_svg(small):
+    assert set(small.figures) == {f for s in small.sections for f in s.figures}
+    for png, svg in small.figures.values():
+        image = matplotlib.image.imread(png)
+        assert image.ndim == 3 and min(image.shape[:2]) > 50
+        assert ET.parse(svg).getroot().tag.endswith("svg")
+    page = small.index.read_text()
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(embedded) == len(small.figures)
+    for data in embedded:
+        assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.parametrize("kind", list(plot.KINDS))
+def test_every_plot_kind_renders(tmp_path, kind):
+    small_options = {"dim": 16, "length": 8}
+    assert (
+        main(["plot", kind, "-o", str(tmp_path / f"{kind}.png"), "--dim", "16", "--length", "8"])
+        == 0
+    )
+    assert matplotlib.image.imread(tmp_path / f"{kind}.png").size > 0
+    fig = plot.figure(kind, **small_options)
+    plot.save(fig, tmp_path / f"{kind}.svg")
+    assert ET.parse(tmp_path / f"{kind}.svg").getroot().tag.endswith("svg")
+
+
+def test_cli_report_prints_summary_and_path(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert (
+        main(["report", "--out", str(out), "--dim", "16", "--length", "8", "--train-steps", "3"])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert str((out / "index.html").resolve()) in printed
+    assert "sqrt(d/2)" in printed or "norm" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["report", "--dim", "-3"], "--dim"),
+        (["report", "--dim", "7"], "dim must be even"),
+        (["report", "--preset", "nope"], "--preset"),
+        (["report", "--length", "1"], "--length"),
+        (["plot", "nope", "-o", "x.png"], "KIND"),
+        (["plot", "heatmap", "-o", "x.gif"], ".png or .svg"),
+        (["plot", "heatmap", "-o", "x.png", "--preset", "nope"], "preset"),
+    ],
+)
+def test_bad_options_end_with_one_line(tmp_path, monkeypatch, capsys, argv, words):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err and "Traceback" not in err
+
+
+def test_unwritable_out_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["report", "--out", str(blocker / "sub"), "--dim", "8", "--length", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc: error: cannot write") and "\n" not in err
+
+
+def test_rope_config_from_a_config_json(tmp_path):
+    config = {
+        "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "rope_scaling": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024
+        },
+    }  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(config))
+    settings = report.rope_settings(path)
+    assert settings["head_dim"] == 64 and settings["factor"] == 4.0 and settings["original"] == 1024
+    with pytest.raises(ValueError, match="rope-config"):
+        report.rope_settings(tmp_path / "missing.json")
+
+
+def test_learned_table_learns_the_task():
+    run = report.train_learned(length=12, dim=16, steps=150)
+    assert run.accuracy > 0.9  # copying the previous token needs positions
+    assert run.table.shape == (12, 16) and np.isfinite(run.table).all()
