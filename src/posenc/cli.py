@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -358,6 +359,38 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab_run(args: argparse.Namespace) -> int:
+    from posenc.lab import results
+    from posenc.lab.run import config_from, run
+
+    encodings = None
+    if args.encodings is not None:
+        encodings = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    config = config_from(
+        args.task, encodings=encodings, train_len=args.train_len, test_len=args.test_len,
+        seeds=args.seeds, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        d_model=args.d_model, layers=args.layers, heads=args.heads,
+        eval_examples=args.eval_examples,
+    )  # fmt: skip
+    outcome = run(config, args.out, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    paths = results.write(args.out, outcome.records, config)
+    rows = results.summary(outcome.records, config.train_len)
+    for row in rows:
+        within = row.get("within", (math.nan,) * 3)
+        beyond = row.get("beyond", (math.nan,) * 3)
+        print(
+            f"{row['encoding']:>12}  {row['metric']} within {within[0]:.3g} "
+            f"({within[1]:.3g}-{within[2]:.3g})  beyond {beyond[0]:.3g} "
+            f"({beyond[1]:.3g}-{beyond[2]:.3g})"
+        )
+    where = (Path(args.out) / "results.json").resolve()
+    print(f"trained {len(outcome.trained)}, reused {len(outcome.reused)}; results: {where}")
+    print(f"page: {paths['html'].resolve()}")
+    return 0
+
+
 def _presets(args: argparse.Namespace) -> int:
     for name, spec in PRESETS.items():
         fields = f"layout={spec.layout} order={spec.order} base={spec.base:g} shift={spec.shift:g}"
@@ -542,6 +575,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps of the learned-table training run; default: %(default)s",
     )
     rep.set_defaults(run=_report)
+
+    lab = sub.add_parser(
+        "lab",
+        help="train small transformers with each encoding; measure length extrapolation",
+        description="posenc lab: train one small transformer per encoding and seed on a "
+        "task, and measure it at every length up to --test-len.",
+    )
+    lab_sub = lab.add_subparsers(dest="lab_command", metavar="COMMAND", required=True)
+    lab_run = lab_sub.add_parser(
+        "run",
+        help="train and evaluate (cached: reruns compute only what is new)",
+        description="Train and evaluate every encoding and seed; write DIR/results.json "
+        "(task, encoding, seed, length, metric, value), DIR/results.png and .svg, and "
+        "DIR/index.html. Runs unchanged under torchrun --nproc_per_node N (DDP).",
+    )
+    from posenc.lab.names import ENCODINGS, TASKS
+
+    lab_run.add_argument("--task", choices=TASKS, default="copy", help="default: %(default)s")
+    lab_run.add_argument(
+        "--encodings", default=None, metavar="LIST",
+        help=f"comma-separated, from: {', '.join(ENCODINGS)}; default: alibi,t5,rope,"
+        "sinusoidal,learned (text: alibi,sinusoidal,rope)",
+    )  # fmt: skip
+    for flag, kind, text in (
+        ("--train-len", _int_at_least(1), "trained lengths 1..N (text: window bytes)"),
+        ("--test-len", _int_at_least(1), "evaluated lengths up to N"),
+        ("--seeds", _int_at_least(1), "seeds per encoding"),
+        ("--steps", _int_at_least(1), "training steps per model"),
+        ("--batch-size", _int_at_least(1), "global batch"),
+        ("--d-model", _int_at_least(2), "model width"),
+        ("--layers", _int_at_least(1), "transformer blocks"),
+        ("--heads", _int_at_least(1), "attention heads"),
+        ("--eval-examples", _int_at_least(1), "examples (text: windows) per length"),
+    ):
+        lab_run.add_argument(flag, type=kind, default=None, metavar="N", help=text)
+    lab_run.add_argument("--lr", type=_number, default=None, help="peak learning rate")
+    lab_run.add_argument("--out", default="posenc-lab", metavar="DIR", help="default: %(default)s")
+    lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_run.set_defaults(run=_lab_run)
 
     from posenc.plot import KINDS
 

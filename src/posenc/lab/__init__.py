@@ -1,0 +1,13 @@
+"""posenc lab: train small transformers with every encoding and measure length extrapolation.
+
+- :mod:`posenc.lab.tasks`: copy, reverse, sort, associative recall, addition
+  (generated on the fly, seeded) and a byte-level language model over the
+  Python standard library's sources;
+- :mod:`posenc.lab.model`: a small decoder-only transformer from posenc's
+  pieces, one positional encoding per model;
+- :mod:`posenc.lab.run`: training (cached, resumable, DDP under torchrun) and
+  evaluation at every length;
+- :mod:`posenc.lab.results`: the figure and HTML page.
+
+``posenc lab run`` is the command. Needs torch (and matplotlib for the figure).
+"""

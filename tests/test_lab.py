@@ -1,0 +1,173 @@
+"""posenc lab on tiny settings: every encoding trains, caching and resuming, DDP equivalence."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.cli import main
+from posenc.lab import names, tasks
+from posenc.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
+from posenc.lab.run import LabConfig, Record, _World, run, text_lengths, train
+
+TINY = LabConfig(
+    task="copy", encodings=("alibi",), train_len=3, test_len=5, seeds=1, steps=40,
+    batch_size=16, lr=3e-3, d_model=32, layers=1, heads=2, eval_examples=8,
+    checkpoint_every=10,
+)  # fmt: skip
+
+
+def test_names_match_the_modules():
+    assert names.TASKS == tasks.TASKS and names.ENCODINGS == ENCODINGS
+
+
+@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e not in ("rope-ntk", "rope-yarn")])
+def test_every_encoding_trains(tmp_path, encoding):
+    config = replace(TINY, encodings=(encoding,), steps=60)
+    _, losses = train(config, encoding, 0, directory=tmp_path, world=_World())
+    assert len(losses) == config.steps
+    # batches of different lengths make single losses noisy: compare tens of steps
+    first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
+    assert last < 0.85 * first, (first, last)
+
+
+def test_test_time_scaling_variants_share_the_rope_model(tmp_path):
+    config = replace(TINY, encodings=("rope", "rope-linear", "rope-ntk", "rope-yarn"))
+    outcome = run(config, tmp_path, progress=False)
+    assert len(outcome.trained) == 1  # one RoPE model, four evaluations
+    assert {r.encoding for r in outcome.records} == set(config.encodings)
+    assert scaling_for("rope-yarn", 20, 10) == {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10,
+    }  # fmt: skip
+    assert scaling_for("rope-linear", 10, 10) is None and scaling_for("alibi", 30, 10) is None
+
+
+def test_results_are_tidy_records(tmp_path):
+    outcome = run(replace(TINY, seeds=2), tmp_path, progress=False)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["config"]["task"] == "copy"
+    records = [Record(**r) for r in doc["records"]]
+    assert records == outcome.records
+    assert {(r.seed, r.length) for r in records} == {(s, n) for s in (0, 1) for n in range(1, 6)}
+    assert all(r.metric == "accuracy" and 0 <= r.value <= 1 for r in records)
+
+
+def test_cache_trains_only_what_is_new(tmp_path):
+    first = run(TINY, tmp_path, progress=False)
+    assert len(first.trained) == 1 and not first.reused
+    again = run(TINY, tmp_path, progress=False)
+    assert not again.trained and len(again.reused) == 1
+    assert again.records == first.records
+    more = run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False)
+    assert len(more.trained) == 1 and len(more.reused) == 1  # only nope is new
+
+
+def test_interrupted_run_resumes_to_the_same_model(tmp_path):
+    class Killed(Exception):
+        pass
+
+    def kill_at(step: int):
+        def on_step(done: int) -> None:
+            if done == step:
+                raise Killed
+
+        return on_step
+
+    with pytest.raises(Killed):
+        train(TINY, "alibi", 0, directory=tmp_path / "a", world=_World(), on_step=kill_at(25))
+    assert any(p.name.endswith(".partial.pt") for p in (tmp_path / "a").iterdir())
+    _, resumed = train(TINY, "alibi", 0, directory=tmp_path / "a", world=_World())
+    _, straight = train(TINY, "alibi", 0, directory=tmp_path / "b", world=_World())
+    # the checkpoint at step 20 holds the model, optimiser, schedule and both generators
+    assert resumed == straight
+    assert not any(p.name.endswith(".partial.pt") for p in (tmp_path / "a").iterdir())
+
+
+def test_killed_run_keeps_finished_results(tmp_path, monkeypatch):
+    from posenc.lab import run as lab_run
+
+    real = lab_run.train
+
+    def failing(config, encoding, seed, **kw):
+        if encoding == "nope":
+            raise KeyboardInterrupt
+        return real(config, encoding, seed, **kw)
+
+    monkeypatch.setattr(lab_run, "train", failing)
+    with pytest.raises(KeyboardInterrupt):
+        run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False)
+    monkeypatch.setattr(lab_run, "train", real)
+    outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False)
+    assert len(outcome.reused) == 1 and len(outcome.trained) == 1
+
+
+def test_text_task_measures_perplexity(tmp_path):
+    config = replace(
+        TINY, task="text", encodings=("alibi", "sinusoidal"), train_len=16, test_len=40,
+        steps=5, eval_examples=2, text_bytes=1 << 18,
+    )  # fmt: skip
+    outcome = run(config, tmp_path, progress=False)
+    assert text_lengths(config) == [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    assert {r.metric for r in outcome.records} == {"perplexity"}
+    assert all(1 < r.value < 1000 for r in outcome.records)
+
+
+def test_learned_positions_have_a_limit():
+    model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), "learned")
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_equal_one(tmp_path):
+    argv = [
+        "lab", "run", "--task", "copy", "--encodings", "t5", "--train-len", "3",
+        "--test-len", "4", "--seeds", "1", "--steps", "6", "--batch-size", "8",
+        "--d-model", "16", "--layers", "1", "--heads", "2", "--eval-examples", "4",
+        "--no-progress",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = tmp_path / "one"
+    subprocess.run([sys.executable, "-m", "posenc.cli", *argv, "--out", str(one)],
+                   check=True, env=env, capture_output=True)  # fmt: skip
+    two = tmp_path / "two"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_port", str(_free_port()), "-m", "posenc.cli"]  # fmt: skip
+    subprocess.run([*torchrun, *argv, "--out", str(two)], check=True, env=env, capture_output=True)
+
+    def losses(out: Path) -> list[float]:
+        (final,) = [p for p in (out / "runs").iterdir() if p.suffix == ".pt"]
+        return torch.load(final, weights_only=False)["losses"]
+
+    a, b = losses(one), losses(two)
+    assert len(a) == len(b) == 6
+    # the same updates; only the order of float32 sums differs (a few ulps per step)
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--task", "nope"], "--task"),
+        (["--encodings", "alibi,bogus"], "encoding"),
+        (["--train-len", "8", "--test-len", "4"], "test_len"),
+        (["--seeds", "0"], "--seeds"),
+    ],
+)
+def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
+    assert main(["lab", "run", *argv, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err and "Traceback" not in err
