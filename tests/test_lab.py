@@ -171,3 +171,18 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
     assert main(["lab", "run", *argv, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and words in err and "Traceback" not in err
+
+
+def test_page_and_report_embed_the_results(tmp_path):
+    from posenc import report
+    from posenc.lab import results
+
+    outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path / "lab", progress=False)
+    paths = results.write(tmp_path / "lab", outcome.records, TINY)
+    page = paths["html"].read_text()
+    assert 'id="lab"' in page and "data:image/png;base64," in page and "nope" in page
+    assert paths["svg"].read_text().lstrip().startswith("<?xml")
+    rows = results.summary(outcome.records, TINY.train_len)
+    assert [r["encoding"] for r in rows] == ["alibi", "nope"]
+    built = report.build(tmp_path / "report", dim=8, length=4, train_steps=2, lab=tmp_path / "lab")
+    assert 'id="lab"' in built.index.read_text()

@@ -313,6 +313,7 @@ def _report(args: argparse.Namespace) -> int:
         preset=args.preset,
         rope_config=args.rope_config,
         train_steps=args.train_steps,
+        lab=args.lab,
         progress=say,
     )
     rows = [(s.title, k, v) for s in result.sections for k, v in s.numbers[:3]]
@@ -574,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="steps of the learned-table training run; default: %(default)s",
     )
+    rep.add_argument("--lab", default=None, metavar="DIR",
+                     help="include the results of a `posenc lab run --out DIR`")  # fmt: skip
     rep.set_defaults(run=_report)
 
     lab = sub.add_parser(

@@ -608,6 +608,20 @@ def rope_settings(config: str | Path | None) -> dict[str, Any]:
     }
 
 
+def _lab_section(directory: Path) -> str:
+    """The results of a ``posenc lab run`` directory as a report section."""
+    from posenc.lab import results
+    from posenc.lab.run import LabConfig, Record
+
+    try:
+        doc = json.loads((directory / "results.json").read_text())
+    except OSError as exc:
+        raise ValueError(f"--lab: cannot read {str(directory / 'results.json')!r}: "
+                         f"{exc.strerror}") from None  # fmt: skip
+    config = LabConfig(**{**doc["config"], "encodings": tuple(doc["config"]["encodings"])})
+    return results.section([Record(**r) for r in doc["records"]], config)
+
+
 def _img(path: Path) -> str:
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}">'
@@ -653,6 +667,7 @@ def build(
     preset: str = "vaswani",
     rope_config: str | Path | None = None,
     train_steps: int = 300,
+    lab: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Compute every section and write ``out/index.html`` and ``out/figures/*.{png,svg}``.
@@ -664,6 +679,7 @@ def build(
         preset: a sinusoidal preset name (``posenc presets``).
         rope_config: a model's ``config.json`` for the RoPE scaling section.
         train_steps: steps of the learned-table training run.
+        lab: a ``posenc lab run`` output directory whose results to include.
         progress: called with a short message as each part starts.
 
     Raises:
@@ -711,5 +727,8 @@ def build(
         f"positions; RoPE section for {rope['name']}."
     )
     index = out / "index.html"
-    index.write_text(_html(sections, {k: v[0] for k, v in files.items()}, "posenc report", note))
+    page = _html(sections, {k: v[0] for k, v in files.items()}, "posenc report", note)
+    if lab is not None:
+        page = page.replace("</body></html>", _lab_section(Path(lab)) + "\n</body></html>")
+    index.write_text(page)
     return Report(sections, index, files, time.perf_counter() - start)
