@@ -41,6 +41,16 @@ def _new(width: float = 7.0, height: float = 4.0, ncols: int = 1, nrows: int = 1
     return fig, axes
 
 
+def _image(fig: Any, ax: Any, data: Any, title: str, xlabel: str, ylabel: str, **kw: Any) -> None:
+    """``data`` as an image on ``ax`` (viridis unless ``cmap``), labelled, with a colour bar."""
+    kw = {"cmap": "viridis", "interpolation": "nearest", **kw}
+    im = ax.imshow(data, **kw)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+
+
 def save(fig: Any, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` (``.png`` at 110 dpi, or ``.svg``) and close it.
 
@@ -64,11 +74,8 @@ def heatmap(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: A
 
     table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     fig, ax = _new(8, 4)
-    im = ax.imshow(table, aspect="auto", cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set_xlabel("channel (depth)")
-    ax.set_ylabel("position")
-    ax.set_title(f"{preset}: PE(position, channel), d = {dim}, {length} positions")
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    title = f"{preset}: PE(position, channel), d = {dim}, {length} positions"
+    _image(fig, ax, table, title, "channel (depth)", "position", aspect="auto", vmin=-1, vmax=1)
     return fig
 
 
@@ -94,11 +101,18 @@ def shift(*, dim: int = 512, offset: float = 10, preset: str = "vaswani", **_: A
     m = posenc.shift_matrix(offset, dim, preset=preset)
     n = min(16, dim)
     fig, ax = _new(4.8, 4.2)
-    im = ax.imshow(m[:n, :n], cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set_title(f"M_k for k = {offset:g}: 2x2 rotations on the diagonal")
-    ax.set_xlabel("channel of PE(p)")
-    ax.set_ylabel("channel of PE(p + k)")
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    title = f"M_k for k = {offset:g}: 2x2 rotations on the diagonal"
+    _image(
+        fig,
+        ax,
+        m[:n, :n],
+        title,
+        "channel of PE(p)",
+        "channel of PE(p + k)",
+        cmap="RdBu_r",
+        vmin=-1,
+        vmax=1,
+    )
     return fig
 
 
@@ -180,11 +194,8 @@ def similarity(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_
     t = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     unit = t / np.linalg.norm(t, axis=1, keepdims=True)
     fig, ax = _new(5, 4.2)
-    im = ax.imshow(unit @ unit.T, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
-    ax.set_xlabel("position q")
-    ax.set_ylabel("position p")
-    ax.set_title("cos(PE(p), PE(q)): a function of p - q")
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    title = "cos(PE(p), PE(q)): a function of p - q"
+    _image(fig, ax, unit @ unit.T, title, "position q", "position p", vmin=-1, vmax=1)
     return fig
 
 
@@ -302,11 +313,8 @@ def alibi(*, heads: int = 8, length: int = 24, **_: Any) -> Any:
     left.set_yscale("log", base=2)
     left.set_xlabel("head")
     left.set_title("slopes 2^(-8h/n)")
-    im = right.imshow(np.ma.masked_array(bias[0], mask), cmap="viridis", interpolation="nearest")
-    right.set_title(f"head 1 bias -m (i - j), causal, {length} tokens")
-    right.set_xlabel("key j")
-    right.set_ylabel("query i")
-    fig.colorbar(im, ax=right, shrink=0.8)
+    title = f"head 1 bias -m (i - j), causal, {length} tokens"
+    _image(fig, right, np.ma.masked_array(bias[0], mask), title, "key j", "query i")
     return fig
 
 
@@ -328,11 +336,7 @@ def t5(*, length: int = 200, num_buckets: int = 32, max_distance: int = 128, **_
     n = 48
     q = np.arange(n)[:, None]
     grid = posenc.t5_bucket(np.arange(n)[None, :] - q)
-    im = right.imshow(grid, cmap="viridis", interpolation="nearest")
-    right.set_title("encoder bucket of (query, key)")
-    right.set_xlabel("key")
-    right.set_ylabel("query")
-    fig.colorbar(im, ax=right, shrink=0.8)
+    _image(fig, right, grid, "encoder bucket of (query, key)", "key", "query")
     return fig
 
 
