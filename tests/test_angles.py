@@ -209,6 +209,27 @@ def test_kernel_threads_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def _table_sum() -> float:
+    import posenc
+
+    return float(posenc.sinusoidal(8192, 256).sum())
+
+
+@pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
+def test_kernel_in_a_forked_child():
+    # after the parent ran the kernel on torch's OpenMP team, a forked child (as a
+    # DataLoader worker is) has no team: the kernel must use threads of its own there
+    import multiprocessing
+
+    import posenc
+
+    torch.ones(1 << 20).sum()
+    want = float(posenc.sinusoidal(8192, 256).sum())
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(_table_sum).get(timeout=60)
+    assert got == want
+
+
 @pytest.mark.skipif(_angles._kernels is None, reason="posenc._kernels not built")
 def test_kernel_declines_what_it_cannot_write():
     turns = geometric_turns(4, 10000.0, 1.0, 4.0, 1.0)

@@ -26,9 +26,9 @@
 #include <Python.h>
 #include <pthread.h>
 #include <dlfcn.h>
+#include <unistd.h>
 #ifdef __linux__
 #include <sys/mman.h>
-#include <unistd.h>
 #endif
 #include <stdint.h>
 #include <stdlib.h>
@@ -155,6 +155,7 @@ typedef struct {
 static void (*gomp_parallel)(void (*)(void *), void *, unsigned, unsigned);
 static int (*omp_thread_num)(void);
 static int (*omp_num_threads)(void);
+static pid_t openmp_pid; /* the process that found it: a forked child has no team */
 
 static void find_openmp(void) {
 #ifdef __linux__
@@ -166,6 +167,7 @@ static void find_openmp(void) {
     void *par = dlsym(lib, "GOMP_parallel"), *num = dlsym(lib, "omp_get_thread_num");
     void *team = dlsym(lib, "omp_get_num_threads");
     if (par && num && team) {
+        openmp_pid = getpid();
         *(void **)&gomp_parallel = par;
         *(void **)&omp_thread_num = num;
         *(void **)&omp_num_threads = team;
@@ -182,7 +184,8 @@ static void team_body(void *arg) {
 static void run_jobs(work_fn fn, void *jobs, int n, size_t size) {
     char *base = (char *)jobs;
     if (n > 1) find_openmp();
-    if (n > 1 && gomp_parallel != NULL) {
+    /* libgomp's team does not survive fork (a DataLoader worker): threads of our own there */
+    if (n > 1 && gomp_parallel != NULL && getpid() == openmp_pid) {
         team_t team = {fn, base, size, n};
         gomp_parallel(team_body, &team, (unsigned)n, 0);
         return;
