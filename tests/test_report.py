@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -140,7 +141,7 @@ def test_rope_config_from_a_config_json(tmp_path):
         },
     }  # fmt: skip
     path = tmp_path / "config.json"
-    path.write_text(__import__("json").dumps(config))
+    path.write_text(json.dumps(config))
     settings = report.rope_settings(path)
     assert settings["head_dim"] == 64 and settings["factor"] == 4.0 and settings["original"] == 1024
     with pytest.raises(ValueError, match="rope-config"):

@@ -279,13 +279,14 @@ def _sections(
     rope: dict[str, Any],
     learned: Learned,
 ) -> list[Section]:
+    import posenc
     from posenc import analysis
     from posenc.absolute.sinusoidal import resolve
 
     sections: list[Section] = []
     spec = resolve(preset)
     omega = spec.inv_freq(dim)
-    table = __import__("posenc").sinusoidal(length, dim, preset=preset, dtype="float64")
+    table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
 
     sections.append(
         Section(
@@ -503,8 +504,6 @@ def _sections(
             ["decay", "rope-scaling"],
         )
     )
-
-    import posenc
 
     slopes = posenc.alibi_slopes(8)
     boundaries = posenc.t5_bucket(-np.arange(200))
