@@ -601,7 +601,8 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
 #ifdef HAVE_AVX2_ROW
     base.avx2 = __builtin_cpu_supports("avx2");
 #endif
-    base.stream = rows * D * (f32 ? 4 : 2) > STREAM_BYTES;
+    Py_ssize_t bytes = rows * D * (f32 ? 4 : 2); /* of out */
+    base.stream = bytes > STREAM_BYTES;
     base.cos = (const float *)(uintptr_t)cp;
     base.sin = (const float *)(uintptr_t)sp;
     base.half = half;
@@ -617,14 +618,14 @@ static PyObject *rotate(PyObject *self, PyObject *args) {
     if (threads > units) threads = (int)units;
     rot_t *jobs = (rot_t *)calloc((size_t)threads, sizeof(rot_t));
     if (jobs == NULL) return PyErr_NoMemory();
-    Py_ssize_t bytes = rows * D * (f32 ? 4 : 2), share = (bytes + threads - 1) / threads;
+    Py_ssize_t share = (bytes + threads - 1) / threads;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t per = (units + threads - 1) / threads;
     for (int i = 0; i < threads; ++i) {
         jobs[i] = base;
         jobs[i].row0 = i * per < units ? i * per : units;
         jobs[i].row1 = (i + 1) * per < units ? (i + 1) * per : units;
-        if (bytes > STREAM_BYTES) { /* a large output: each thread maps in a share of it */
+        if (base.stream) { /* a large output: each thread maps in a share of it */
             jobs[i].populate0 = i * share < bytes ? i * share : bytes;
             jobs[i].populate1 = (i + 1) * share < bytes ? (i + 1) * share : bytes;
         }

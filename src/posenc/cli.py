@@ -346,11 +346,6 @@ def _plot(args: argparse.Namespace) -> int:
         raise _UsageError(f"-o must end in .png or .svg; got {args.o!r}")
     options = {"dim": args.dim, "length": args.length, "preset": args.preset}
     options = {k: v for k, v in options.items() if v is not None}
-    if args.preset is not None:
-        from posenc.absolute.sinusoidal import PRESETS
-
-        if args.preset not in PRESETS:
-            raise _UsageError(f"unknown preset {args.preset!r}; see `posenc presets`")
     fig = plot.figure(args.kind, **options)
     try:
         plot.save(fig, out)
@@ -629,7 +624,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("-o", required=True, metavar="FILE", help="output file, .png or .svg")
     pl.add_argument("--dim", type=_int_at_least(4), default=None, help="channels")
     pl.add_argument("--length", type=_int_at_least(3), default=None, help="positions")
-    pl.add_argument("--preset", default=None, metavar="NAME", help="sinusoidal preset")
+    pl.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help="sinusoidal preset (see `posenc presets`)",
+    )
     pl.set_defaults(run=_plot)
     return parser
 
