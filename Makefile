@@ -13,12 +13,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# setup.py builds the optional compiled kernel (src/posenc/_kernels.c) in place
-$(VENV)/.demo: pyproject.toml setup.py src/posenc/_kernels.c constraints-dev.txt | $(BIN)/python
+# setup.py builds the optional compiled kernels (src/posenc/core/csrc/) in place
+KERNEL_SOURCES := $(wildcard src/posenc/core/csrc/*.c src/posenc/core/csrc/*.h)
+$(VENV)/.demo: pyproject.toml setup.py $(KERNEL_SOURCES) constraints-dev.txt | $(BIN)/python
 	$(PIP) install -q -c constraints-dev.txt -e ".[torch,plot]"
 	touch $@
 
-$(VENV)/.test: pyproject.toml setup.py src/posenc/_kernels.c constraints-dev.txt | $(BIN)/python
+$(VENV)/.test: pyproject.toml setup.py $(KERNEL_SOURCES) constraints-dev.txt | $(BIN)/python
 	$(PIP) install -q -c constraints-dev.txt -e ".[torch,plot,test]"
 	$(PIP) install -q --no-deps $(NODEPS_ANCHORS)
 	touch $@ $(VENV)/.demo
@@ -40,4 +41,4 @@ pytest: $(VENV)/.test
 test: lint types pytest
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """The optional compiled kernel; everything else is declared in pyproject.toml.
 
-``posenc._kernels`` fuses the sinusoidal table loop of ``posenc._angles`` and the
-float32 and bfloat16 rotation of ``posenc.rotary.apply``. It is optional: where no
+``posenc.core._kernels`` fuses the sinusoidal table loop of ``posenc.core.angles``,
+the float32 and bfloat16 rotation of ``posenc.families.rotary.apply`` and the
+flash-attention loop of ``posenc.integration.attention``. It is optional: where no
 C compiler is found, the build goes on without it and posenc does the same work in
 numpy and torch.
 """
@@ -14,8 +15,8 @@ unix = sys.platform != "win32"
 setup(
     ext_modules=[
         Extension(
-            "posenc._kernels",
-            ["src/posenc/_kernels.c"],
+            "posenc.core._kernels",
+            ["src/posenc/core/csrc/kernels.c"],
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from posenc import analysis, sinusoidal
-from posenc.absolute.sinusoidal import resolve
+from posenc.families.absolute.sinusoidal import resolve
 
 mpmath.mp.dps = 50
 

@@ -14,9 +14,9 @@ import torch
 
 import posenc
 from posenc import attend
-from posenc.bench import peak_memory
-from posenc.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
-from posenc.bias.modules import ALiBi
+from posenc.faces.bench import peak_memory
+from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
+from posenc.families.bias.modules import ALiBi
 
 BIASES = {
     "none": lambda h: None,
@@ -183,7 +183,7 @@ def test_padded_keys_do_not_leak():
 
 
 def test_kernel_and_blockwise_agree_and_kernel_runs():
-    assert attend._kernels is not None and hasattr(attend._kernels, "attend")
+    assert attend.compiled is not None and hasattr(attend.compiled, "attend")
     q, k, v = inputs(SHAPES["partial-blocks"])
     plan = attend._Plan(None, True, 0.2, None, k.shape[2] - q.shape[2], False)
     result = attend._forward_kernel(plan, (), q, k, v)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import posenc
-import posenc.absolute.sinusoidal
+import posenc.families.absolute.sinusoidal
 from posenc import bench
 
 FIELDS = {"case", "impl", "role", "note", "size", "status", "reason", "runs"}

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias, alibi_slopes, t5_bucket
-from posenc.bias.modules import ALiBi
+from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias, alibi_slopes, t5_bucket
+from posenc.families.bias.modules import ALiBi
 
 pytestmark = pytest.mark.usefixtures("quiet_transformers")
 

@@ -12,7 +12,7 @@ import torch
 
 import posenc
 from posenc import bench
-from posenc.cli import main
+from posenc.faces.cli import main
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

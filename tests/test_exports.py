@@ -69,7 +69,10 @@ def test_submodules_resolve_lazily():
 
 
 def test_attention_stays_the_function():
-    # the function lives in posenc.attend, so importing that module cannot shadow it
-    import posenc.attend
+    # the function lives in posenc.integration.attention (posenc.attend): importing
+    # that module cannot shadow it
+    import posenc.integration.attention
 
-    assert callable(posenc.attention) and posenc.attention.__module__ == "posenc.attend"
+    assert (
+        callable(posenc.attention) and posenc.attention.__module__ == "posenc.integration.attention"
+    )

@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.absolute.fourier import (
+from posenc.families.absolute.fourier import (
     fourier_features,
     gaussian_fourier_features,
     gaussian_fourier_matrix,

@@ -35,8 +35,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import posenc.absolute.grid as grid_module
-from posenc.absolute.grid import PRESETS, GridSpec, grid, grid_frequencies, resolve
+import posenc.families.absolute.grid as grid_module
+from posenc.families.absolute.grid import PRESETS, GridSpec, grid, grid_frequencies, resolve
 
 F32 = 2.0**-24  # float32 unit roundoff, relative
 LN_1E4 = math.log(1e4)

@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from posenc import hf  # noqa: E402
-from posenc.rotary.schedules import SCHEDULES, RopeFrequencies  # noqa: E402
+from posenc.families.rotary.schedules import SCHEDULES, RopeFrequencies  # noqa: E402
 
 TINY = {
     "hidden_size": 64,

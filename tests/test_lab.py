@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc.cli import main
-from posenc.lab import names, tasks
-from posenc.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
-from posenc.lab.run import LabConfig, Record, _World, run, text_lengths, train
+from posenc.faces.cli import main
+from posenc.faces.lab import names, tasks
+from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
+from posenc.faces.lab.run import LabConfig, Record, _World, run, text_lengths, train
 
 TINY = LabConfig(
     task="copy", encodings=("alibi",), train_len=3, test_len=5, seeds=1, steps=40,
@@ -92,7 +92,7 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path):
 
 
 def test_killed_run_keeps_finished_results(tmp_path, monkeypatch):
-    from posenc.lab import run as lab_run
+    from posenc.faces.lab import run as lab_run
 
     real = lab_run.train
 
@@ -175,7 +175,7 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
 
 def test_page_and_report_embed_the_results(tmp_path):
     from posenc import report
-    from posenc.lab import results
+    from posenc.faces.lab import results
 
     outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path / "lab", progress=False)
     paths = results.write(tmp_path / "lab", outcome.records, TINY)

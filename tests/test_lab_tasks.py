@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.lab.tasks import (
+from posenc.faces.lab.tasks import (
     BOS,
     EOS,
     IGNORE,

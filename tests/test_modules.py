@@ -26,9 +26,9 @@ from torch import nn
 
 import posenc
 from posenc import modules
-from posenc.absolute.sinusoidal import resolve
-from posenc.modules import LearnedPositionalEmbedding, SinusoidalEmbedding
-from posenc.positions import fairseq_positions, opt_positions
+from posenc.core.positions import fairseq_positions, opt_positions
+from posenc.families.absolute.modules import LearnedPositionalEmbedding, SinusoidalEmbedding
+from posenc.families.absolute.sinusoidal import resolve
 
 HALF_ULP = 2.0**-25  # float32 rounding of values in [-1, 1]
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.positions import cache_positions, fairseq_positions, opt_positions
+from posenc.core.positions import cache_positions, fairseq_positions, opt_positions
 
 
 def padded_tokens(rng, batch, seq, padding_idx, *, left=False):

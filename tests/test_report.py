@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from posenc import plot, report
-from posenc.cli import main
+from posenc.faces.cli import main
 
 SECTIONS = [
     "heatmap", "frequencies", "shift", "clocks", "geometry", "precision", "learned", "rope",

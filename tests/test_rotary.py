@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.rotary.apply import apply_rotary
-from posenc.rotary.module import Rotary
-from posenc.rotary.schedules import frequencies
+from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.module import Rotary
+from posenc.families.rotary.schedules import frequencies
 
 F32_EPS = 2.0**-24  # unit roundoff of float32
 
@@ -330,7 +330,7 @@ def test_low_precision_rotated_in_float32(layout: str, dtype: torch.dtype) -> No
 
 def _without_kernel(fn):
     """``fn()`` on torch's eager ops, as where the compiled kernel is not built."""
-    from posenc.rotary import apply as module
+    from posenc.families.rotary import apply as module
 
     saved = module._KERNEL_DTYPES
     module._KERNEL_DTYPES = ()
@@ -624,7 +624,7 @@ def test_from_hf_config_matches_transformers(rope_type):
 
 # ------------------------------------------------------------------ the fused CPU kernel
 
-_kernels = pytest.importorskip("posenc._kernels")
+_kernels = pytest.importorskip("posenc.core._kernels")
 
 
 def _reference(x, cos, sin, layout, rotary_dim):

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc.rotary.multiaxis import (
+from posenc.families.rotary.multiaxis import (
     AxialRotary,
     axial_cos_sin,
     axial_grid,
@@ -40,8 +40,8 @@ from posenc.rotary.multiaxis import (
     xpos_rotate,
     xpos_scale,
 )
-from posenc.rotary.schedules import RopeFrequencies, frequencies
-from posenc.rotary.tables import cos_sin
+from posenc.families.rotary.schedules import RopeFrequencies, frequencies
+from posenc.families.rotary.tables import cos_sin
 
 F32_EPS = 2.0**-24
 

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.rotary import schedules
-from posenc.rotary.schedules import PARAMETERS, SCHEDULES, frequencies
+from posenc.families.rotary import schedules
+from posenc.families.rotary.schedules import PARAMETERS, SCHEDULES, frequencies
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402

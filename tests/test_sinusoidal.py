@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import PRESETS, Sinusoid, shift_matrix, sinusoidal
-from posenc.absolute.sinusoidal import resolve
+from posenc.families.absolute.sinusoidal import resolve
 
 F32_ROUNDING = 2.0**-24  # one float32 ulp of values in [0.5, 1)
 

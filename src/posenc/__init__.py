@@ -10,37 +10,41 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 
 from typing import Any
 
-from posenc.absolute.fourier import (
+from posenc import _moved
+from posenc.core.positions import cache_positions, fairseq_positions, opt_positions
+from posenc.families.absolute.fourier import (
     fourier_features,
     gaussian_fourier_features,
     gaussian_fourier_matrix,
     nerf,
     nerf_frequencies,
 )
-from posenc.absolute.grid import PRESETS as GRID_PRESETS
-from posenc.absolute.grid import GridSpec, grid, grid_frequencies
-from posenc.absolute.sinusoidal import PRESETS, Sinusoid, shift_matrix, sinusoidal
-from posenc.bias.functional import alibi_slopes, t5_bucket
-from posenc.positions import cache_positions, fairseq_positions, opt_positions
+from posenc.families.absolute.grid import PRESETS as GRID_PRESETS
+from posenc.families.absolute.grid import GridSpec, grid, grid_frequencies
+from posenc.families.absolute.sinusoidal import PRESETS, Sinusoid, shift_matrix, sinusoidal
+from posenc.families.bias.functional import alibi_slopes, t5_bucket
 
 __version__ = "0.1.0"
 
+_moved.install()  # posenc.rotary, posenc.hf ...: the short paths of the layered modules
+
 # torch-backed names, imported on first use so that `import posenc` stays numpy-only
 _LAZY = {
-    "LearnedPositionalEmbedding": "posenc.modules",
-    "SinusoidalEmbedding": "posenc.modules",
-    "Rotary": "posenc.rotary.module",
-    "apply_rotary": "posenc.rotary.apply",
-    "ALiBi": "posenc.bias.modules",
-    "AttentionBias": "posenc.bias.modules",
-    "FIRE": "posenc.bias.modules",
-    "KERPLE": "posenc.bias.modules",
-    "NoPE": "posenc.bias.modules",
-    "Sandwich": "posenc.bias.modules",
-    "T5Bias": "posenc.bias.modules",
-    "attention": "posenc.attend",
+    "LearnedPositionalEmbedding": "posenc.families.absolute.modules",
+    "SinusoidalEmbedding": "posenc.families.absolute.modules",
+    "Rotary": "posenc.families.rotary.module",
+    "apply_rotary": "posenc.families.rotary.apply",
+    "ALiBi": "posenc.families.bias.modules",
+    "AttentionBias": "posenc.families.bias.modules",
+    "FIRE": "posenc.families.bias.modules",
+    "KERPLE": "posenc.families.bias.modules",
+    "NoPE": "posenc.families.bias.modules",
+    "Sandwich": "posenc.families.bias.modules",
+    "T5Bias": "posenc.families.bias.modules",
+    "attention": "posenc.integration.attention",
 }
-_SUBMODULES = ("analysis", "bench", "bias", "hf", "rotary")
+# submodules reachable as attributes (posenc.hf ...), through their short paths
+_SUBMODULES = ("absolute", "analysis", "bench", "bias", "hf", "rotary")
 
 __all__ = [
     "FIRE",

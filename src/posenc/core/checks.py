@@ -1,0 +1,198 @@
+"""numpy / torch dispatch and input validation shared by every family.
+
+numpy in gives numpy out; torch in gives torch out on the same device. torch is
+imported only when a torch object is seen or asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from posenc.core.angles import EXACT_LIMIT
+
+_NUMPY_FLOATS = {
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
+_TORCH_ONLY = {"bfloat16"}
+
+
+def is_torch(x: Any) -> bool:
+    """True for a ``torch.Tensor`` (without importing torch when it is absent)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_torch_dtype(dtype: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
+def dtype_name(dtype: Any) -> str:
+    """Canonical name (``"float32"``...) of a str, numpy or torch float dtype.
+
+    Raises:
+        TypeError: for anything but float16, bfloat16, float32 and float64.
+    """
+    accepted = "one of float16, bfloat16 (torch only), float32, float64"
+    if is_torch_dtype(dtype):
+        name = str(dtype).removeprefix("torch.")
+    elif isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            raise TypeError(f"dtype must be {accepted}; got {dtype!r}") from None
+    if name not in _NUMPY_FLOATS and name not in _TORCH_ONLY:
+        raise TypeError(f"dtype must be {accepted}; got {dtype!r}")
+    return name
+
+
+def wants_torch(positions: Any, dtype: Any) -> bool:
+    """Whether the result is a torch tensor: torch positions, or a torch dtype."""
+    return is_torch(positions) or is_torch_dtype(dtype)
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def numpy_dtype(name: str) -> Any:
+    if name in _TORCH_ONLY:
+        raise TypeError(f"dtype {name} needs torch output: pass torch positions or a torch dtype")
+    return _NUMPY_FLOATS[name]
+
+
+def check_int(value: Any, name: str, minimum: int = 0) -> int:
+    """Validate an int parameter: a Python or numpy int (not a bool) of at least ``minimum``.
+
+    Raises:
+        TypeError: not an int.
+        ValueError: below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {minimum}; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_number(value: Any, name: str, *, positive: bool = False) -> float:
+    """Validate a finite real scalar (positive if asked)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v):  # math, not numpy: traceable by torch.compile
+        raise ValueError(f"{name} must be finite; got {value!r}")
+    if positive and v <= 0:
+        raise ValueError(f"{name} must be > 0; got {value!r}")
+    return v
+
+
+def _compiling() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+def check_positions(positions: Any, offset: float = 0.0, *, name: str = "positions") -> Any:
+    """Validate positions: a 1-D numeric array or tensor of finite values.
+
+    Returns the numpy array (lists become arrays) or the tensor unchanged.
+
+    Raises:
+        TypeError: not an array/tensor/sequence of real numbers.
+        ValueError: not 1-D, NaN or infinite values, or ``|position + offset|``
+            at or beyond ``2**31`` (the range in which posenc is exact).
+    """
+    if is_torch(positions):
+        if positions.is_complex() or positions.dtype == sys.modules["torch"].bool:
+            raise TypeError(f"{name} must hold int or float values; got {positions.dtype}")
+        arr = positions
+    else:
+        try:
+            arr = np.asarray(positions)
+        except Exception as exc:  # pragma: no cover - numpy raises various errors
+            raise TypeError(f"{name} must be an int, a 1-D array or a tensor: {exc}") from None
+        if arr.dtype.kind not in "iuf":
+            raise TypeError(
+                f"{name} must hold int or float values; got dtype {arr.dtype} "
+                f"from {type(positions).__name__}"
+            )
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (seq,); got shape {tuple(arr.shape)}")
+    if arr.shape[0] and not _compiling():
+        check_range(arr, offset, name)
+    return arr
+
+
+def check_range(arr: Any, offset: float, name: str) -> None:
+    """Reject NaN, infinite and out-of-range values (syncs a device tensor once)."""
+    if is_torch(arr):
+        import torch
+
+        a = arr.detach()
+        if a.is_floating_point():
+            if not bool(torch.isfinite(a).all()):
+                raise ValueError(f"{name} must be finite; got NaN or infinite values")
+            a = a.double()
+        lo, hi = float(a.min()), float(a.max())
+    else:
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ValueError(f"{name} must be finite; got NaN or infinite values")
+        lo, hi = float(arr.min()), float(arr.max())
+    extreme = max(abs(lo + offset), abs(hi + offset))
+    if not extreme < EXACT_LIMIT:
+        raise ValueError(
+            f"{name} (plus offset {offset:g}) must lie in (-2**31, 2**31), the range in "
+            f"which posenc is exact; got values up to {extreme:.6g} in magnitude"
+        )
+
+
+def check_choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:
+    """Reject a value outside ``accepted``, naming the parameter and the choices."""
+    if value not in accepted:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, accepted))}; got {value!r}")
+
+
+def canonical_overrides(
+    overrides: dict[str, Any],
+    fields: tuple[str, ...],
+    aliases: dict[str, str],
+    flags: dict[str, tuple[str, str]],
+) -> dict[str, Any]:
+    """Map preset overrides (posenc names or the anchors' aliases) to field values.
+
+    Args:
+        overrides: the keyword arguments a user passed.
+        fields: the dataclass fields that may be overridden.
+        aliases: anchor name -> field name (``max_period`` -> ``base``).
+        flags: boolean aliases -> (value when True, value when False), e.g.
+            diffusers' ``flip_sin_to_cos`` -> ``("cos_sin", "sin_cos")``.
+
+    Raises:
+        ValueError: an unknown name (the valid ones are listed), or two names
+            for one field.
+        TypeError: a boolean alias given something else than a bool.
+    """
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        name = aliases.get(key, key)
+        if name not in fields:
+            valid = ", ".join(fields + tuple(aliases))
+            raise ValueError(f"unknown override {key!r}; valid overrides: {valid}")
+        if key in flags:
+            if not isinstance(value, bool):
+                raise TypeError(f"{key} must be a bool; got {value!r}")
+            value = flags[key][0] if value else flags[key][1]
+        if name in out:
+            raise ValueError(f"override {key!r} repeats {name!r}")
+        out[name] = value
+    return out

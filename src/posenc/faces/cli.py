@@ -1,0 +1,666 @@
+"""The ``posenc`` command: write tables, check the properties, run the benchmarks.
+
+Subcommands:
+
+- ``posenc table``: write a sinusoidal table to ``.npy``, ``.pt``, ``.csv`` or ``.json``.
+- ``posenc check``: measure the properties people ask about (shift, norm,
+  offset-only dot products, one column vs the pair, float32 precision) and
+  print PASS/FAIL against bounds derived from the arithmetic; exit 1 on a FAIL.
+- ``posenc bench``: time posenc against the code users run, in one process.
+- ``posenc presets``: list the named conventions and where each comes from.
+- ``posenc report``: the explainer (figures and measured numbers) as one HTML file.
+- ``posenc plot KIND``: any single figure of the report, as PNG or SVG.
+
+Errors in the input (posenc's ``ValueError``/``TypeError``) print as
+``posenc: error: ...`` and exit with status 2, like argparse's own errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from posenc.families.absolute.sinusoidal import PRESETS, resolve, sinusoidal
+
+_FORMATS = (".npy", ".pt", ".csv", ".json")
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+_PRECISION_POSITIONS = (1e4, 1e6, 1e7)
+
+
+class _UsageError(ValueError):
+    """A problem with the command line found after parsing (reported like posenc's errors)."""
+
+
+# --------------------------------------------------------------------------------------
+# argument types
+
+
+def _int_at_least(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}; got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an int >= {minimum}; got {value}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite; got {text!r}")
+    return value
+
+
+def _override_value(text: str) -> Any:
+    """``true``/``false`` -> bool, then int, then float, else the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _overrides(pairs: Sequence[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise _UsageError(f"--override must look like key=value; got {pair!r}")
+        if key in out:
+            raise _UsageError(f"--override {key} given twice")
+        out[key] = _override_value(value)
+    return out
+
+
+def _spec_args(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = _overrides(args.override)
+    if getattr(args, "offset", None) is not None:
+        if "offset" in overrides or "start_index" in overrides:
+            raise _UsageError("give the position offset once: --offset or --override offset=")
+        overrides["offset"] = args.offset
+    return overrides
+
+
+# --------------------------------------------------------------------------------------
+# posenc table
+
+
+def _table(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    suffix = out.suffix.lower()
+    if suffix not in _FORMATS:
+        raise _UsageError(
+            f"--out must end in {', '.join(_FORMATS)} (the format is chosen by the suffix); "
+            f"got {str(out)!r}"
+        )
+    if args.dtype == "bfloat16" and suffix != ".pt":
+        raise _UsageError("--dtype bfloat16 needs --out ending in .pt (numpy has no bfloat16)")
+    overrides = _spec_args(args)
+    spec = resolve(args.preset, **overrides)
+    if suffix == ".pt":
+        import torch
+
+        table: Any = sinusoidal(
+            args.length, args.dim, preset=spec, dtype=getattr(torch, args.dtype)
+        )
+        torch.save(table, out)
+    else:
+        table = sinusoidal(args.length, args.dim, preset=spec, dtype=args.dtype)
+        if suffix == ".npy":
+            with out.open("wb") as f:  # a file object: np.save would add a suffix to a name
+                np.save(f, table)
+        elif suffix == ".csv":
+            _write_csv(out, table)
+        else:
+            _write_json(out, table, args, overrides)
+    first = spec.offset
+    print(
+        f"wrote {out}: {args.length} x {args.dim} {args.dtype}, preset {args.preset}, "
+        f"positions {first:g}..{first + args.length - 1:g}"
+        + (f", overrides {overrides}" if overrides else "")
+    )
+    return 0
+
+
+def _round_trip_format(dtype: np.dtype[Any]) -> str:
+    # enough significant digits to read back the identical value
+    return {2: "%.5g", 4: "%.9g"}.get(dtype.itemsize, "%.17g")
+
+
+def _write_csv(path: Path, table: np.ndarray) -> None:
+    header = ",".join(f"ch{j}" for j in range(table.shape[1]))
+    np.savetxt(
+        path,
+        table,
+        fmt=_round_trip_format(table.dtype),
+        delimiter=",",
+        header=header,
+        comments="",
+    )
+
+
+def _write_json(
+    path: Path, table: np.ndarray, args: argparse.Namespace, overrides: dict[str, Any]
+) -> None:
+    doc = {
+        "preset": args.preset,
+        "overrides": overrides,
+        "dim": args.dim,
+        "length": args.length,
+        "dtype": args.dtype,
+        "shape": list(table.shape),
+        # float64 of each stored value: JSON's shortest repr reads back exactly
+        "values": table.astype(np.float64).tolist(),
+    }
+    path.write_text(json.dumps(doc) + "\n")
+
+
+# --------------------------------------------------------------------------------------
+# posenc check
+
+
+def _check_rows(args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
+    from posenc import analysis
+
+    overrides = _spec_args(args)
+    spec = resolve(args.preset, **overrides)
+    dim, length = args.dim, args.length
+    slots = spec.slots(dim)  # invalid dim/preset combinations stop here, exit 2
+    rows: list[tuple[str, str, str, str]] = []
+
+    def add(name: str, value: str, bound: str, ok: bool | None) -> None:
+        rows.append((name, value, bound, "SKIP" if ok is None else ("PASS" if ok else "FAIL")))
+
+    offsets = (1, 10, 100)
+    if slots.n_first != slots.n_second:
+        why = f"lone channel (dim {dim}, odd={spec.odd!r})"
+        for name in ("shift property", "row norm", "offset-only dot product"):
+            add(name, why, "-", None)
+    else:
+        shift = analysis.shift_error(dim, length, offsets, preset=spec)
+        for k, err in zip(shift.offsets, shift.max_error, strict=True):
+            add(
+                f"shift: PE(p+{k:g}) = PE(p) @ M({k:g}).T",
+                f"max err {err:.2e}",
+                f"<= {shift.tolerance:.2e}",
+                err <= shift.tolerance,
+            )
+        nrm = analysis.norms(dim, length, preset=spec)
+        add(
+            f"row norm = {nrm.expected:.6g} (a sqrt(pairs), {nrm.pairs} pairs)",
+            f"max dev {nrm.max_deviation:.2e}",
+            f"<= {nrm.tolerance:.2e}",
+            nrm.ok,
+        )
+        dots = analysis.offset_dot_products(dim, length, offsets, preset=spec)
+        for k, exact, spread, dev in zip(
+            dots.offsets, dots.closed_form, dots.spread, dots.max_deviation, strict=True
+        ):
+            add(
+                f"PE(p).PE(p+{k:g}) = sum cos({k:g} w) = {exact:.6g} for all p",
+                f"spread {spread:.1e}, dev {dev:.1e}",
+                f"<= {dots.tolerance:.2e}",
+                max(spread, dev) <= dots.tolerance,
+            )
+    if slots.n_second and length >= 3:
+        reg = analysis.regression_r2(dim, length, 10, preset=spec)
+        add(
+            f"one column (ch {reg.column}) at p+10 from itself: not linear",
+            f"R^2 {reg.single_r2:.3f} (limit {reg.single_r2_limit:.3f})",
+            "< 0.99",
+            reg.single_r2 < 0.99,
+        )
+        add(
+            f"the pair (ch {reg.column}, {reg.partner}) at p+10: linear",
+            f"1 - R^2 {1.0 - reg.pair_r2:.1e}",
+            f"<= {reg.pair_tolerance:.1e}",
+            1.0 - reg.pair_r2 <= reg.pair_tolerance,
+        )
+    else:
+        add("regression: one column vs the pair", "needs a pair and length >= 3", "-", None)
+    positions = [p for p in _PRECISION_POSITIONS if abs(p + spec.offset) < 2**31]
+    report = analysis.precision_report(positions, dim, preset=spec)
+    for pt in report.points:
+        add(
+            f"float32 at p={pt.position:.0e}: posenc (naive float32 formula)",
+            f"{pt.posenc_error:.1e} ({pt.naive_error:.1e})",
+            f"<= {report.tolerance:.1e}",
+            pt.posenc_error <= report.tolerance,
+        )
+    return rows
+
+
+def _check(args: argparse.Namespace) -> int:
+    rows = _check_rows(args)
+    title = f"posenc check: preset {args.preset}, dim {args.dim}, positions 0..{args.length - 1}"
+    header = ("property", "measured", "bound", "result")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
+        print(title)
+        for r in [header, *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    else:
+        table = Table(title=title, title_justify="left")
+        for head in header:
+            table.add_column(head)
+        colour = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
+        for r in rows:
+            table.add_row(*r[:3], f"[{colour[r[3]]}]{r[3]}[/]")
+        Console(file=sys.stdout, width=max(120, _width())).print(table)
+    counts = {status: sum(r[3] == status for r in rows) for status in ("PASS", "FAIL", "SKIP")}
+    print(", ".join(f"{n} {status}" for status, n in counts.items() if n))
+    return 1 if counts["FAIL"] else 0
+
+
+def _width() -> int:
+    import shutil
+
+    return shutil.get_terminal_size((0, 0)).columns
+
+
+# --------------------------------------------------------------------------------------
+# posenc bench / presets
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from posenc import bench
+
+    timings = bench.run(
+        args.case,
+        quick=args.quick,
+        repeat=args.repeat,
+        budget_s=3.0 if args.quick else 10.0,
+        progress=sys.stderr,
+    )
+    print(bench.to_json(timings) if args.json else bench.format_table(timings))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from posenc import report
+
+    def say(message: str) -> None:
+        print(f"posenc report: {message}", file=sys.stderr, flush=True)
+
+    result = report.build(
+        args.out,
+        dim=args.dim,
+        length=args.length,
+        preset=args.preset,
+        rope_config=args.rope_config,
+        train_steps=args.train_steps,
+        lab=args.lab,
+        progress=say,
+    )
+    rows = [(s.title, k, v) for s in result.sections for k, v in s.numbers[:3]]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="posenc report: a few of the measured numbers", title_justify="left")
+        for head in ("section", "measured", "value"):
+            table.add_column(head)
+        last = None
+        for title, k, v in rows:
+            table.add_row(title if title != last else "", k, v)
+            last = title
+        Console(width=max(100, _width())).print(table)
+    except ImportError:
+        for title, k, v in rows:
+            print(f"{title}: {k}: {v}")
+    print(
+        f"report: {result.index.resolve()} ({len(result.figures)} figures, {result.seconds:.1f} s)"
+    )
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from posenc import plot
+
+    out = Path(args.o)
+    if out.suffix not in (".png", ".svg"):
+        raise _UsageError(f"-o must end in .png or .svg; got {args.o!r}")
+    options = {"dim": args.dim, "length": args.length, "preset": args.preset}
+    options = {k: v for k, v in options.items() if v is not None}
+    fig = plot.figure(args.kind, **options)
+    try:
+        plot.save(fig, out)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.o!r}: {exc.strerror}") from None
+    print(out)
+    return 0
+
+
+def _lab_run(args: argparse.Namespace) -> int:
+    from posenc.faces.lab import results
+    from posenc.faces.lab.run import config_from, run
+
+    encodings = None
+    if args.encodings is not None:
+        encodings = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    config = config_from(
+        args.task, encodings=encodings, train_len=args.train_len, test_len=args.test_len,
+        seeds=args.seeds, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        d_model=args.d_model, layers=args.layers, heads=args.heads,
+        eval_examples=args.eval_examples,
+    )  # fmt: skip
+    outcome = run(config, args.out, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+        return 0
+    paths = results.write(args.out, outcome.records, config)
+    rows = results.summary(outcome.records, config.train_len)
+    for row in rows:
+        within = row.get("within", (math.nan,) * 3)
+        beyond = row.get("beyond", (math.nan,) * 3)
+        print(
+            f"{row['encoding']:>12}  {row['metric']} within {within[0]:.3g} "
+            f"({within[1]:.3g}-{within[2]:.3g})  beyond {beyond[0]:.3g} "
+            f"({beyond[1]:.3g}-{beyond[2]:.3g})"
+        )
+    where = (Path(args.out) / "results.json").resolve()
+    print(f"trained {len(outcome.trained)}, reused {len(outcome.reused)}; results: {where}")
+    print(f"page: {paths['html'].resolve()}")
+    return 0
+
+
+def _presets(args: argparse.Namespace) -> int:
+    for name, spec in PRESETS.items():
+        fields = f"layout={spec.layout} order={spec.order} base={spec.base:g} shift={spec.shift:g}"
+        print(f"{name}\n    {fields} odd={spec.odd}\n    {spec.anchor}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# parser
+
+
+def _add_spec_options(p: argparse.ArgumentParser, *, length: int, min_length: int) -> None:
+    p.add_argument(
+        "--preset",
+        default="vaswani",
+        choices=list(PRESETS),
+        metavar="NAME",
+        help="the convention (see 'posenc presets'); default: %(default)s",
+    )
+    p.add_argument(
+        "--dim",
+        type=_int_at_least(1),
+        default=512,
+        help="channels d of each row; default: %(default)s",
+    )
+    p.add_argument(
+        "--length",
+        type=_int_at_least(min_length),
+        default=length,
+        help="rows: positions 0 .. length-1 (plus the offset); default: %(default)s",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change one field of the preset, e.g. base=500 or flip_sin_to_cos=true "
+        "(fields: layout, order, base, min_timescale, shift, scale, amplitude, offset, "
+        "odd; or their aliases max_period, theta, downscale_freq_shift, start_index); "
+        "repeatable",
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors on one line (``posenc report: error: ...``) and no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``posenc`` argument parser with its subcommands."""
+    parser = _Parser(
+        prog="posenc",
+        description="Positional encodings: exact tables, their properties, and benchmarks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    table = sub.add_parser(
+        "table",
+        help="write a sinusoidal table to a file",
+        description="Write a (length, dim) sinusoidal table; the format follows the suffix "
+        "of --out: .npy (numpy), .pt (torch.save of a tensor), .csv (a header row "
+        "ch0..ch{d-1}, values with enough digits to read back exactly), .json (values "
+        "with the parameters).",
+    )
+    _add_spec_options(table, length=50, min_length=0)
+    table.add_argument(
+        "--offset",
+        type=_number,
+        default=None,
+        help="added to every position (tensor2tensor's start_index), so rows are "
+        "positions offset .. offset+length-1; default: the preset's (0)",
+    )
+    table.add_argument(
+        "--dtype",
+        choices=_DTYPES,
+        default="float32",
+        help="stored dtype; bfloat16 only for .pt; default: %(default)s",
+    )
+    table.add_argument(
+        "--out", required=True, metavar="FILE", help="output file: .npy, .pt, .csv or .json"
+    )
+    table.set_defaults(run=_table)
+
+    check = sub.add_parser(
+        "check",
+        help="verify the shift, norm, dot-product, regression and precision properties",
+        description="Measure the properties of the encoding and print each against a bound "
+        "derived from float64 rounding: the shift matrix reproduces PE(p+k) from PE(p); "
+        "every row has norm sqrt(d/2) (amplitude * sqrt(pairs)); PE(p).PE(p+k) depends "
+        "on k only; one column is not a linear function of itself shifted but its "
+        "(sin, cos) pair is; posenc's float32 values stay within half an ulp at "
+        "positions 1e4, 1e6, 1e7 where the usual float32 formula errs by up to 0.7. "
+        "Exit status 1 if any line fails.",
+    )
+    _add_spec_options(check, length=50, min_length=1)
+    check.set_defaults(run=_check, offset=None)
+
+    bench = sub.add_parser(
+        "bench",
+        help="time posenc against the code users run (one process, interleaved)",
+        description="Time every implementation of each case interleaved in this process "
+        "(warm-up, then round-robin runs) and report the median and minimum, and the "
+        "ratio to the case's baseline (allocating and filling an array of the output's "
+        "size). Peers that are not installed are listed as skipped. Progress goes to "
+        "stderr.",
+    )
+    from posenc.faces.bench import CASES
+
+    bench.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sizes and fewer runs (seconds rather than a minute)",
+    )
+    bench.add_argument(
+        "--json",
+        action="store_true",
+        help="print machine-readable JSON (case, impl, median_s, min_s, ratio ...) instead "
+        "of a table",
+    )
+    bench.add_argument(
+        "--case",
+        action="append",
+        choices=list(CASES),
+        metavar="NAME",
+        help=f"run only this case (repeatable; cases: {', '.join(CASES)}); default: all",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="timed runs per implementation; default: 15, or 5 with --quick",
+    )
+    bench.set_defaults(run=_bench)
+
+    presets = sub.add_parser(
+        "presets",
+        help="list the named conventions and their sources",
+        description="List every preset with its parameters and the code or paper it reproduces.",
+    )
+    presets.set_defaults(run=_presets)
+
+    rep = sub.add_parser(
+        "report",
+        help="write the explainer: figures and measured numbers in one HTML file",
+        description="Answer the seed questions (why exp and log, the shift operator, the "
+        "heatmap, clock hands, the norm sqrt(d/2), learned versus sinusoidal, RoPE, ALiBi "
+        "and T5, 2-D grids) with figures and numbers measured now; write DIR/index.html "
+        "(self-contained) and DIR/figures/*.png and *.svg.",
+    )
+    rep.add_argument(
+        "--out",
+        default="posenc-report",
+        metavar="DIR",
+        help="output directory; default: %(default)s",
+    )
+    rep.add_argument(
+        "--dim", type=_int_at_least(4), default=512, help="channels (even); default: %(default)s"
+    )
+    rep.add_argument(
+        "--length", type=_int_at_least(3), default=50, help="positions; default: %(default)s"
+    )
+    rep.add_argument(
+        "--preset",
+        default="vaswani",
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help="sinusoidal preset (see `posenc presets`); default: %(default)s",
+    )
+    rep.add_argument(
+        "--rope-config",
+        default=None,
+        metavar="FILE",
+        help="a model's config.json for the RoPE scaling section",
+    )
+    rep.add_argument(
+        "--train-steps",
+        type=_int_at_least(1),
+        default=300,
+        metavar="N",
+        help="steps of the learned-table training run; default: %(default)s",
+    )
+    rep.add_argument("--lab", default=None, metavar="DIR",
+                     help="include the results of a `posenc lab run --out DIR`")  # fmt: skip
+    rep.set_defaults(run=_report)
+
+    lab = sub.add_parser(
+        "lab",
+        help="train small transformers with each encoding; measure length extrapolation",
+        description="posenc lab: train one small transformer per encoding and seed on a "
+        "task, and measure it at every length up to --test-len.",
+    )
+    lab_sub = lab.add_subparsers(dest="lab_command", metavar="COMMAND", required=True)
+    lab_run = lab_sub.add_parser(
+        "run",
+        help="train and evaluate (cached: reruns compute only what is new)",
+        description="Train and evaluate every encoding and seed; write DIR/results.json "
+        "(task, encoding, seed, length, metric, value), DIR/results.png and .svg, and "
+        "DIR/index.html. Runs unchanged under torchrun --nproc_per_node N (DDP).",
+    )
+    from posenc.faces.lab.names import ENCODINGS, TASKS
+
+    lab_run.add_argument("--task", choices=TASKS, default="copy", help="default: %(default)s")
+    lab_run.add_argument(
+        "--encodings", default=None, metavar="LIST",
+        help=f"comma-separated, from: {', '.join(ENCODINGS)}; default: alibi,t5,rope,"
+        "sinusoidal,learned (text: alibi,sinusoidal,rope)",
+    )  # fmt: skip
+    for flag, kind, text in (
+        ("--train-len", _int_at_least(1), "trained lengths 1..N (text: window bytes)"),
+        ("--test-len", _int_at_least(1), "evaluated lengths up to N"),
+        ("--seeds", _int_at_least(1), "seeds per encoding"),
+        ("--steps", _int_at_least(1), "training steps per model"),
+        ("--batch-size", _int_at_least(1), "global batch"),
+        ("--d-model", _int_at_least(2), "model width"),
+        ("--layers", _int_at_least(1), "transformer blocks"),
+        ("--heads", _int_at_least(1), "attention heads"),
+        ("--eval-examples", _int_at_least(1), "examples (text: windows) per length"),
+    ):
+        lab_run.add_argument(flag, type=kind, default=None, metavar="N", help=text)
+    lab_run.add_argument("--lr", type=_number, default=None, help="peak learning rate")
+    lab_run.add_argument("--out", default="posenc-lab", metavar="DIR", help="default: %(default)s")
+    lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_run.set_defaults(run=_lab_run)
+
+    from posenc.faces.plot import KINDS
+
+    pl = sub.add_parser(
+        "plot",
+        help="render one figure of the report to PNG or SVG",
+        description=f"Render one figure. Kinds: {', '.join(KINDS)}.",
+    )
+    pl.add_argument("kind", choices=list(KINDS), metavar="KIND", help=f"one of: {', '.join(KINDS)}")
+    pl.add_argument("-o", required=True, metavar="FILE", help="output file, .png or .svg")
+    pl.add_argument("--dim", type=_int_at_least(4), default=None, help="channels")
+    pl.add_argument("--length", type=_int_at_least(3), default=None, help="positions")
+    pl.add_argument(
+        "--preset",
+        default=None,
+        choices=sorted(PRESETS),
+        metavar="NAME",
+        help="sinusoidal preset (see `posenc presets`)",
+    )
+    pl.set_defaults(run=_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``posenc`` command and return its exit status.
+
+    Args:
+        argv: the arguments after the program name (``sys.argv[1:]`` if None).
+
+    Returns:
+        0 on success, 1 when ``posenc check`` finds a failing property, 2 for
+        invalid input (the message is printed as ``posenc: error: ...``).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and argparse's own errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return int(args.run(args))
+    except (ValueError, TypeError) as exc:
+        print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        needed = exc.name or str(exc)
+        print(f"posenc: error: {needed} is needed here: pip install posenc[plot,torch]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

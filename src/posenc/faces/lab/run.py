@@ -1,0 +1,486 @@
+"""``posenc lab run``: train one model per encoding and seed, evaluate it at every length.
+
+A *run* is one (task, encoding, seed) under a :class:`LabConfig`. Training is
+keyed by everything it depends on (the test-time scaling variants share the
+RoPE model of their seed); a finished training is stored under
+``out/runs/<key>.pt`` and its evaluation under ``out/runs/<key>-<encoding>-<test>.json``,
+so a rerun, or a run with an added encoding, computes only what is new.
+While training, a checkpoint is written every ``checkpoint_every`` steps, and
+a run killed midway resumes from it; files are written to a temporary name
+and renamed, so no finished result is ever half-written.
+
+Distributed: under ``torchrun --nproc_per_node N`` (``WORLD_SIZE`` set) the same
+command trains with DistributedDataParallel (gloo on CPU, nccl on GPUs). Every
+rank draws the same global batch from the same generator and trains on its
+contiguous share; DDP averages the gradients, so the update equals one
+process's on the whole batch. Rank 0 alone writes files and shows progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.core import checks
+from posenc.faces.lab import tasks as T
+from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for, training_encoding
+
+__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
+
+VERSION = 1  # part of every key: bump when training or evaluation changes meaning
+DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned")
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """One lab run: a task, encodings, lengths, seeds, and how to train.
+
+    Attributes:
+        task: one of :data:`posenc.lab.tasks.TASKS`.
+        encodings: from :data:`posenc.lab.model.ENCODINGS`.
+        train_len: synthetic tasks train on lengths ``1 .. train_len`` (drawn
+            uniformly per batch); text on windows of ``train_len`` bytes.
+        test_len: evaluation reaches this length.
+        seeds: seeds ``0 .. seeds - 1``.
+        steps: optimiser steps per model.
+        batch_size: the global batch (split over processes under torchrun).
+        lr: peak AdamW learning rate (warm-up, then cosine decay to a tenth).
+        d_model, layers, heads: model sizes.
+        eval_examples: examples per length (tasks) or windows per length (text).
+        text_bytes: bytes of the standard library read for the text task.
+        checkpoint_every: steps between resumable checkpoints.
+    """
+
+    task: str = "copy"
+    encodings: tuple[str, ...] = DEFAULT_ENCODINGS
+    train_len: int = 16
+    test_len: int = 32
+    seeds: int = 3
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    eval_examples: int = 128
+    text_bytes: int = 8 << 20
+    checkpoint_every: int = 250
+
+    def __post_init__(self) -> None:
+        checks.check_choice(self.task, "task", T.TASKS)
+        if not self.encodings:
+            raise ValueError("encodings must name at least one encoding")
+        for e in self.encodings:
+            checks.check_choice(e, "encoding", ENCODINGS)
+        for name in ("train_len", "test_len", "seeds", "steps", "batch_size", "eval_examples"):
+            checks.check_int(getattr(self, name), name, minimum=1)
+        if self.test_len < self.train_len:
+            raise ValueError(f"test_len ({self.test_len}) must be >= train_len ({self.train_len})")
+        checks.check_number(self.lr, "lr", positive=True)
+        ModelConfig(T.vocab_size(self.task), self.d_model, self.layers, self.heads)
+
+    @property
+    def max_positions(self) -> int:
+        return T.sequence_length(self.task, self.test_len)
+
+    @property
+    def model(self) -> ModelConfig:
+        return ModelConfig(
+            T.vocab_size(self.task), self.d_model, self.layers, self.heads, self.max_positions
+        )
+
+    def training_key(self, encoding: str, seed: int) -> str:
+        """What a trained model depends on, hashed: shared by test-time scaling variants."""
+        parts = asdict(self)
+        for unused in ("encodings", "seeds", "test_len", "eval_examples", "checkpoint_every"):
+            parts.pop(unused)
+        if self.task != "text":
+            parts.pop("text_bytes")
+        parts.update(encoding=training_encoding(encoding), seed=seed, version=VERSION)
+        parts["max_positions"] = self.max_positions
+        return _digest(parts)
+
+    def eval_key(self, encoding: str, seed: int) -> str:
+        extra = {"encoding": encoding, "test_len": self.test_len, "n": self.eval_examples}
+        return f"{self.training_key(encoding, seed)}-{_digest(extra)}"
+
+
+def _digest(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement: tidy, one value per (task, encoding, seed, length, metric)."""
+
+    task: str
+    encoding: str
+    seed: int
+    length: int
+    metric: str
+    value: float
+
+
+@dataclass
+class Outcome:
+    """What :func:`run` produced."""
+
+    records: list[Record]
+    trained: list[str] = field(default_factory=list)  # training keys trained in this call
+    reused: list[str] = field(default_factory=list)  # evaluation keys read from the cache
+    losses: dict[str, list[float]] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ distributed
+
+
+@dataclass(frozen=True)
+class _World:
+    rank: int = 0
+    size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _world() -> _World:
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return _World()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    rank = dist.get_rank()
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    return _World(rank, dist.get_world_size(), device)
+
+
+def _barrier(world: _World) -> None:
+    if world.size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+# ------------------------------------------------------------------ training
+
+
+def _save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".json":
+        tmp.write_text(json.dumps(obj, indent=1))
+    else:
+        torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _lr_at(step: int, config: LabConfig) -> float:
+    warm = max(1, min(100, config.steps // 10))
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, config.steps - warm)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class _Data:
+    """The global batches of one training run, identical on every rank."""
+
+    def __init__(self, config: LabConfig, seed: int, corpus: Any) -> None:
+        self.config, self.corpus = config, corpus
+        self.gen = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+
+    def next(self) -> T.Batch:
+        c = self.config
+        if c.task == "text":
+            return self.corpus.batch("train", c.train_len, c.batch_size, self.gen)
+        n = int(torch.randint(1, c.train_len + 1, (1,), generator=self.gen))
+        return T.make_batch(c.task, n, c.batch_size, self.gen)
+
+
+def _loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
+    logits = model(batch.tokens, generator=positions)
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1), ignore_index=T.IGNORE
+    )
+
+
+def train(
+    config: LabConfig,
+    encoding: str,
+    seed: int,
+    *,
+    directory: Path,
+    world: _World,
+    corpus: Any = None,
+    on_step: Callable[[int], None] | None = None,
+) -> tuple[LabModel, list[float]]:
+    """Train (or resume, or load) the model of ``encoding`` and ``seed``; return it and its losses.
+
+    The losses are those of the global batch (averaged over ranks).
+    """
+    key = config.training_key(encoding, seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    final, partial = directory / f"{key}.pt", directory / f"{key}.partial.pt"
+    torch.manual_seed(seed)
+    model = LabModel(config.model, encoding).to(world.device)
+    if final.exists():
+        saved = torch.load(final, map_location=world.device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        return model, saved["losses"]
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
+    data = _Data(config, seed, corpus)
+    positions = torch.Generator().manual_seed(7 * seed + 3)
+    losses: list[float] = []
+    start = 0
+    if partial.exists():
+        saved = torch.load(partial, map_location=world.device, weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        data.gen.set_state(saved["data"])
+        positions.set_state(saved["positions"])
+        losses, start = saved["losses"], saved["step"]
+    net: nn.Module = model
+    if world.size > 1:
+        net = nn.parallel.DistributedDataParallel(model)
+    model.train()
+    for step in range(start, config.steps):
+        batch = data.next()
+        share = config.batch_size // world.size
+        lo = world.rank * share
+        local = T.Batch(
+            batch.tokens[lo : lo + share].to(world.device),
+            batch.targets[lo : lo + share].to(world.device),
+            batch.length,
+        )
+        loss = _loss(net, local, positions)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        value = loss.detach()
+        if world.size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(value)
+            value /= world.size
+        losses.append(float(value))
+        if on_step is not None:
+            on_step(step + 1)
+        done = step + 1
+        if world.main and done < config.steps and done % config.checkpoint_every == 0:
+            _save(
+                {
+                    "model": model.state_dict(), "opt": opt.state_dict(),
+                    "sched": sched.state_dict(), "data": data.gen.get_state(),
+                    "positions": positions.get_state(), "losses": losses, "step": done,
+                },
+                partial,
+            )  # fmt: skip
+    if world.main:
+        _save({"model": model.state_dict(), "losses": losses}, final)
+        partial.unlink(missing_ok=True)
+    _barrier(world)
+    return model, losses
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def text_lengths(config: LabConfig) -> list[int]:
+    """The window lengths the text task is measured at: quarters of the training length."""
+    step = max(1, config.train_len // 4)
+    lengths = list(range(step, config.test_len + 1, step))
+    return lengths if lengths[-1] == config.test_len else [*lengths, config.test_len]
+
+
+@torch.no_grad()
+def evaluate(
+    model: LabModel, config: LabConfig, encoding: str, seed: int, corpus: Any = None
+) -> list[Record]:
+    """Exact-match accuracy at every length ``1 .. test_len`` (tasks), perplexity (text).
+
+    Exact match under teacher forcing: every scored token is the model's argmax,
+    which is what greedy decoding produces when all earlier answer tokens are
+    right. Test-time scaling variants evaluate with their schedule beyond the
+    trained length; ``randomized`` with positions drawn from a seeded generator.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    trained = T.sequence_length(config.task, config.train_len)
+    records: list[Record] = []
+    positions = torch.Generator().manual_seed(99_991 + seed)
+    if config.task == "text":
+        for length in text_lengths(config):
+            batch = corpus.windows("test", length, config.eval_examples)
+            scaling = scaling_for(encoding, length, trained)
+            logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), batch.targets.to(device).reshape(-1),
+                ignore_index=T.IGNORE,
+            )  # fmt: skip
+            records.append(Record("text", encoding, seed, length, "perplexity", math.exp(loss)))
+        return records
+    for n in range(1, config.test_len + 1):
+        gen = torch.Generator().manual_seed(424_243 + n)
+        batch = T.make_batch(config.task, n, config.eval_examples, gen)
+        scaling = scaling_for(encoding, T.sequence_length(config.task, n), trained)
+        logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
+        scored = batch.targets.to(device) != T.IGNORE
+        right = (logits.argmax(-1) == batch.targets.to(device)) | ~scored
+        acc = right.all(dim=1).float().mean().item()
+        records.append(Record(config.task, encoding, seed, n, "accuracy", acc))
+    return records
+
+
+# ------------------------------------------------------------------ the whole run
+
+
+def run(
+    config: LabConfig,
+    out: str | Path,
+    *,
+    progress: bool = True,
+) -> Outcome:
+    """Train and evaluate every (encoding, seed) of ``config``; write ``out/results.json``.
+
+    Finished trainings and evaluations are read back from ``out/runs`` instead
+    of recomputed. Returns every record of the requested encodings and seeds.
+
+    Raises:
+        ValueError: an output directory that cannot be written.
+    """
+    world = _world()
+    if config.batch_size % world.size:
+        raise ValueError(
+            f"batch_size ({config.batch_size}) must split evenly over {world.size} processes"
+        )
+    out = Path(out)
+    directory = out / "runs"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write to {str(out)!r}: {exc.strerror}") from None
+    corpus = None
+    if config.task == "text":
+        corpus = T.TextCorpus(max_bytes=config.text_bytes)
+    outcome = Outcome([])
+    jobs = [(e, s) for s in range(config.seeds) for e in config.encodings]
+    todo = [(e, s) for e, s in jobs if not (directory / f"{config.eval_key(e, s)}.json").exists()]
+    _barrier(world)  # every rank decided before any rank writes
+    bar = _Bar(config, todo, enabled=progress and world.main)
+    with bar:
+        for encoding, seed in jobs:
+            path = directory / f"{config.eval_key(encoding, seed)}.json"
+            if (encoding, seed) not in todo:
+                outcome.reused.append(path.stem)
+                outcome.records += [Record(**r) for r in json.loads(path.read_text())]
+                continue
+            key = config.training_key(encoding, seed)
+            fresh = not (directory / f"{key}.pt").exists()
+            model, losses = train(
+                config, encoding, seed, directory=directory, world=world, corpus=corpus,
+                on_step=bar.step(encoding, seed),
+            )  # fmt: skip
+            if fresh:
+                outcome.trained.append(key)
+            outcome.losses[f"{encoding}/{seed}"] = losses
+            bar.evaluating(encoding, seed)
+            records = evaluate(model, config, encoding, seed, corpus)
+            if world.main:
+                _save([asdict(r) for r in records], path)
+            outcome.records += records
+            bar.finished()
+    if world.main:
+        _save(
+            {"config": asdict(config), "records": [asdict(r) for r in outcome.records]},
+            out / "results.json",
+        )
+    _barrier(world)
+    return outcome
+
+
+class _Bar:
+    """Rich progress: one bar per run (steps, then evaluation) and one for the whole lab."""
+
+    def __init__(self, config: LabConfig, todo: Sequence[tuple[str, int]], enabled: bool) -> None:
+        self.config, self.enabled = config, enabled
+        self.total = len(todo)
+        self.progress: Any = None
+        self.current: Any = None
+
+    def __enter__(self) -> _Bar:
+        if self.enabled and self.total:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )  # fmt: skip
+
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("eta"), TimeRemainingColumn(), TimeElapsedColumn(),
+            )  # fmt: skip
+            self.progress.start()
+            self.lab = self.progress.add_task(f"lab {self.config.task}", total=self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def step(self, encoding: str, seed: int) -> Callable[[int], None]:
+        if self.progress is None:
+            return lambda done: None
+        self.current = self.progress.add_task(
+            f"  {encoding} seed {seed}", total=self.config.steps
+        )  # fmt: skip
+        return lambda done: self.progress.update(self.current, completed=done)
+
+    def evaluating(self, encoding: str, seed: int) -> None:
+        if self.progress is not None and self.current is not None:
+            self.progress.update(self.current, description=f"  {encoding} seed {seed} (eval)")
+
+    def finished(self) -> None:
+        if self.progress is not None:
+            if self.current is not None:
+                self.progress.remove_task(self.current)
+                self.current = None
+            self.progress.advance(self.lab)
+
+
+def defaults_for(task: str) -> dict[str, Any]:
+    """Per-task defaults of the command: lengths and training that fit this 2-core machine."""
+    if task == "text":
+        return {"train_len": 64, "test_len": 320, "steps": 1200, "batch_size": 32,
+                "d_model": 96, "layers": 2, "heads": 4, "eval_examples": 16,
+                "encodings": ("alibi", "sinusoidal", "rope")}  # fmt: skip
+    return {}
+
+
+def config_from(task: str, **options: Any) -> LabConfig:
+    """A :class:`LabConfig` from the task's defaults overridden by ``options`` (None = default)."""
+    merged = {**defaults_for(task), **{k: v for k, v in options.items() if v is not None}}
+    return replace(LabConfig(task=task), **merged) if merged else LabConfig(task=task)

@@ -1,0 +1,606 @@
+"""Synthetic tasks and a byte-level text corpus for the length extrapolation lab.
+
+The lab trains tiny decoder-only transformers at one length and evaluates them
+at longer ones; this module makes the data. Every batch is a :class:`Batch` of
+int64 ``tokens`` and ``targets`` of the same shape, where ``targets[b, t]`` is
+the token the model must predict at position ``t`` (``tokens[b, t + 1]``) and
+:data:`IGNORE` marks positions that are not scored, so a trainer computes
+``cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)``
+for every task alike.
+
+Synthetic tasks (:data:`TASKS` minus ``"text"``) lay out an example of length
+``n`` as ``BOS <input> SEP <answer> EOS`` and score exactly the answer tokens
+and the final ``EOS``. Symbols are the ten tokens ``4 .. 13`` (digit ``d`` is
+token ``4 + d``):
+
+- ``copy``: ``n`` random symbols; the answer repeats them.
+- ``reverse``: the answer is the input reversed.
+- ``sort``: the answer is the input sorted ascending by token id.
+- ``recall`` (associative recall): ``n`` key-value pairs ``k1 v1 .. kn vn`` and
+  a query key ``q``; the answer is the one value paired with ``q``. Keys are
+  distinct tokens ``14 .. 77`` (64 of them, so ``n <= 64``), values symbols.
+- ``addition``: two ``n``-digit numbers, least-significant digit first,
+  ``a_0 .. a_{n-1} PLUS b_0 .. b_{n-1}``; the answer is ``a + b`` in exactly
+  ``n + 1`` digits, least-significant first (the last digit is the carry).
+
+``text`` is a byte-level language model over the Python standard library's own
+source (:class:`TextCorpus`): byte ``b`` is token ``b + 4``, and every position
+of a window is scored.
+
+Everything random is drawn from the ``torch.Generator`` passed in, so a batch
+is a function of the generator's state alone; tensors are made on the
+generator's device.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posenc.faces.lab import names
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "IGNORE",
+    "PAD",
+    "PLUS",
+    "SEP",
+    "TASKS",
+    "Batch",
+    "TextCorpus",
+    "answers",
+    "make_batch",
+    "sequence_length",
+    "vocab_size",
+]
+
+#: Special tokens shared by every task.
+PAD, BOS, SEP, EOS = 0, 1, 2, 3
+#: Target value of positions that are not scored (``cross_entropy``'s default ``ignore_index``).
+IGNORE = -100
+#: The ``+`` between the two operands of ``addition`` (same id as recall's first key; tasks
+#: never share a model, so ids only need to be unique within a task).
+PLUS = 14
+
+#: Every task name; all but ``"text"`` are synthetic and come from :func:`make_batch`.
+TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text")
+
+_SYMBOL0 = 4  # first symbol token (digit 0)
+_NUM_SYMBOLS = 10
+_KEY0 = _SYMBOL0 + _NUM_SYMBOLS  # first key token of recall
+_NUM_KEYS = 64
+_BYTE0 = 4  # token of byte 0 in the text task
+_SYNTHETIC = tuple(task for task in TASKS if task != "text")
+# Directories skipped when walking the stdlib: third-party packages live there, and the
+# corpus is meant to be the standard library only (Debian names the directory dist-packages).
+_PRUNED_DIRS = frozenset({"site-packages", "dist-packages"})
+_TEST_EVERY = 10  # every 10th file (in sorted order) goes to the test split
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of examples that all have the same task length.
+
+    Attributes:
+        tokens: ``(batch, seq)`` int64 input ids, right-padded with :data:`PAD`.
+        targets: ``(batch, seq)`` int64; ``targets[b, t]`` is the token the model must
+            predict at position ``t`` (``tokens[b, t + 1]`` where scored) and
+            :data:`IGNORE` where the position is not scored.
+        length: The task length ``n`` every example in the batch has (for text, the
+            window length, which equals ``seq``).
+    """
+
+    tokens: torch.Tensor
+    targets: torch.Tensor
+    length: int
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    """``value`` as an int ``>= minimum``; bools are rejected (they are ints only by accident)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {minimum}; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return int(value)
+
+
+def _check_task(task: Any, accepted: tuple[str, ...] = TASKS) -> str:
+    """``task`` if it is one of ``accepted``, else a TypeError/ValueError listing them."""
+    valid = ", ".join(map(repr, accepted))
+    if not isinstance(task, str):
+        raise TypeError(f"task must be a str, one of {valid}; got {type(task).__name__}")
+    if task not in accepted:
+        if task in TASKS:  # a real task that this function does not handle: text
+            raise ValueError(
+                f"task {task!r} is not synthetic: text batches come from TextCorpus "
+                f"(TextCorpus.batch / TextCorpus.windows); synthetic tasks: {valid}"
+            )
+        raise ValueError(f"task must be one of {valid}; got {task!r}")
+    return task
+
+
+def _check_n(task: str, n: Any) -> int:
+    """The task length ``n`` as an int, within what ``task`` can generate."""
+    n = _check_int(n, "n", 1)
+    if task == "recall" and n > _NUM_KEYS:
+        raise ValueError(
+            f"n must be <= {_NUM_KEYS} for recall (keys are distinct, drawn from "
+            f"{_NUM_KEYS} key tokens); got {n}"
+        )
+    return n
+
+
+def _check_generator(generator: Any) -> torch.Generator:
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+    return generator
+
+
+# ------------------------------------------------------------------------------ task shapes
+
+
+def vocab_size(task: str) -> int:
+    """Number of token ids a model for ``task`` needs (every token is below it).
+
+    Args:
+        task: One of :data:`TASKS`.
+
+    Returns:
+        14 for copy/reverse/sort (4 specials + 10 symbols), 78 for recall (+ 64 keys),
+        15 for addition (+ ``PLUS``), 260 for text (4 specials + 256 bytes).
+
+    Raises:
+        ValueError: If ``task`` is not one of :data:`TASKS` (TypeError if not a str).
+    """
+    task = _check_task(task)
+    if task == "recall":
+        return _KEY0 + _NUM_KEYS
+    if task == "addition":
+        return PLUS + 1
+    if task == "text":
+        return _BYTE0 + 256
+    return _SYMBOL0 + _NUM_SYMBOLS
+
+
+def _input_length(task: str, n: int) -> int:
+    """Tokens between ``BOS`` and ``SEP`` in an example of length ``n``."""
+    if task == "recall":
+        return 2 * n + 1  # n key-value pairs and the query
+    if task == "addition":
+        return 2 * n + 1  # two n-digit operands and PLUS
+    return n
+
+
+def _answer_length(task: str, n: int) -> int:
+    """Tokens between ``SEP`` and ``EOS`` in an example of length ``n``."""
+    if task == "recall":
+        return 1
+    if task == "addition":
+        return n + 1  # the sum of two n-digit numbers has at most n + 1 digits
+    return n
+
+
+def sequence_length(task: str, n: int) -> int:
+    """Number of tokens in one example of ``task`` at length ``n``.
+
+    Args:
+        task: One of :data:`TASKS`.
+        n: Task length, an int ``>= 1`` (``<= 64`` for recall).
+
+    Returns:
+        ``2n + 3`` for copy/reverse/sort, ``2n + 5`` for recall, ``3n + 5`` for
+        addition, ``n`` for text (a window of ``n`` tokens).
+
+    Raises:
+        ValueError: If ``task`` is unknown or ``n`` is out of range.
+        TypeError: If ``n`` is not an int.
+    """
+    task = _check_task(task)
+    n = _check_n(task, n)
+    if task == "text":
+        return n
+    # BOS, input, SEP, answer, EOS
+    return 1 + _input_length(task, n) + 1 + _answer_length(task, n) + 1
+
+
+# ------------------------------------------------------------------------------ synthetic
+
+
+def _layout(task: str, n: int, inputs: torch.Tensor, answer: torch.Tensor) -> Batch:
+    """Assemble ``BOS inputs SEP answer EOS`` and score the answer and ``EOS``."""
+    rows = inputs.shape[0]
+    device = inputs.device
+
+    def column(token: int) -> torch.Tensor:
+        return torch.full((rows, 1), token, dtype=torch.int64, device=device)
+
+    tokens = torch.cat([column(BOS), inputs, column(SEP), answer, column(EOS)], dim=1)
+    sep = 1 + inputs.shape[1]
+    targets = torch.full_like(tokens, IGNORE)
+    # Predicting at SEP yields the first answer token, ..., at the last answer token EOS.
+    targets[:, sep:-1] = tokens[:, sep + 1 :]
+    assert tokens.shape[1] == sequence_length(task, n)
+    return Batch(tokens=tokens, targets=targets, length=n)
+
+
+def _symbols(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """``(rows, cols)`` uniform random symbol tokens."""
+    return torch.randint(
+        _SYMBOL0,
+        _SYMBOL0 + _NUM_SYMBOLS,
+        (rows, cols),
+        generator=generator,
+        device=generator.device,
+        dtype=torch.int64,
+    )
+
+
+def _recall(n: int, batch_size: int, generator: torch.Generator) -> Batch:
+    device = generator.device
+    # The first n of a random permutation of the key alphabet: n distinct keys in random order,
+    # for the whole batch at once (argsort of uniform noise is a uniform permutation per row).
+    noise = torch.rand(batch_size, _NUM_KEYS, generator=generator, device=device)
+    keys = noise.argsort(dim=1)[:, :n] + _KEY0
+    values = _symbols(batch_size, n, generator)
+    pick = torch.randint(0, n, (batch_size, 1), generator=generator, device=device)
+    query = keys.gather(1, pick)
+    pairs = torch.stack([keys, values], dim=2).reshape(batch_size, 2 * n)
+    return _layout("recall", n, torch.cat([pairs, query], dim=1), values.gather(1, pick))
+
+
+def _addition(n: int, batch_size: int, generator: torch.Generator) -> Batch:
+    a = _symbols(batch_size, n, generator) - _SYMBOL0
+    b = _symbols(batch_size, n, generator) - _SYMBOL0
+    # Schoolbook addition from the least significant digit, vectorised over the batch.
+    digits = torch.empty(batch_size, n + 1, dtype=torch.int64, device=a.device)
+    carry = torch.zeros(batch_size, dtype=torch.int64, device=a.device)
+    for i in range(n):
+        total = a[:, i] + b[:, i] + carry
+        digits[:, i] = total % 10
+        carry = total // 10
+    digits[:, n] = carry
+    plus = torch.full((batch_size, 1), PLUS, dtype=torch.int64, device=a.device)
+    inputs = torch.cat([a + _SYMBOL0, plus, b + _SYMBOL0], dim=1)
+    return _layout("addition", n, inputs, digits + _SYMBOL0)
+
+
+def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -> Batch:
+    """A batch of random examples of a synthetic task, all of length ``n``.
+
+    Each row is ``BOS <input> SEP <answer> EOS`` (see the module docstring for each
+    task's input and answer); ``targets`` holds ``tokens[:, t + 1]`` for ``t`` from
+    the ``SEP`` position to the token before ``EOS`` and :data:`IGNORE` elsewhere,
+    so exactly the answer tokens and ``EOS`` are scored. Rows have equal length, so
+    there is no padding.
+
+    ``addition`` writes numbers least-significant digit first, the usual choice in
+    length-generalisation work: the carry then flows in the direction the model
+    generates, so each answer digit depends only on digits already seen and the
+    carry from the previous one.
+
+    Args:
+        task: A synthetic task: ``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"`` or
+            ``"addition"``.
+        n: Task length, an int ``>= 1`` (``<= 64`` for recall).
+        batch_size: Number of examples, an int ``>= 1``.
+        generator: The only source of randomness: the same generator state gives the
+            same batch. Tensors are made on its device.
+
+    Returns:
+        A :class:`Batch` of ``(batch_size, sequence_length(task, n))`` int64 tensors.
+
+    Raises:
+        ValueError: If ``task`` is unknown or ``"text"`` (text batches come from
+            :class:`TextCorpus`), or ``n`` / ``batch_size`` is out of range.
+        TypeError: If ``n`` or ``batch_size`` is not an int, or ``generator`` is not a
+            ``torch.Generator``.
+    """
+    task = _check_task(task, _SYNTHETIC)
+    n = _check_n(task, n)
+    batch_size = _check_int(batch_size, "batch_size", 1)
+    generator = _check_generator(generator)
+    if task == "recall":
+        return _recall(n, batch_size, generator)
+    if task == "addition":
+        return _addition(n, batch_size, generator)
+    inputs = _symbols(batch_size, n, generator)
+    if task == "copy":
+        answer = inputs
+    elif task == "reverse":
+        answer = inputs.flip(1)
+    else:
+        answer = inputs.sort(dim=1).values
+    return _layout(task, n, inputs, answer)
+
+
+def _infer_n(task: str, seq: int) -> int:
+    """The task length of a full example of ``seq`` tokens (inverse of sequence_length)."""
+    per_n, fixed = {"recall": (2, 5), "addition": (3, 5)}.get(task, (2, 3))
+    n, rest = divmod(seq - fixed, per_n)
+    if rest or n < 1 or (task == "recall" and n > _NUM_KEYS):
+        raise ValueError(
+            f"tokens must have sequence_length({task!r}, n) = {per_n}n + {fixed} columns for "
+            f"some n >= 1; got {seq}"
+        )
+    return n
+
+
+def answers(task: str, tokens: torch.Tensor) -> torch.Tensor:
+    """The correct answer tokens of full synthetic examples, recomputed from their inputs.
+
+    Only the prompt (``BOS <input> SEP``) is read, so the result can check the answer
+    part of :func:`make_batch`'s output or a model's generated answer. The rules are
+    computed independently of :func:`make_batch`: sort by counting symbols, recall by
+    matching the query against the keys, addition with Python ints.
+
+    Args:
+        task: A synthetic task (see :func:`make_batch`).
+        tokens: ``(batch, seq)`` integer tensor of full examples, ``seq ==
+            sequence_length(task, n)`` for some ``n``.
+
+    Returns:
+        ``(batch, answer_len)`` int64 tensor on ``tokens``' device, ``answer_len`` being
+        ``n`` for copy/reverse/sort, 1 for recall and ``n + 1`` for addition.
+
+    Raises:
+        ValueError: If ``task`` is not synthetic, or ``tokens`` has the wrong shape, has
+            no ``BOS``/``SEP`` where the layout puts them, or holds a prompt the task
+            cannot answer (a recall query that matches no key or several, an addition
+            digit that is not a symbol).
+        TypeError: If ``tokens`` is not an integer torch tensor.
+    """
+    task = _check_task(task, _SYNTHETIC)
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor; got {type(tokens).__name__}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise TypeError(f"tokens must hold integer token ids; got {tokens.dtype}")
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (batch, seq); got shape {tuple(tokens.shape)}")
+    n = _infer_n(task, tokens.shape[1])
+    tokens = tokens.long()
+    sep = 1 + _input_length(task, n)
+    if not (bool((tokens[:, 0] == BOS).all()) and bool((tokens[:, sep] == SEP).all())):
+        raise ValueError(f"tokens must have BOS at column 0 and SEP at column {sep} for {task!r}")
+    inputs = tokens[:, 1:sep]
+
+    if task == "copy":
+        return inputs.clone()
+    if task == "reverse":
+        return inputs.flip(1)
+    if task == "sort":
+        # Counting sort: with ends[s] = how many inputs are <= symbol s, output position j
+        # holds the first symbol whose end exceeds j, i.e. the number of ends <= j.
+        symbols = torch.arange(_SYMBOL0, _SYMBOL0 + _NUM_SYMBOLS, device=tokens.device)
+        counts = (inputs[:, :, None] == symbols).sum(dim=1)
+        if bool((counts.sum(dim=1) != n).any()):
+            raise ValueError(f"tokens of sort must hold symbols {_SYMBOL0}..{_KEY0 - 1}")
+        ends = counts.cumsum(dim=1)
+        position = torch.arange(n, device=tokens.device)
+        return (position[None, :, None] >= ends[:, None, :]).sum(dim=2) + _SYMBOL0
+    if task == "recall":
+        keys, values = inputs[:, 0 : 2 * n : 2], inputs[:, 1 : 2 * n : 2]
+        match = keys == inputs[:, 2 * n, None]
+        if bool((match.sum(dim=1) != 1).any()):
+            raise ValueError("tokens of recall must have a query equal to exactly one key per row")
+        return values[match].reshape(-1, 1)
+
+    # addition: parse both operands into Python ints, add, write the sum back.
+    rows = inputs.tolist()
+    result = []
+    for row in rows:
+        a_digits, plus, b_digits = row[:n], row[n], row[n + 1 :]
+        digits = [d - _SYMBOL0 for d in a_digits + b_digits]
+        if plus != PLUS or not all(0 <= d < _NUM_SYMBOLS for d in digits):
+            raise ValueError(
+                f"tokens of addition must hold digit tokens {_SYMBOL0}..{_KEY0 - 1} around "
+                f"PLUS={PLUS}"
+            )
+        a = int("".join(str(d) for d in reversed(digits[:n])))
+        b = int("".join(str(d) for d in reversed(digits[n:])))
+        total = str(a + b).zfill(n + 1)
+        result.append([int(c) + _SYMBOL0 for c in reversed(total)])
+    return torch.tensor(result, dtype=torch.int64, device=tokens.device).reshape(-1, n + 1)
+
+
+# ------------------------------------------------------------------------------ text
+
+
+def _python_files(directory: Path) -> Iterator[Path]:
+    """``*.py`` files under ``directory``, lazily, in sorted path order (by path components).
+
+    Entries of each directory are visited in name order and subdirectories are entered
+    where they sort, so the order equals ``sorted(paths, key=lambda p: p.parts)`` while
+    allowing the caller to stop early without walking the whole tree.
+    """
+    with os.scandir(directory) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        # Not following directory symlinks keeps the walk finite and each file counted once.
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name not in _PRUNED_DIRS:
+                yield from _python_files(Path(entry.path))
+        elif entry.name.endswith(".py") and entry.is_file():
+            yield Path(entry.path)
+
+
+def _as_tensor(chunks: list[bytes]) -> torch.Tensor:
+    """Files joined with one newline, as a uint8 tensor (copied: torch needs a writable buffer)."""
+    joined = b"\n".join(chunks)
+    return torch.from_numpy(np.frombuffer(joined, dtype=np.uint8).copy())
+
+
+class TextCorpus:
+    """Byte-level text of Python source files, split by file into train and test.
+
+    Files (``*.py`` under ``root``, skipping any ``site-packages`` or ``dist-packages``
+    directory) are read in sorted path order; every 10th file (the 10th, 20th, ... in
+    that order) goes to the test split and the rest to train, so no file contributes
+    to both. Each split is its files' bytes joined with a single ``b"\\n"`` and stored
+    as one uint8 tensor, so a window is a slice. Byte ``b`` becomes token ``b + 4``
+    (:data:`PAD`, :data:`BOS`, :data:`SEP`, :data:`EOS` never occur in text).
+
+    Args:
+        root: Directory to read; ``None`` for the running Python's standard library
+            (``sysconfig.get_paths()["stdlib"]``).
+        max_bytes: At most this many bytes are kept over both splits, counting the
+            newline separators; the file that crosses the limit is cut there and no
+            further files are read. ``None`` reads everything (about 160 MB for the
+            stdlib; the default 8 MiB keeps the lab fast).
+
+    Raises:
+        ValueError: If ``root`` is not a directory or holds no ``.py`` files, or
+            ``max_bytes`` < 1.
+        TypeError: If ``root`` is not a str/path or ``max_bytes`` not an int.
+    """
+
+    def __init__(self, root: str | Path | None = None, *, max_bytes: int | None = 8 << 20) -> None:
+        if root is None:
+            root = sysconfig.get_paths()["stdlib"]
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be a str, a path or None; got {type(root).__name__}")
+        if max_bytes is not None:
+            max_bytes = _check_int(max_bytes, "max_bytes", 1)
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        if not self.root.is_dir():
+            raise ValueError(f"root must be a directory; got {str(self.root)!r}")
+
+        splits: tuple[list[bytes], list[bytes]] = ([], [])  # (train, test)
+        kept = 0
+        found = False
+        for index, path in enumerate(_python_files(self.root)):
+            found = True
+            split = splits[index % _TEST_EVERY == _TEST_EVERY - 1]
+            # The separator before this file (if the split already has one) counts too.
+            cost = 1 if split else 0
+            room = None if max_bytes is None else max_bytes - kept - cost
+            if room is not None and room <= 0:
+                break
+            with open(path, "rb") as handle:
+                data = handle.read() if room is None else handle.read(room)
+            split.append(data)
+            kept += cost + len(data)
+        if not found:
+            raise ValueError(f"root has no .py files: {str(self.root)!r}")
+        self._data = {"train": _as_tensor(splits[0]), "test": _as_tensor(splits[1])}
+        self._files = {"train": len(splits[0]), "test": len(splits[1])}
+
+    @property
+    def train_bytes(self) -> int:
+        """Bytes (tokens) in the train split, newline separators included."""
+        return int(self._data["train"].numel())
+
+    @property
+    def test_bytes(self) -> int:
+        """Bytes (tokens) in the test split, newline separators included."""
+        return int(self._data["test"].numel())
+
+    def __repr__(self) -> str:
+        return (
+            f"TextCorpus(root={str(self.root)!r}, train: {self._files['train']} files "
+            f"{self.train_bytes} bytes, test: {self._files['test']} files {self.test_bytes} bytes)"
+        )
+
+    def _split(self, split: Any, length: Any) -> tuple[torch.Tensor, int]:
+        """The split's bytes and the validated window length (``length + 1`` bytes must fit)."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
+        length = _check_int(length, "length", 1)
+        data = self._data[split]
+        if data.numel() < length + 1:
+            raise ValueError(
+                f"length {length} does not fit the {split} split: a window takes length + 1 "
+                f"bytes and the split holds {data.numel()} (the test split gets every "
+                f"{_TEST_EVERY}th file)"
+            )
+        return data, length
+
+    @staticmethod
+    def _batch(data: torch.Tensor, starts: torch.Tensor, length: int) -> Batch:
+        """Windows of ``length + 1`` bytes at ``starts``; tokens and targets offset by one."""
+        # One gather for the whole batch: rows of indices into the split's bytes.
+        index = starts[:, None] + torch.arange(length + 1)
+        window = data[index].long() + _BYTE0
+        # Contiguous copies, so a trainer may .view() them like the synthetic batches.
+        return Batch(
+            tokens=window[:, :-1].contiguous(), targets=window[:, 1:].contiguous(), length=length
+        )
+
+    def batch(self, split: str, length: int, batch_size: int, generator: torch.Generator) -> Batch:
+        """Random windows of ``length`` tokens from a split, every position scored.
+
+        Each row is a window of ``length + 1`` consecutive bytes at a uniform random
+        start: ``tokens`` are its first ``length`` and ``targets`` its last ``length``
+        (so ``targets[:, t] == tokens[:, t + 1]``, and the last target is the byte after
+        the tokens). Windows may cross file boundaries (the joining newline).
+
+        Args:
+            split: ``"train"`` or ``"test"``.
+            length: Tokens per row, an int ``>= 1``; the split must hold ``length + 1`` bytes.
+            batch_size: Number of windows, an int ``>= 1``.
+            generator: Source of the random starts; tensors are returned on its device.
+
+        Returns:
+            A :class:`Batch` of ``(batch_size, length)`` int64 tensors with ``length=length``.
+
+        Raises:
+            ValueError: If ``split`` is not ``"train"``/``"test"``, or ``length`` /
+                ``batch_size`` is out of range (``length`` too long for the split).
+            TypeError: If ``length``/``batch_size`` is not an int or ``generator`` not a
+                ``torch.Generator``.
+        """
+        data, length = self._split(split, length)
+        batch_size = _check_int(batch_size, "batch_size", 1)
+        generator = _check_generator(generator)
+        starts = torch.randint(
+            0,
+            data.numel() - length,
+            (batch_size,),
+            generator=generator,
+            device=generator.device,
+        )
+        result = self._batch(data, starts.cpu(), length)
+        if generator.device.type == "cpu":
+            return result
+        return Batch(
+            tokens=result.tokens.to(generator.device),
+            targets=result.targets.to(generator.device),
+            length=length,
+        )
+
+    def windows(self, split: str, length: int, count: int) -> Batch:
+        """Deterministic evaluation windows from the start of a split.
+
+        Window ``i`` is bytes ``i * (length + 1)`` to ``(i + 1) * (length + 1)`` of the
+        split, so windows do not overlap; tokens and targets as in :meth:`batch`.
+
+        Args:
+            split: ``"train"`` or ``"test"``.
+            length: Tokens per row, an int ``>= 1``.
+            count: Windows wanted, an int ``>= 1``; fewer are returned if the split is
+                too short for ``count``.
+
+        Returns:
+            A :class:`Batch` of ``(min(count, available), length)`` int64 CPU tensors.
+
+        Raises:
+            ValueError: If ``split`` is not ``"train"``/``"test"``, ``count`` < 1, or
+                ``length`` < 1 or too long for even one window.
+            TypeError: If ``length`` or ``count`` is not an int.
+        """
+        data, length = self._split(split, length)
+        count = _check_int(count, "count", 1)
+        available = data.numel() // (length + 1)
+        starts = torch.arange(min(count, available)) * (length + 1)
+        return self._batch(data, starts, length)

@@ -1,0 +1,480 @@
+"""``torch.nn.Module`` shells over the functions: absolute encodings added to token embeddings.
+
+This module imports torch; ``import posenc`` does not import it.
+
+Shapes: ``x`` is ``(batch, seq, dim)`` (or unbatched ``(seq, dim)``);
+``positions`` is ``(seq,)`` or ``(batch, seq)``.
+
+- :class:`SinusoidalEmbedding`: the fixed encoding of Vaswani et al. 2017
+  (section 3.5) in any :data:`posenc.PRESETS` convention, as fairseq's
+  ``SinusoidalPositionalEmbedding`` and HF M2M100 use it: an exact float32
+  table that no ``model.to(bfloat16)`` can round, grown on demand under a
+  lock, offset-aware for KV caches, ``torch.compile``-able.
+- :class:`LearnedPositionalEmbedding`: a trained table (the paper's
+  alternative) with the BART/OPT ``offset=2`` and the fairseq ``padding_idx``
+  conventions, so HF checkpoints load into it unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.core import checks
+from posenc.families.absolute.sinusoidal import Sinusoid, resolve, sinusoidal
+
+# Guards growth, device/dtype moves and the cast cache of every SinusoidalEmbedding.
+# These are rare events; one module-level lock keeps the modules picklable.
+_LOCK = threading.Lock()
+
+# Beyond this many table entries (256 MiB of float32) positions are computed
+# directly (exact, per call) instead of growing the table to reach them.
+MAX_TABLE_ELEMENTS = 1 << 26
+
+
+def _check_index(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= {minimum}; got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
+    return int(value)
+
+
+def _int_offset(offset: Any, name: str = "offset") -> bool:
+    """True for a Python/numpy int or (under torch.compile) a SymInt; False for a tensor."""
+    if isinstance(offset, torch.Tensor):
+        bad = offset.dtype == torch.bool or offset.is_floating_point() or offset.is_complex()
+        if offset.ndim != 0 or bad:
+            raise TypeError(
+                f"{name} as a tensor must be a 0-d int tensor; got {offset.dtype} "
+                f"of shape {tuple(offset.shape)}"
+            )
+        return False
+    if isinstance(offset, torch.SymInt):
+        return True
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(
+            f"{name} must be an int or a 0-d int tensor; got {type(offset).__name__} {offset!r}"
+        )
+    return True
+
+
+def _check_position_tensor(positions: Any, *, floats: bool) -> torch.Tensor:
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(
+            f"positions must be a torch tensor (torch.as_tensor converts); got "
+            f"{type(positions).__name__}"
+        )
+    bad = positions.dtype == torch.bool or positions.is_complex()
+    if bad or (positions.is_floating_point() and not floats):
+        kind = "int or float" if floats else "int"
+        raise TypeError(f"positions must hold {kind} values; got {positions.dtype}")
+    if positions.ndim not in (1, 2):
+        raise ValueError(
+            f"positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)}"
+        )
+    return positions
+
+
+def _is_zero(offset: Any) -> bool:
+    return isinstance(offset, (int, np.integer)) and not isinstance(offset, bool) and offset == 0
+
+
+class SinusoidalEmbedding(nn.Module):
+    """Adds a fixed sinusoidal encoding to token embeddings, exact in any model dtype.
+
+    ``forward(x)`` returns ``dropout(x * input_scale + pe)``, with ``pe`` the
+    rows of ``posenc.sinusoidal`` for positions ``offset .. offset + seq - 1``
+    (or the given ``positions``). This is fairseq's
+    ``SinusoidalPositionalEmbedding`` / HF ``M2M100SinusoidalPositionalEmbedding``
+    with ``preset="fairseq"``, ``padding_idx`` and ``input_scale=sqrt(dim)``
+    (fairseq's ``embed_scale``), and the paper's encoding with the default preset.
+
+    The table of integer positions ``0 .. max_len - 1`` is float32, exact to
+    float32 rounding, and a non-persistent buffer (not in the state dict). It
+    stays float32 when the model is cast (``model.to(torch.bfloat16)``,
+    ``.half()``: transformers #25681 and #30709 lost ``inv_freq`` that way);
+    the rows are cast to ``x.dtype`` at use, through a cache keyed on device
+    *and* dtype. Asking for a position past its end doubles it once (built
+    whole, then swapped in under a lock, so concurrent callers never see a
+    partial table; fairseq #5555), rather than refilling it per call.
+    Positions beyond :data:`MAX_TABLE_ELEMENTS` entries, negative positions,
+    float positions (diffusion timesteps) and float64 ``x`` (which deserves
+    more than the float32 table) are computed directly, exactly.
+
+    ``torch.compile(fullgraph=True)`` traces ``forward`` with integer
+    ``offset`` (or with explicit positions) as long as the table is already
+    long enough: no values are inspected while compiling, and a table that is
+    too short raises instead of growing.
+
+    Args:
+        dim: channels (a positive int).
+        preset: a name from :data:`posenc.PRESETS` or a :class:`posenc.Sinusoid`.
+        max_len: initial table length.
+        padding_idx: a position number whose encoding is all zeros (fairseq:
+            pads are numbered ``padding_idx``, real tokens from
+            ``padding_idx + 1``; see :func:`posenc.positions.fairseq_positions`).
+        input_scale: multiplies ``x`` before the encoding is added, e.g.
+            ``math.sqrt(dim)``; ``None`` leaves ``x`` as is.
+        dropout: dropout probability applied to the sum.
+        **overrides: :class:`posenc.Sinusoid` fields or their aliases
+            (``max_period``, ``flip_sin_to_cos`` ...), as in :func:`posenc.sinusoidal`.
+
+    Raises:
+        TypeError: ``dim``, ``max_len``, ``padding_idx`` not ints; non-numeric
+            ``input_scale`` or ``dropout``.
+        ValueError: non-positive ``dim``/``max_len``, negative ``padding_idx``,
+            ``dropout`` outside [0, 1], unknown preset or override.
+    """
+
+    table: torch.Tensor
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        preset: str | Sinusoid = "vaswani",
+        max_len: int = 2048,
+        padding_idx: int | None = None,
+        input_scale: float | None = None,
+        dropout: float = 0.0,
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        self.dim = checks.check_int(dim, "dim", minimum=1)
+        self.max_len = checks.check_int(max_len, "max_len", minimum=1)
+        self.spec = resolve(preset, **overrides)
+        self.spec.slots(self.dim)  # reject an odd dim the convention refuses, now
+        self.preset = preset if isinstance(preset, str) else "custom"
+        self.padding_idx = None if padding_idx is None else _check_index(padding_idx, "padding_idx")
+        self.input_scale = (
+            None if input_scale is None else checks.check_number(input_scale, "input_scale")
+        )
+        p = checks.check_number(dropout, "dropout")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout must lie in [0, 1]; got {dropout!r}")
+        self.dropout = nn.Dropout(p)
+        self._casts: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.register_buffer(
+            "table", self._build(self.max_len, torch.device("cpu")), persistent=False
+        )
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.dim}", f"preset={self.preset!r}", f"max_len={self.max_len}"]
+        if self.padding_idx is not None:
+            parts.append(f"padding_idx={self.padding_idx}")
+        if self.input_scale is not None:
+            parts.append(f"input_scale={self.input_scale:g}")
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------ the table
+
+    def _build(self, n: int, device: torch.device) -> torch.Tensor:
+        table = torch.from_numpy(sinusoidal(n, self.dim, preset=self.spec)).to(device)
+        if self.padding_idx is not None and self.padding_idx < n:
+            table[self.padding_idx] = 0
+        return table
+
+    def _table_for(self, length: int) -> torch.Tensor | None:
+        """A table with at least ``length`` rows, grown if needed; None if too large."""
+        table = self.table
+        if table.shape[0] >= length:
+            return table
+        if length * self.dim > MAX_TABLE_ELEMENTS:
+            return None
+        with _LOCK:
+            table = self.table  # another thread may have grown it meanwhile
+            if table.shape[0] < length:
+                n = table.shape[0]
+                while n < length:
+                    n *= 2
+                n = max(length, min(n, MAX_TABLE_ELEMENTS // self.dim))
+                # built whole before it is published: readers see the old or the new table
+                table = self._build(n, table.device)
+                self.table = table
+            return table
+
+    def _cast(self, table: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        if table.device == device and table.dtype == dtype:
+            return table
+        key = (device, dtype)
+        entry = self._casts.get(key)
+        # keyed on device and dtype, and valid only for the table it was cast from
+        if entry is not None and entry[0] is table:
+            return entry[1]
+        cast = table.to(device=device, dtype=dtype)
+        with _LOCK:
+            self._casts[key] = (table, cast)
+        return cast
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        with _LOCK:
+            exact = self.table
+            super()._apply(fn, recurse)
+            moved = self.table
+            if moved is not exact:
+                # .to(bfloat16), .half(), to_empty() would round or drop the exact
+                # values (transformers #25681, #30709): keep them, on the new device
+                if exact.is_meta and not moved.is_meta:
+                    self.table = self._build(exact.shape[0], moved.device)
+                else:
+                    self.table = exact.to(device=moved.device)
+            self._casts.clear()
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_casts"] = {}
+        return state
+
+    # ------------------------------------------------------------------ encodings
+
+    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Exact encodings of any positions, computed without the table."""
+        flat = positions.reshape(-1)
+        if flat.shape[0] == 0:
+            out = torch.zeros((0, self.dim), device=positions.device, dtype=dtype)
+        else:
+            out = sinusoidal(flat, self.dim, preset=self.spec, dtype=dtype)  # rounded once
+        out = out.reshape(*positions.shape, self.dim)
+        if self.padding_idx is not None:
+            out = out.masked_fill((positions == self.padding_idx)[..., None], 0.0)
+        return out
+
+    def _lookup(
+        self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        positions = positions.to(device)
+        if positions.is_floating_point():
+            return self._direct(positions, dtype)
+        if torch.compiler.is_compiling():
+            # no value checks while tracing: the table must already cover the positions
+            return F.embedding(positions, self.table.to(device)).to(dtype)
+        if dtype == torch.float64:  # float64-exact values: the table holds float32 ones
+            return self._direct(positions, dtype)
+        if positions.numel() == 0:
+            return torch.zeros((*positions.shape, self.dim), device=device, dtype=dtype)
+        lo, hi = torch.aminmax(positions)
+        low, high = torch.stack([lo, hi]).tolist()  # one device sync
+        table = self._table_for(high + 1) if low >= 0 else None
+        if table is None:
+            return self._direct(positions, dtype)
+        return F.embedding(positions, self._cast(table, device, dtype))
+
+    def _range(
+        self, offset: Any, seq: int, device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Encodings of ``offset .. offset + seq - 1``, ``(seq, dim)``."""
+        if not _int_offset(offset):
+            return self._lookup(torch.arange(seq, device=device) + offset.to(device), device, dtype)
+        end = offset + seq
+        if torch.compiler.is_compiling():
+            if offset < 0 or end > self.table.shape[0]:
+                # a constant message: offset may be symbolic, and dynamo cannot format it
+                raise ValueError(
+                    "offset .. offset + seq - 1 lies outside the table, which cannot grow "
+                    "inside torch.compile; raise max_len or run one eager call first"
+                )
+            return self.table[offset:end].to(device=device, dtype=dtype)
+        table = self._table_for(end) if offset >= 0 and dtype != torch.float64 else None
+        if table is None:
+            return self._direct(torch.arange(offset, end, device=device), dtype)
+        return self._cast(table, device, dtype)[offset:end]
+
+    def encode(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """The encodings alone, ``(*positions.shape, dim)``, on the positions' device.
+
+        Integer positions are rows of the exact table (grown if needed); float
+        positions (diffusion timesteps, as diffusers' ``Timesteps``) are
+        computed directly with :func:`posenc.sinusoidal`, exactly. Positions
+        equal to ``padding_idx`` give zeros.
+
+        Args:
+            positions: int or float tensor, ``(seq,)`` or ``(batch, seq)``.
+            dtype: output dtype (float32 by default).
+
+        Raises:
+            TypeError: ``positions`` not an int or float tensor.
+            ValueError: ``positions`` of another rank, or beyond ``2**31``.
+        """
+        positions = _check_position_tensor(positions, floats=True)
+        return self._lookup(positions, positions.device, dtype)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: Any = 0
+    ) -> torch.Tensor:
+        """Add the encoding to ``x``.
+
+        Args:
+            x: float tensor ``(batch, seq, dim)`` or ``(seq, dim)``.
+            positions: ``(seq,)`` or ``(batch, seq)`` int (or float) positions,
+                e.g. from :func:`posenc.positions.fairseq_positions`; ``None``
+                means ``offset .. offset + seq - 1``.
+            offset: the first position when ``positions`` is None: the number of
+                tokens already in the KV cache (rotary-embedding-torch #11 was
+                this offset forgotten). An int or a 0-d int tensor.
+
+        Returns:
+            ``dropout(x * input_scale + pe)``, shaped and typed like ``x``.
+
+        Raises:
+            TypeError: ``x`` not a float tensor; bad ``positions``/``offset`` types.
+            ValueError: ``x.shape[-1] != dim``, ``positions`` of the wrong shape,
+                both ``positions`` and a non-zero ``offset``.
+        """
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            shown = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x must be a float tensor (batch, seq, dim); got {shown}")
+        if x.ndim not in (2, 3) or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x must be (batch, seq, dim) or (seq, dim) with dim={self.dim}; "
+                f"got shape {tuple(x.shape)}"
+            )
+        seq = x.shape[-2]
+        if positions is None:
+            pe = self._range(offset, seq, x.device, x.dtype)
+        else:
+            if not _is_zero(offset):
+                raise ValueError("pass positions or offset, not both: positions are absolute")
+            positions = _check_position_tensor(positions, floats=True)
+            batch_ok = positions.ndim == 1 or (
+                x.ndim == 3 and positions.shape[0] in (1, x.shape[0])
+            )
+            if positions.shape[-1] != seq or not batch_ok:
+                raise ValueError(
+                    f"positions must be (seq,) or (batch, seq) matching x {tuple(x.shape)}; "
+                    f"got shape {tuple(positions.shape)}"
+                )
+            pe = self._lookup(positions, x.device, x.dtype)
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        return self.dropout(x + pe)
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """A trained table of position vectors, in the BART/OPT or the fairseq convention.
+
+    The paper's learned alternative (Vaswani et al. 2017, section 3.5). Two
+    conventions of the reference implementations, exclusive of each other:
+
+    - ``offset`` (HF ``BartLearnedPositionalEmbedding`` and
+      ``OPTLearnedPositionalEmbedding`` use 2): position ``p`` reads row
+      ``p + offset`` of ``num_positions + offset`` rows, so OPT's pad
+      position ``-1`` (see :func:`posenc.positions.opt_positions`) is row 1.
+    - ``padding_idx`` (fairseq ``LearnedPositionalEmbedding``): positions are
+      numbered from ``padding_idx + 1`` (:func:`posenc.positions.fairseq_positions`),
+      pads are ``padding_idx``, whose row is zero and gets no gradient; the
+      table has ``num_positions + padding_idx + 1`` rows.
+
+    It is an ``nn.Embedding`` with the same ``weight``, so HF and fairseq
+    checkpoints load into it unchanged. Initialisation is ``nn.Embedding``'s.
+
+    Args:
+        num_positions: how many real positions the table holds (HF
+            ``max_position_embeddings``).
+        dim: channels.
+        offset: rows before position 0 (BART/OPT: 2).
+        padding_idx: the fairseq pad position number.
+
+    Raises:
+        TypeError: non-int arguments.
+        ValueError: non-positive sizes, negative ``offset``/``padding_idx``, or
+            both ``offset`` and ``padding_idx``.
+    """
+
+    def __init__(
+        self, num_positions: int, dim: int, *, offset: int = 0, padding_idx: int | None = None
+    ) -> None:
+        num_positions = checks.check_int(num_positions, "num_positions", minimum=1)
+        dim = checks.check_int(dim, "dim", minimum=1)
+        offset = _check_index(offset, "offset")
+        if padding_idx is not None:
+            padding_idx = _check_index(padding_idx, "padding_idx")
+            if offset:
+                raise ValueError(
+                    "pass offset (BART/OPT convention) or padding_idx (fairseq convention), "
+                    "not both"
+                )
+            rows = num_positions + padding_idx + 1
+        else:
+            rows = num_positions + offset
+        super().__init__(rows, dim, padding_idx=padding_idx)
+        self.num_positions = num_positions
+        self.offset = offset
+        # the position number of the first real token
+        self.first_position = 0 if padding_idx is None else padding_idx + 1
+
+    def extra_repr(self) -> str:
+        extra = f", offset={self.offset}" if self.offset else ""
+        return f"{self.num_positions}, {self.embedding_dim}{extra}" + (
+            f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor | None = None,
+        *,
+        shape: int | Sequence[int] | None = None,
+        past_length: Any = 0,
+    ) -> torch.Tensor:
+        """Look up position vectors, ``(*positions.shape, dim)``.
+
+        Args:
+            positions: int tensor ``(seq,)`` or ``(batch, seq)`` of position
+                numbers (cache offsets already included).
+            shape: instead of ``positions``: ``seq`` or ``(batch, seq)``; the
+                positions are then ``first .. first + seq - 1`` shifted by
+                ``past_length`` (``first`` is 0, or ``padding_idx + 1``), as
+                BART's ``forward(input_ids, past_key_values_length)`` and
+                M2M100's ``inputs_embeds`` path number them.
+            past_length: tokens already in the KV cache (with ``shape`` only);
+                an int or a 0-d int tensor.
+
+        Raises:
+            TypeError: ``positions`` not an int tensor.
+            ValueError: both or neither of ``positions``/``shape``; positions
+                outside the table (naming its limit) instead of an index error
+                or a CUDA device assert.
+        """
+        if (positions is None) == (shape is None):
+            raise ValueError("pass exactly one of positions and shape")
+        if positions is None:
+            if isinstance(shape, int):
+                batch, seq = None, _check_index(shape, "shape")
+            elif isinstance(shape, Sequence) and len(shape) == 2:
+                batch, seq = _check_index(shape[0], "shape[0]"), _check_index(shape[1], "shape[1]")
+            else:
+                raise ValueError(f"shape must be seq or (batch, seq); got {shape!r}")
+            if isinstance(past_length, torch.Tensor):
+                _int_offset(past_length, "past_length")
+                start: Any = past_length.to(self.weight.device) + self.first_position
+            else:
+                start = self.first_position + _check_index(past_length, "past_length")
+            positions = torch.arange(seq, device=self.weight.device) + start
+            if batch is not None:
+                positions = positions.expand(batch, seq)
+        else:
+            if not _is_zero(past_length):
+                raise ValueError("past_length applies to shape only: positions are absolute")
+            positions = _check_position_tensor(positions, floats=False)
+        index = positions + self.offset if self.offset else positions
+        if not torch.compiler.is_compiling() and index.numel():
+            lo, hi = torch.stack(list(torch.aminmax(index))).tolist()  # one device sync
+            rows = self.num_embeddings
+            if lo < 0 or hi >= rows:
+                first = -self.offset
+                last = rows - 1 - self.offset
+                raise IndexError(
+                    f"positions must lie in [{first}, {last}] (num_positions="
+                    f"{self.num_positions}, offset={self.offset}, padding_idx="
+                    f"{self.padding_idx}); got values in [{lo - self.offset}, {hi - self.offset}]"
+                )
+        return super().forward(index)

@@ -1,0 +1,505 @@
+"""Sinusoidal positional encodings on one axis, in every convention real code uses.
+
+Every convention is a point in one parameter space, :class:`Sinusoid`:
+
+``omega_k = scale * min_timescale * (base / min_timescale) ** (-k / (w / 2 - shift))``
+
+for ``k = 0 .. K - 1``, where ``w`` is the width the exponent is measured
+over (``2 * (dim // 2)``, or ``dim`` and ``dim + 1`` for the odd-dim
+policies ``"extend"`` and ``"truncate"``). Channel ``k`` of the sine block
+holds ``amplitude * sin((position + offset) * omega_k)``, the cosine block
+likewise, and ``layout``/``order`` say where each block goes:
+
+- ``layout="interleaved"``: pairs side by side, ``[a0, b0, a1, b1, ...]``
+  (the paper's ``PE(p, 2i)`` / ``PE(p, 2i + 1)``);
+- ``layout="half"``: ``[a0 .. a(K-1), b0 .. b(K-1)]`` (concatenated, as
+  tensor2tensor, fairseq and diffusers do);
+- ``order="sin_cos"`` puts sine first (``a = sin``), ``"cos_sin"`` cosine.
+
+Odd ``dim`` policies: ``"zero"`` appends one zero channel, ``"extend"``
+evaluates the paper's formula on all ``dim`` channels (the first block gets
+the extra channel, as HF Marian does), ``"truncate"`` computes ``dim + 1``
+channels and drops the last (positional-encodings), ``"error"`` refuses.
+
+The named presets (:data:`PRESETS`) reproduce their anchors; see
+``shared/ANCHORS.md`` section 1 and each preset's ``anchor`` text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from posenc.core import checks
+from posenc.core.angles import (
+    Turns,
+    geometric_turns,
+    progression_blocks,
+    progression_table,
+    sincos_numpy,
+    sincos_torch,
+)
+
+Layout = Literal["interleaved", "half"]
+Order = Literal["sin_cos", "cos_sin"]
+OddPolicy = Literal["zero", "extend", "truncate", "error"]
+
+_LAYOUTS = ("interleaved", "half")
+_ORDERS = ("sin_cos", "cos_sin")
+_ODD = ("zero", "extend", "truncate", "error")
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Where the ``K`` frequency pairs of one ``dim`` land in the output row.
+
+    ``first`` holds the channels of the first member of each pair (``sin``
+    for ``order="sin_cos"``), ``second`` the other; ``n_first`` may exceed
+    ``n_second`` by one for odd dims. ``zero`` is the index of an all-zero
+    channel or ``None``.
+    """
+
+    dim: int
+    n_freq: int
+    n_first: int
+    n_second: int
+    first: slice
+    second: slice
+    zero: int | None
+    denominator: float
+
+    def indices(self) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """Channel indices of the first and second members, pair by pair."""
+        idx = np.arange(self.dim)
+        return idx[self.first], idx[self.second]
+
+
+@dataclass(frozen=True)
+class Sinusoid:
+    """One sinusoidal convention: a point in the parameter space (see module doc).
+
+    Attributes:
+        layout: ``"interleaved"`` or ``"half"``.
+        order: ``"sin_cos"`` or ``"cos_sin"``: which function comes first.
+        base: the maximum timescale (``max_period`` in diffusers, ``theta``).
+        min_timescale: tensor2tensor's ``min_timescale``, usually 1; as in its
+            code it multiplies every frequency (``omega_0 = min_timescale``).
+        shift: subtracted from the exponent denominator ``w / 2``
+            (diffusers' ``downscale_freq_shift``; 1 gives ``h - 1``).
+        scale: multiplies every angle (diffusers' ``scale``).
+        amplitude: multiplies every output value; ``"rsqrt_dim"`` means
+            ``dim ** -0.5`` (x-transformers' initial scale).
+        offset: added to every position (tensor2tensor's ``start_index``).
+        odd: the odd-``dim`` policy.
+        anchor: where the convention comes from.
+    """
+
+    layout: Layout = "interleaved"
+    order: Order = "sin_cos"
+    base: float = 10000.0
+    min_timescale: float = 1.0
+    shift: float = 0.0
+    scale: float = 1.0
+    amplitude: float | Literal["rsqrt_dim"] = 1.0
+    offset: float = 0.0
+    odd: OddPolicy = "extend"
+    anchor: str = ""
+
+    def __post_init__(self) -> None:
+        checks.check_choice(self.layout, "layout", _LAYOUTS)
+        checks.check_choice(self.order, "order", _ORDERS)
+        checks.check_choice(self.odd, "odd", _ODD)
+        checks.check_number(self.base, "base", positive=True)
+        checks.check_number(self.min_timescale, "min_timescale", positive=True)
+        checks.check_number(self.shift, "shift")
+        checks.check_number(self.scale, "scale")
+        checks.check_number(self.offset, "offset")
+        if self.amplitude != "rsqrt_dim":
+            checks.check_number(self.amplitude, "amplitude")
+
+    def replace(self, **overrides: Any) -> Sinusoid:
+        """A copy with some fields changed (names and aliases as in :func:`sinusoidal`)."""
+        return dataclasses.replace(self, **_canonical_overrides(overrides))
+
+    def slots(self, dim: int) -> Slots:
+        """The channel placement and exponent denominator for ``dim`` channels."""
+        dim = checks.check_int(dim, "dim", minimum=1)
+        h, odd = divmod(dim, 2)
+        if odd and self.odd == "error":
+            raise ValueError(
+                f"dim must be even for this convention (odd='error'); got {dim}. "
+                "Pass odd='zero', 'extend' or 'truncate' to choose a policy."
+            )
+        width = {"zero": 2 * h, "error": 2 * h, "extend": dim, "truncate": dim + odd}[self.odd]
+        n_freq = h + (odd if self.odd in ("extend", "truncate") else 0)
+        denominator = width / 2 - self.shift
+        if n_freq > 1 and denominator <= 0:
+            raise ValueError(
+                f"the exponent denominator {width}/2 - shift must be > 0; got shift="
+                f"{self.shift:g} with dim={dim}"
+            )
+        n_first, n_second = n_freq, h
+        if self.layout == "interleaved":
+            first, second = slice(0, 2 * n_first - 1, 2), slice(1, 2 * n_second, 2)
+        else:
+            first, second = slice(0, n_first), slice(n_first, n_first + n_second)
+        zero = dim - 1 if odd and self.odd == "zero" else None
+        return Slots(dim, n_freq, n_first, n_second, first, second, zero, denominator)
+
+    def turns(self, dim: int) -> Turns:
+        """The exact frequencies (in turns) of the ``dim``-channel encoding."""
+        s = self.slots(dim)
+        return geometric_turns(
+            s.n_freq, float(self.base), float(self.min_timescale), s.denominator, float(self.scale)
+        )
+
+    def inv_freq(self, dim: int) -> npt.NDArray[np.float64]:
+        """The angular frequencies ``omega_k`` (radians per position), float64."""
+        return self.turns(dim).radians.copy()
+
+    def amplitude_for(self, dim: int) -> float:
+        return dim**-0.5 if self.amplitude == "rsqrt_dim" else float(self.amplitude)
+
+
+PRESETS: dict[str, Sinusoid] = {
+    "vaswani": Sinusoid(
+        anchor="Vaswani et al. 2017 section 3.5, the PyTorch tutorial, the Annotated "
+        "Transformer, HF DistilBERT: interleaved sin/cos, 10000^(-2k/d); odd dim evaluates "
+        "the formula on every channel"
+    ),
+    "tensor2tensor": Sinusoid(
+        layout="half",
+        shift=1.0,
+        odd="zero",
+        anchor="tensor2tensor get_timing_signal_1d: [sin, cos], "
+        "min_ts * (max_ts/min_ts)^(-k/max(h-1, 1)), zero channel for odd dim",
+    ),
+    "fairseq": Sinusoid(
+        layout="half",
+        shift=1.0,
+        odd="zero",
+        anchor="fairseq SinusoidalPositionalEmbedding.get_embedding (HF M2M100): [sin, cos], "
+        "exp(-k ln(1e4)/(h-1)); rows are position numbers (real tokens start at "
+        "padding_idx + 1); at dim 2 and 3 fairseq divides by zero, posenc uses omega_0 = 1",
+    ),
+    "marian": Sinusoid(
+        layout="half",
+        anchor="HF Marian/Pegasus: p / 10000^(2(j//2)/d) with sin in the first ceil(d/2) "
+        "channels and cos in the rest",
+    ),
+    "whisper": Sinusoid(
+        layout="half",
+        shift=1.0,
+        odd="error",
+        anchor="Whisper sinusoids(length, channels): [sin, cos], exp(-k ln(1e4)/(h-1))",
+    ),
+    "musicgen": Sinusoid(
+        layout="half",
+        order="cos_sin",
+        shift=1.0,
+        odd="zero",
+        anchor="HF MusicGen: [cos, sin], exp(-k ln(1e4)/(h-1)), zero channel for odd dim",
+    ),
+    "ddpm": Sinusoid(
+        layout="half",
+        shift=1.0,
+        odd="zero",
+        anchor="diffusers get_timestep_embedding defaults (flip_sin_to_cos=False, "
+        "downscale_freq_shift=1), original DDPM: [sin, cos], exp(-ln(1e4) k/(h-1))",
+    ),
+    "ldm": Sinusoid(
+        layout="half",
+        order="cos_sin",
+        odd="zero",
+        anchor="guided-diffusion / Stable Diffusion / DiT timestep_embedding "
+        "(diffusers flip_sin_to_cos=True, downscale_freq_shift=0): [cos, sin], exp(-ln(1e4) k/h)",
+    ),
+    "annotated-diffusion": Sinusoid(
+        layout="half",
+        shift=1.0,
+        odd="zero",
+        anchor="The Annotated Diffusion Model SinusoidalPositionEmbeddings: [sin, cos], "
+        "exp(-k ln(1e4)/(h-1)); the original returns dim-1 channels for odd dim, posenc "
+        "appends a zero channel",
+    ),
+    "positional-encodings": Sinusoid(
+        odd="truncate",
+        anchor="positional-encodings PositionalEncoding1D (>= 5.1): interleaved, "
+        "1/10000^(2k/C) with C = 2 ceil(d/2), truncated to d",
+    ),
+    "x-transformers": Sinusoid(
+        layout="half",
+        odd="error",
+        amplitude="rsqrt_dim",
+        anchor="x-transformers ScaledSinusoidalEmbedding at initialisation: [sin, cos], "
+        "theta^(-k/h), times a learnable scale initialised to d^-0.5",
+    ),
+}
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Sinusoid) if f.name != "anchor")
+#: Names users know from the anchors, mapped to posenc's.
+ALIASES = {
+    "max_period": "base",
+    "max_timescale": "base",
+    "theta": "base",
+    "downscale_freq_shift": "shift",
+    "start_index": "offset",
+    "flip_sin_to_cos": "order",
+}
+
+
+def _canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    return checks.canonical_overrides(
+        overrides, _FIELDS, ALIASES, {"flip_sin_to_cos": ("cos_sin", "sin_cos")}
+    )
+
+
+def resolve(preset: str | Sinusoid = "vaswani", **overrides: Any) -> Sinusoid:
+    """The :class:`Sinusoid` named by ``preset`` with ``overrides`` applied."""
+    if isinstance(preset, Sinusoid):
+        spec = preset
+    elif isinstance(preset, str) and preset in PRESETS:
+        spec = PRESETS[preset]
+    else:
+        raise ValueError(
+            f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)} (or a Sinusoid)"
+        )
+    return spec.replace(**overrides) if overrides else spec
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation
+
+
+def sinusoidal(
+    positions: Any,
+    dim: int,
+    *,
+    preset: str | Sinusoid = "vaswani",
+    dtype: Any = None,
+    **overrides: Any,
+) -> Any:
+    """Sinusoidal positional encodings, exact at any position below 2**31.
+
+    Args:
+        positions: an int ``n`` (positions ``0 .. n-1``), or a 1-D array,
+            sequence or tensor of int or float positions (negative values are
+            offsets and valid; float values are e.g. diffusion timesteps).
+        dim: number of channels (a positive int).
+        preset: a name from :data:`PRESETS` or a :class:`Sinusoid`.
+        dtype: output dtype (float16, bfloat16 for torch, float32, float64);
+            float32 by default. A torch dtype with int or numpy positions gives
+            a CPU torch tensor.
+        **overrides: any :class:`Sinusoid` field (``layout``, ``order``,
+            ``base``, ``min_timescale``, ``shift``, ``scale``, ``amplitude``,
+            ``offset``, ``odd``) or an alias from :data:`ALIASES`
+            (``max_period``, ``flip_sin_to_cos``, ``downscale_freq_shift`` ...).
+
+    Returns:
+        ``(len(positions), dim)``: numpy for numpy, list or int input, torch on
+        the positions' device for torch input. Each value is the float64-exact
+        encoding rounded once to ``dtype``.
+
+    Raises:
+        TypeError: ``dim`` not an int, ``positions`` not numeric, bad ``dtype``.
+        ValueError: ``positions`` not 1-D, NaN/inf, beyond ``2**31``; unknown
+            preset or override; invalid override values.
+
+    Example:
+        >>> import posenc
+        >>> posenc.sinusoidal(3, 4).round(4)
+        array([[ 0.    ,  1.    ,  0.    ,  1.    ],
+               [ 0.8415,  0.5403,  0.01  ,  1.    ],
+               [ 0.9093, -0.4161,  0.02  ,  0.9998]], dtype=float32)
+    """
+    spec = resolve(preset, **overrides)
+    slots = spec.slots(dim)
+    name = checks.dtype_name("float32" if dtype is None else dtype)
+    if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
+        n = int(positions)
+        if n < 0:
+            raise ValueError(f"positions as an int is a length and must be >= 0; got {n}")
+        if n and not abs(spec.offset) + n - 1 < 2**31:
+            raise ValueError(
+                f"positions 0..{n - 1} plus offset {spec.offset:g} reach beyond 2**31, "
+                "the range in which posenc is exact"
+            )
+        as_torch = checks.is_torch_dtype(dtype)
+        if not as_torch:
+            checks.numpy_dtype(name)  # bfloat16 needs torch output
+        # bfloat16 has no numpy type: round the float64 table once, in torch
+        table = _table(n, spec, slots, "float64" if name == "bfloat16" else name)
+        if as_torch:
+            import torch
+
+            return torch.from_numpy(table).to(checks.torch_dtype(name))
+        return table
+    arr = checks.check_positions(positions, spec.offset)
+    if checks.wants_torch(arr, dtype):
+        if not checks.is_torch(arr):
+            import torch
+
+            arr = torch.from_numpy(np.ascontiguousarray(arr))
+        return _direct_torch(arr, spec, slots, name)
+    return _direct_numpy(arr, spec, slots, checks.numpy_dtype(name))
+
+
+def _phasor_form(spec: Sinusoid, dim: int) -> tuple[complex, bool]:
+    """``w = first + i second`` as ``coefficient * z`` or ``coefficient * conj(z)``.
+
+    ``z = cos + i sin``; for ``order="sin_cos"``, ``sin + i cos = i conj(z)``.
+    """
+    amp = spec.amplitude_for(dim)
+    return (complex(0.0, amp), True) if spec.order == "sin_cos" else (complex(amp, 0.0), False)
+
+
+def _write_numpy(out: npt.NDArray[Any], w: npt.NDArray[np.complex128], slots: Slots) -> None:
+    """Write pairs ``w = first + i second`` (rows, K) into ``out`` (rows, dim)."""
+    pairs = slots.n_second
+    if slots.first.step == 2 and out.dtype in (np.float32, np.float64) and pairs:
+        # interleaved pairs are one complex array: a single contiguous cast
+        ctype = np.complex64 if out.dtype == np.float32 else np.complex128
+        out[:, : 2 * pairs].view(ctype)[...] = w[:, :pairs]
+        if slots.n_first > pairs:
+            out[:, 2 * pairs] = w[:, pairs].real
+    else:
+        out[:, slots.first] = w.real[:, : slots.n_first]
+        out[:, slots.second] = w.imag[:, : slots.n_second]
+    if slots.zero is not None:
+        out[:, slots.zero] = 0
+
+
+_DIRECT_ROWS = 128  # below this many rows a table is evaluated position by position
+
+
+def _table(n: int, spec: Sinusoid, slots: Slots, name: str) -> npt.NDArray[Any]:
+    if n < _DIRECT_ROWS:
+        return _direct_numpy(np.arange(n), spec, slots, checks.numpy_dtype(name))
+    out = np.empty((n, slots.dim), dtype=checks.numpy_dtype(name))
+    coefficient, conjugate = _phasor_form(spec, slots.dim)
+    turns = spec.turns(slots.dim)
+    first = (slots.first.start, slots.first.step or 1, slots.n_first)
+    second = (slots.second.start, slots.second.step or 1, slots.n_second)
+    if progression_table(
+        spec.offset, n, turns, out, first, second, coefficient=coefficient, conjugate=conjugate
+    ):
+        if slots.zero is not None:
+            out[:, slots.zero] = 0
+        return out
+    target = _pair_view(out, slots)
+    if target is not None:
+        # interleaved pairs are complex numbers: the products land in place
+        progression_blocks(
+            spec.offset, n, turns, target=target, coefficient=coefficient, conjugate=conjugate
+        )
+        if slots.zero is not None:
+            out[:, slots.zero] = 0
+        return out
+
+    def emit(row0: int, w: npt.NDArray[np.complex128]) -> None:
+        _write_numpy(out[row0 : row0 + w.shape[0]], w, slots)
+
+    progression_blocks(spec.offset, n, turns, emit, coefficient=coefficient, conjugate=conjugate)
+    return out
+
+
+def _pair_view(out: npt.NDArray[Any], slots: Slots) -> npt.NDArray[Any] | None:
+    """``out``'s interleaved (first, second) pairs as one complex array, if it has one.
+
+    Exists when every frequency has both members side by side (interleaved
+    layout, no lone channel) and the dtype has a complex counterpart.
+    """
+    if slots.first.step != 2 or slots.n_first != slots.n_second or not slots.n_first:
+        return None
+    ctype = {np.dtype(np.float32): np.complex64, np.dtype(np.float64): np.complex128}
+    if out.dtype not in ctype:
+        return None
+    return out[:, : 2 * slots.n_second].view(ctype[out.dtype])
+
+
+def _direct_numpy(
+    positions: npt.NDArray[Any], spec: Sinusoid, slots: Slots, dtype: Any
+) -> npt.NDArray[Any]:
+    p = positions.astype(np.float64) + spec.offset
+    s, c = sincos_numpy(p, spec.turns(slots.dim))
+    w = np.empty(s.shape, dtype=np.complex128)
+    w.real, w.imag = (s, c) if spec.order == "sin_cos" else (c, s)
+    w *= spec.amplitude_for(slots.dim)
+    out = np.empty((p.shape[0], slots.dim), dtype=dtype)
+    _write_numpy(out, w, slots)
+    return out
+
+
+def _direct_torch(positions: Any, spec: Sinusoid, slots: Slots, name: str) -> Any:
+    import torch
+
+    p = positions
+    if spec.offset:
+        integral = float(spec.offset).is_integer() and not p.is_floating_point()
+        p = p.to(torch.int64) + int(spec.offset) if integral else p.double() + spec.offset
+    s, c = sincos_torch(p, spec.turns(slots.dim))
+    first, second = (s, c) if spec.order == "sin_cos" else (c, s)
+    amp = spec.amplitude_for(slots.dim)
+    if amp != 1.0:
+        first, second = first * amp, second * amp
+    out = torch.empty(
+        (p.shape[0], slots.dim), dtype=checks.torch_dtype(name), device=positions.device
+    )
+    out[:, slots.first] = first[:, : slots.n_first]
+    out[:, slots.second] = second[:, : slots.n_second]
+    if slots.zero is not None:
+        out[:, slots.zero] = 0
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The shift operator
+
+
+def shift_matrix(
+    offset: float, dim: int, *, preset: str | Sinusoid = "vaswani", **overrides: Any
+) -> npt.NDArray[np.float64]:
+    """The matrix ``M`` with ``sinusoidal(p + offset) == sinusoidal(p) @ M.T`` for every p.
+
+    Each (sin, cos) pair of frequency ``omega`` is rotated by ``offset * omega``;
+    the blocks sit where the preset's layout puts the pair. This answers the
+    question in the paper's section 3.5: one sine column at ``p + k`` is *not*
+    a linear function of the same column at ``p``, but the pair is, exactly:
+    ``sin(a + b) = sin a cos b + cos a sin b``.
+
+    Args:
+        offset: the shift ``k`` in positions (int or float; negative shifts back).
+        dim: number of channels.
+        preset: as in :func:`sinusoidal`; ``**overrides`` likewise.
+
+    Returns:
+        ``(dim, dim)`` float64 numpy array; a zero channel maps to itself.
+
+    Raises:
+        ValueError: for odd ``dim`` with a lone channel (``odd="extend"`` or
+            ``"truncate"``): its partner is missing, so no such matrix exists.
+    """
+    spec = resolve(preset, **overrides)
+    slots = spec.slots(dim)
+    k = checks.check_number(offset, "offset")
+    if slots.n_first != slots.n_second:
+        raise ValueError(
+            f"dim={dim} with odd={spec.odd!r} leaves a lone channel without its partner, so "
+            "no linear shift operator exists; use an even dim or odd='zero'"
+        )
+    s, c = sincos_numpy(np.array([k]), spec.turns(dim))
+    s, c = s[0], c[0]
+    sign = 1.0 if spec.order == "sin_cos" else -1.0
+    first, second = slots.indices()
+    m = np.zeros((dim, dim), dtype=np.float64)
+    m[first, first] = c
+    m[first, second] = sign * s
+    m[second, second] = c
+    m[second, first] = -sign * s
+    if slots.zero is not None:
+        m[slots.zero, slots.zero] = 1.0
+    return m

@@ -1,0 +1,366 @@
+"""Attention-bias modules: ALiBi, T5, KERPLE, FIRE, Sandwich and NoPE.
+
+Every module is an :class:`AttentionBias`: ``module(q_pos, k_pos)`` gives the
+bias ``(heads, *broadcast(q_pos, k_pos).shape)`` that is added to the scaled
+scores ``q . k * scale`` of a query at position ``q_pos`` and a key at
+``k_pos``; ``module.bias(q_len, k_len)`` is the dense ``(heads, q_len, k_len)``
+block for inspection and tests, queries aligned bottom-right (query ``i`` sits
+at key position ``i + k_len - q_len``, right for a KV cache), and the relative
+position is ``key - query`` as in HF T5. Modules whose bias depends on
+``key - query`` only (all but FIRE) say so with ``relative = True`` and give
+``module.relative_bias(rel)``; :func:`posenc.attention` then evaluates them once
+per call over the ``q_len + k_len - 1`` relative positions instead of per score.
+
+Formulas and conventions: shared/ANCHORS.md section 5. Learned parameters are
+ordinary ``nn.Parameter`` and train through :func:`posenc.attention`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.core import checks
+from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
+
+__all__ = ["FIRE", "KERPLE", "ALiBi", "AttentionBias", "NoPE", "Sandwich", "T5Bias"]
+
+
+def _check_heads(num_heads: Any) -> int:
+    return checks.check_int(num_heads, "num_heads", minimum=1)
+
+
+class AttentionBias(nn.Module):
+    """Base of the bias modules: a bias per head for each (query, key) position pair.
+
+    Subclasses set ``num_heads`` and implement :meth:`relative_bias` (when
+    ``relative``) or override :meth:`forward`.
+
+    Attributes:
+        num_heads: heads the bias has; :func:`posenc.attention` checks q against it.
+        relative: the bias depends on ``key - query`` only.
+        scale_with_logits: the bias is multiplied by the attention scale along with
+            ``q . k`` (Falcon's ALiBi) instead of added after it (the paper, BLOOM,
+            MPT, T5).
+    """
+
+    num_heads: int
+    relative: bool = True
+    scale_with_logits: bool = False
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        """The bias ``(heads, *rel.shape)`` of integer relative positions ``key - query``."""
+        raise NotImplementedError
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias ``(heads, *broadcast_shape)`` of integer query and key positions."""
+        return self.relative_bias(k_pos - q_pos)
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """The bias of one head for one (query, key) pair, all 0-d tensors.
+
+        What a FlexAttention score mod calls (element by element, compiled);
+        :func:`posenc.attention` uses it for biases that are not ``relative``.
+        """
+        return self(q_pos, k_pos)[head]
+
+    def bias(self, q_len: int, k_len: int) -> torch.Tensor:
+        """The dense ``(heads, q_len, k_len)`` bias, queries aligned bottom-right.
+
+        Query ``i`` sits at key position ``i + k_len - q_len``; the bias is the
+        one added to the scaled scores (before the attention scale when
+        ``scale_with_logits``).
+
+        Raises:
+            ValueError: lengths not ints >= 1, or ``q_len > k_len``.
+        """
+        q_len = checks.check_int(q_len, "q_len", minimum=1)
+        k_len = checks.check_int(k_len, "k_len", minimum=1)
+        if q_len > k_len:
+            raise ValueError(
+                f"q_len ({q_len}) must be <= k_len ({k_len}): queries are the last keys"
+            )
+        device = self._device()
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)
+        return self(q_pos[:, None], torch.arange(k_len, device=device)[None, :])
+
+    def _device(self) -> torch.device:
+        for t in [*self.parameters(), *self.buffers()]:
+            return t.device
+        return torch.device("cpu")
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+class ALiBi(AttentionBias):
+    """ALiBi (Press et al. 2022): a per-head linear penalty on the distance.
+
+    ``bias = slope_h * (key - query)``, i.e. ``-slope_h (i - j)`` for keys at
+    or before the query: the paper's causal form, to be used with a causal
+    mask (BLOOM's and the official code's ``+slope * j`` differ from it by a
+    per-row constant, the same after softmax under that mask). ``symmetric``
+    gives ``-slope_h |i - j|`` (x-transformers' ``AlibiPositionalBias``,
+    bidirectional encoders). Distances are measured bottom-right aligned,
+    as flash-attn does, so a KV cache (fewer queries than keys) gets the
+    right ones (keras-hub #2861).
+
+    Args:
+        num_heads: heads; slopes from :func:`posenc.alibi_slopes`.
+        symmetric: ``-slope |i - j|`` instead of the causal form.
+        max_bias: the slope exponent scale (8 in the paper; MPT's
+            ``alibi_bias_max``).
+        scale_with_logits: multiply the bias by the attention scale along with
+            ``q . k`` (Falcon); False adds it unscaled (paper, BLOOM, MPT).
+    """
+
+    slopes: torch.Tensor
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        symmetric: bool = False,
+        max_bias: float = 8.0,
+        scale_with_logits: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+        for name, flag in (("symmetric", symmetric), ("scale_with_logits", scale_with_logits)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
+        self.symmetric = symmetric
+        self.max_bias = max_bias
+        self.scale_with_logits = scale_with_logits
+        slopes = torch.from_numpy(alibi_slopes(self.num_heads, max_bias)).float()
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        r = rel.to(self.slopes.dtype)
+        if self.symmetric:
+            r = -r.abs()
+        return self.slopes.view(-1, *([1] * rel.ndim)) * r
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        # the slopes stay float32 under model.to(torch.bfloat16) (as inv_freq does)
+        super()._apply(fn, recurse)
+        self.slopes = self.slopes.float()
+        return self
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, symmetric={self.symmetric}, "
+            f"max_bias={self.max_bias}, scale_with_logits={self.scale_with_logits}"
+        )
+
+
+class T5Bias(AttentionBias):
+    """T5's learned relative-position bias: one scalar per head per bucket.
+
+    ``bias = relative_attention_bias[t5_bucket(key - query)]``, the table HF's
+    ``T5Attention`` holds as ``relative_attention_bias`` (an ``nn.Embedding
+    (num_buckets, num_heads)``, same name, so its weights load directly). T5
+    computes it in the first layer and shares it with all layers: pass one
+    module to every layer. T5 does not scale its logits by ``1 / sqrt(d)``:
+    call :func:`posenc.attention` with ``scale=1.0`` to match it.
+
+    Args:
+        num_heads: heads.
+        bidirectional: encoder (True) or decoder buckets.
+        num_buckets: buckets (32 in T5).
+        max_distance: distance at which the last bucket starts (128 in T5).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        bidirectional: bool = True,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+    ) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+        buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
+        self.bidirectional = bidirectional
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, self.num_heads)
+        self._buckets = buckets
+        self.register_buffer("thresholds", torch.from_numpy(thresholds), persistent=False)
+
+    thresholds: torch.Tensor
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        index = bucket_torch(rel, self.thresholds, self._buckets, self.bidirectional)
+        return self.relative_attention_bias(index).movedim(-1, 0)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_heads={self.num_heads}, bidirectional={self.bidirectional}, "
+            f"num_buckets={self.num_buckets}, max_distance={self.max_distance}"
+        )
+
+
+class KERPLE(AttentionBias):
+    """KERPLE (Chi et al. 2022): a learned conditionally positive definite kernel.
+
+    ``kind="log"``: ``-p log(1 + a |i - j|)``; ``kind="power"``: ``-a |i - j| ** p``
+    with ``0 < p <= 2``. ``p`` and ``a`` are per-head parameters ``bias_p`` and
+    ``bias_a`` (the names of the authors' gpt-neox code), initialised uniform on
+    (0, 2) and (0, 1) as there, and clamped to at least ``eps`` (``p`` of the
+    power kernel also to at most 2) where they are used.
+
+    Args:
+        num_heads: heads.
+        kind: ``"log"`` or ``"power"``.
+        eps: the lower clamp of both parameters (1e-2 in the authors' code).
+    """
+
+    KINDS = ("log", "power")
+
+    def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+        checks.check_choice(kind, "kind", self.KINDS)
+        self.kind = kind
+        self.eps = checks.check_number(eps, "eps", positive=True)
+        self.bias_p = nn.Parameter(torch.rand(self.num_heads) * 2)
+        self.bias_a = nn.Parameter(torch.rand(self.num_heads))
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        shape = (-1, *([1] * rel.ndim))
+        dist = rel.abs().to(self.bias_p.dtype)
+        a = self.bias_a.clamp(min=self.eps).view(shape)
+        if self.kind == "log":
+            p = self.bias_p.clamp(min=self.eps).view(shape)
+            return -p * torch.log1p(a * dist)
+        p = self.bias_p.clamp(min=self.eps, max=2.0).view(shape)
+        # 0 ** p has an infinite derivative in p: take 1 ** p there and select 0
+        safe = torch.where(dist > 0, dist, torch.ones_like(dist))
+        return torch.where(dist > 0, -a * safe**p, torch.zeros_like(safe * p))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, kind={self.kind!r}, eps={self.eps}"
+
+
+class FIRE(AttentionBias):
+    """FIRE (Li et al. 2023): an MLP of the log distance, normalised by the query position.
+
+    ``bias = f(psi(i - j) / (psi(max(L, i)) + eps))`` with ``psi(x) = log(|c x|
+    + 1)``, ``f`` an MLP ``1 -> mlp_width -> num_heads`` (ReLU), ``c`` learned
+    (initially ``init_c``) and ``L = |L_multiplier * init_L|`` with a learned
+    multiplier: the paper's reference module. ``i`` is the query position
+    (bottom-right aligned), so the bias depends on more than ``key - query``
+    (``relative = False``). Distances enter as ``|i - j|``.
+
+    Args:
+        num_heads: heads.
+        mlp_width: hidden width of ``f`` (32 in the paper).
+        init_c: initial ``c``.
+        init_L: initial threshold ``L`` (512).
+        eps: added to the normaliser.
+    """
+
+    relative = False
+    init_L: torch.Tensor
+
+    def __init__(
+        self,
+        num_heads: int,
+        *,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_L: float = 512.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+        width = checks.check_int(mlp_width, "mlp_width", minimum=1)
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, self.num_heads))
+        self.c = nn.Parameter(torch.tensor(checks.check_number(init_c, "init_c", positive=True)))
+        self.register_buffer(
+            "init_L", torch.tensor(checks.check_number(init_L, "init_L", positive=True))
+        )
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.eps = checks.check_number(eps, "eps", positive=True)
+
+    def _normalised(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``psi(|i - j|) / (psi(max(L, i)) + eps)``, the MLP's input."""
+        dtype = self.c.dtype
+        q = q_pos.to(dtype)
+        dist = (q - k_pos.to(dtype)).abs()
+        threshold = (self.L_multiplier * self.init_L).abs()
+        psi = torch.log1p((self.c * dist).abs())
+        norm = torch.log1p((self.c * torch.maximum(q, threshold)).abs()) + self.eps
+        return psi / norm
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self._normalised(q_pos, k_pos).unsqueeze(-1)).movedim(-1, 0)
+
+    def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        # the MLP of one head written out unit by unit: a score mod may not reduce
+        x = self._normalised(q_pos, k_pos)
+        first, last = self.mlp[0], self.mlp[2]
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+        out = last.bias[head]
+        for u in range(first.out_features):
+            out = out + last.weight[head, u] * torch.relu(first.weight[u, 0] * x + first.bias[u])
+        return out
+
+
+class Sandwich(AttentionBias):
+    """Sandwich (Chi et al. 2022b): the inner product of two sinusoidal embeddings.
+
+    ``bias_h = (sum_{k=1}^{dim/2} cos((j - i) / 10000 ** (2k / dim)) - dim / 2)
+    / (8 h / num_heads)`` for heads ``h = 1 .. num_heads``: zero at distance 0,
+    falling towards ``-dim / 2`` with distance, scaled per head as NeMo's
+    ``sandwich_pos_bias`` does (which sums the angles rather than their cosines;
+    posenc follows the paper). Angles are computed in float64.
+
+    Args:
+        num_heads: heads.
+        dim: dimension of the sinusoidal embeddings (even).
+    """
+
+    def __init__(self, num_heads: int, *, dim: int = 128) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+        self.dim = checks.check_int(dim, "dim", minimum=2)
+        if self.dim % 2:
+            raise ValueError(f"dim must be even; got {dim}")
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
+        self.register_buffer("inv_freq", 10000.0 ** (-2 * k / self.dim), persistent=False)
+        scales = torch.arange(1, self.num_heads + 1, dtype=torch.float64) * 8 / self.num_heads
+        self.register_buffer("head_scales", scales, persistent=False)
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        angles = rel.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(rel.device)
+        profile = torch.cos(angles).sum(-1) - self.dim / 2
+        scales = self.head_scales.to(rel.device).view(-1, *([1] * rel.ndim))
+        return (profile / scales).float()
+
+    inv_freq: torch.Tensor
+    head_scales: torch.Tensor
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        super()._apply(fn, recurse)
+        self.inv_freq = self.inv_freq.double()
+        self.head_scales = self.head_scales.double()
+        return self
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, dim={self.dim}"
+
+
+class NoPE(AttentionBias):
+    """No positional signal (Kazemnejad et al. 2023): a zero bias, causal mask only."""
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = _check_heads(num_heads)
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((self.num_heads, *rel.shape), device=rel.device)

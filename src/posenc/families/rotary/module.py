@@ -1,0 +1,557 @@
+"""``Rotary``: the ``torch.nn.Module`` shell of rotary embeddings (RoPE).
+
+Shapes: ``q`` and ``k`` are ``(batch, heads, seq, head_dim)`` (``seq_dim=-2``,
+HF's order) or ``(batch, seq, heads, head_dim)`` (``seq_dim=-3``, flash-attn's
+and rotary-embedding-torch's ``seq_before_head_dim``); with ``cu_seqlens``
+they are packed, ``(total_tokens, heads, head_dim)``. ``q`` and ``k`` may have
+different head counts (grouped-query attention).
+
+The module holds the frequencies of one schedule (:mod:`posenc.rotary.schedules`),
+their float32 ``inv_freq`` (a non-persistent buffer that stays float32 under
+``model.to(torch.bfloat16)``: transformers #25681, #30709), and a cache of
+exact cos/sin tables (:func:`posenc.rotary.tables.cos_sin`) for positions
+``0 .. n - 1`` per device and dtype, grown by doubling under a lock. The
+rotation itself is :func:`posenc.rotary.apply.apply_rotary`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.core import checks
+from posenc.core.angles import EXACT_LIMIT
+from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.schedules import RopeFrequencies, frequencies
+from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
+
+__all__ = ["Rotary"]
+
+# Guards growth of the tables and swaps of the frequencies of every Rotary.
+_LOCK = threading.Lock()
+
+# Tables start with this many positions and double when a longer one is needed.
+INITIAL_LENGTH = 2048
+# Beyond this many table entries (per cos or sin: 64 MiB of float32) positions are
+# computed directly.
+MAX_TABLE_ELEMENTS = 1 << 24
+
+_TableKey = tuple[torch.device, torch.dtype]
+_Table = tuple[torch.Tensor, torch.Tensor]
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_float_tensor(t: Any, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be a float tensor; got {shown}")
+    return t
+
+
+def _check_int_tensor(t: Any, name: str, *, floats: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor; got {type(t).__name__}")
+    if t.dtype == torch.bool or t.is_complex() or (t.is_floating_point() and not floats):
+        kind = "int or float" if floats else "int"
+        raise TypeError(f"{name} must hold {kind} values; got {t.dtype}")
+    return t
+
+
+def _resolve_scaling(
+    scaling: Mapping[str, Any] | None, max_position_embeddings: int | None
+) -> tuple[str, dict[str, Any]]:
+    """``(rope_type, params)`` from an HF-style ``rope_parameters`` dict without ``rope_theta``."""
+    if scaling is None:
+        return "default", {}
+    if not isinstance(scaling, Mapping):
+        raise TypeError(f"scaling must be None or a dict; got {type(scaling).__name__}")
+    params = dict(scaling)
+    if "rope_theta" in params:
+        raise ValueError("scaling must not hold rope_theta: pass it as base")
+    rope_type = params.pop("rope_type", None)
+    alias = params.pop("type", None)  # the old HF name of rope_type
+    if rope_type is not None and alias is not None and alias != rope_type:
+        raise ValueError(
+            f"scaling has rope_type={rope_type!r} and its old alias type={alias!r}; keep one"
+        )
+    rope_type = rope_type if rope_type is not None else alias
+    if rope_type is None:
+        raise ValueError("scaling needs rope_type (or its old alias type)")
+    if not isinstance(rope_type, str):
+        raise TypeError(f"scaling['rope_type'] must be a str; got {rope_type!r}")
+    if (
+        rope_type in ("dynamic", "longrope")
+        and "max_position_embeddings" not in params
+        and max_position_embeddings is not None
+    ):
+        # a config attribute in HF, a constructor argument here
+        params["max_position_embeddings"] = max_position_embeddings
+    return rope_type, params
+
+
+class Rotary(nn.Module):
+    """Rotary position embeddings for queries and keys (Su et al. 2021, RoFormer).
+
+    ``rope(q, k)`` returns ``q`` and ``k`` with channel pairs rotated by
+    ``position * omega_k``, as HF's ``LlamaRotaryEmbedding`` plus
+    ``apply_rotary_pos_emb`` do (``layout="half"``) or Meta's llama and
+    rotary-embedding-torch (``layout="interleaved"``), with the angles exact
+    (:mod:`posenc._angles`) instead of float32 products, and bf16/fp16 inputs
+    rotated in float32.
+
+    Tables of integer positions ``0 .. n - 1`` are cached per (device, dtype)
+    and doubled when a longer one is needed, built whole before they are
+    published (fairseq #5555). Negative or float positions, and tables beyond
+    :data:`MAX_TABLE_ELEMENTS`, are computed directly.
+
+    ``dynamic`` scaling follows HF's ``dynamic_rope_update``: when a call needs
+    more than the longest length seen so far (initially
+    ``max_position_embeddings``), the frequencies are recomputed for that
+    length; when it needs less than ``max_position_embeddings`` again, the
+    original frequencies are restored (transformers #25104). Keys already in a
+    KV cache keep the frequencies they were rotated with. ``longrope`` switches
+    between its short and long factors at ``original_max_position_embeddings``
+    (strictly above it: long).
+
+    ``torch.compile(fullgraph=True)`` traces ``rope`` with an int ``offset``
+    or explicit positions as long as the table already covers them (the first
+    :data:`INITIAL_LENGTH` positions are built at construction); nothing is
+    recomputed while tracing.
+
+    Args:
+        head_dim: channels per head (even).
+        base: ``rope_theta``.
+        rotary_dim: channels that rotate (even, <= ``head_dim``; GPT-NeoX's
+            partial rotary: ``int(head_dim * partial_rotary_factor)``); the
+            rest pass through. ``head_dim`` by default.
+        layout: ``"half"`` (GPT-NeoX, HF) or ``"interleaved"`` (GPT-J, Meta).
+        scaling: None, or an HF ``rope_parameters`` dict without ``rope_theta``:
+            ``{"rope_type": "linear", "factor": 2.0}`` (``"type"`` is accepted
+            as the old alias of ``"rope_type"``).
+        max_position_embeddings: the model's ``max_position_embeddings``, which
+            ``dynamic`` (and ``longrope``) read when ``scaling`` does not hold it.
+        seq_dim: ``-2`` for ``(batch, heads, seq, head_dim)``, ``-3`` for
+            ``(batch, seq, heads, head_dim)``.
+
+    Attributes:
+        inv_freq: float32 ``(rotary_dim // 2,)`` frequencies (HF's ``inv_freq``).
+        attention_scaling: multiplies cos and sin (YaRN's mscale ...).
+
+    Raises:
+        TypeError: non-int sizes, non-numeric ``base``, ``scaling`` not a dict.
+        ValueError: odd ``head_dim`` or ``rotary_dim``, ``rotary_dim > head_dim``,
+            unknown ``layout``, ``seq_dim`` or rope type, bad schedule parameters
+            (``factor < 1`` ...).
+    """
+
+    inv_freq: torch.Tensor
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Any,
+        *,
+        layer_type: str | None = None,
+        layout: Layout = "half",
+        seq_dim: int = -2,
+    ) -> Rotary:
+        """The rotary embedding an HF model's config describes.
+
+        Args:
+            config: a transformers config object or a plain ``config.json`` dict,
+                in the v5 ``rope_parameters`` form (per layer type too) or the v4
+                ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.hf.rope_spec`).
+            layer_type: which layer type's RoPE, for per-layer-type configs.
+            layout, seq_dim: as in the constructor (HF models use ``"half"``).
+
+        Raises:
+            ValueError: unknown rope type, missing or extra keys (named), no
+                head dim information, M-RoPE configs.
+        """
+        from posenc.integration.hf import rope_spec
+
+        spec = rope_spec(config, layer_type)
+        scaling = None
+        if spec.rope_type != "default":
+            scaling = {"rope_type": spec.rope_type, **spec.params}
+        return cls(
+            spec.head_dim,
+            base=spec.base,
+            rotary_dim=spec.rotary_dim,
+            layout=layout,
+            scaling=scaling,
+            max_position_embeddings=spec.max_position_embeddings,
+            seq_dim=seq_dim,
+        )
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        layout: Layout = "half",
+        scaling: Mapping[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
+        seq_dim: int = -2,
+    ) -> None:
+        super().__init__()
+        self.head_dim = checks.check_int(head_dim, "head_dim", minimum=2)
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even; got {head_dim}")
+        rd = self.head_dim if rotary_dim is None else rotary_dim
+        self.rotary_dim = checks.check_int(rd, "rotary_dim", minimum=2)
+        if self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim ({rotary_dim}) must be <= head_dim ({head_dim})")
+        checks.check_choice(layout, "layout", LAYOUTS)
+        self.layout: Layout = layout
+        if isinstance(seq_dim, bool) or seq_dim not in (-2, -3):
+            raise ValueError(
+                f"seq_dim must be -2 (batch, heads, seq, head_dim) or -3 "
+                f"(batch, seq, heads, head_dim); got {seq_dim!r}"
+            )
+        self.seq_dim = seq_dim
+        self.base = checks.check_number(base, "base", positive=True)
+        self.max_position_embeddings = (
+            None
+            if max_position_embeddings is None
+            else checks.check_int(max_position_embeddings, "max_position_embeddings", minimum=1)
+        )
+        self.rope_type, self.params = _resolve_scaling(scaling, self.max_position_embeddings)
+        self._original = self._frequencies(None)
+        self._freqs = self._original
+        # HF's max_seq_len_cached: the length the current frequencies were made for
+        self._dynamic_length = int(self.params.get("max_position_embeddings") or 0)
+        self._tables: dict[_TableKey, _Table] = {}
+        self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")), persistent=False)
+        self._table_for(INITIAL_LENGTH, torch.device("cpu"), torch.float32)
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.head_dim}", f"base={self.base:g}", f"layout={self.layout!r}"]
+        if self.rotary_dim != self.head_dim:
+            parts.append(f"rotary_dim={self.rotary_dim}")
+        if self.rope_type != "default":
+            parts.append(f"rope_type={self.rope_type!r}")
+        if self.seq_dim != -2:
+            parts.append(f"seq_dim={self.seq_dim}")
+        return ", ".join(parts)
+
+    # ------------------------------------------------------------------ frequencies
+
+    def _frequencies(self, seq_len: int | None) -> RopeFrequencies:
+        return frequencies(
+            self.rope_type,
+            self.rotary_dim,
+            self.base,
+            self.params,
+            head_dim=self.head_dim,
+            seq_len=seq_len,
+        )
+
+    @property
+    def attention_scaling(self) -> float:
+        """The factor on cos and sin of the current frequencies."""
+        return self._freqs.attention_scaling
+
+    def _inv_freq(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor(self._freqs.inv_freq, dtype=torch.float32, device=device)
+
+    def _swap(self, freqs: RopeFrequencies, length: int) -> None:
+        with _LOCK:
+            if freqs is not self._freqs:
+                self._freqs = freqs
+                self._tables = {}
+                self.inv_freq = self._inv_freq(self.inv_freq.device)
+            self._dynamic_length = length
+
+    def _update(self, needed: int) -> None:
+        """Follow HF's ``dynamic_rope_update`` for a call that needs ``needed`` positions."""
+        if self.rope_type == "dynamic":
+            max_pos = int(self.params["max_position_embeddings"])
+            if needed > self._dynamic_length:
+                self._swap(self._frequencies(needed), needed)
+            elif needed < max_pos < self._dynamic_length:
+                self._swap(self._original, max_pos)
+        elif self.rope_type == "longrope":
+            original = int(self.params["original_max_position_embeddings"])
+            if (needed > original) != (self._dynamic_length > original):
+                freqs = self._frequencies(needed) if needed > original else self._original
+                self._swap(freqs, needed)
+
+    # ------------------------------------------------------------------ tables
+
+    def _table_for(self, length: int, device: torch.device, dtype: torch.dtype) -> _Table | None:
+        """Exact tables of at least ``length`` positions, grown if needed; None if too large."""
+        key = (device, dtype)
+        table = self._tables.get(key)
+        if table is not None and table[0].shape[0] >= length:
+            return table
+        if length * self.rotary_dim > MAX_TABLE_ELEMENTS:
+            return None
+        with _LOCK:
+            freqs, tables = self._freqs, self._tables
+            table = tables.get(key)  # another thread may have grown it meanwhile
+            if table is None or table[0].shape[0] < length:
+                n = INITIAL_LENGTH if table is None else table[0].shape[0]
+                while n < length:
+                    n *= 2
+                n = max(length, min(n, MAX_TABLE_ELEMENTS // self.rotary_dim))
+                positions = torch.arange(n, device=device)
+                # built whole before it is published: readers see the old or the new table
+                table = cos_sin(positions, freqs, layout=self.layout, dtype=dtype)
+                tables[key] = table
+            return table
+
+    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> _Table:
+        if positions.numel() == 0:
+            empty = torch.zeros(
+                (*positions.shape, self.rotary_dim), device=positions.device, dtype=dtype
+            )
+            return empty, empty
+        c, s = cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
+        return c, s
+
+    def _lookup(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype) -> _Table:
+        """cos and sin of any positions, ``positions.shape + (rotary_dim,)``."""
+        positions = positions.to(device)
+        if torch.compiler.is_compiling():
+            if positions.is_floating_point():
+                return cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
+            table = self._tables.get((device, dtype))
+            if table is None:
+                raise ValueError(
+                    "no cos/sin table for this device and dtype yet: run one eager call "
+                    "before torch.compile"
+                )
+            return F.embedding(positions, table[0]), F.embedding(positions, table[1])
+        if positions.numel() == 0:
+            return self._direct(positions, dtype)
+        lo, hi = torch.stack([p.double() for p in torch.aminmax(positions.detach())]).tolist()
+        if not max(abs(lo), abs(hi)) < EXACT_LIMIT:
+            raise ValueError(
+                f"positions must lie in (-2**31, 2**31), the range in which posenc is exact; "
+                f"got values in [{lo:.6g}, {hi:.6g}]"
+            )
+        self._update(int(hi) + 1)
+        if positions.is_floating_point() or lo < 0:
+            return self._direct(positions, dtype)
+        table = self._table_for(int(hi) + 1, device, dtype)
+        if table is None:
+            return self._direct(positions, dtype)
+        return F.embedding(positions, table[0]), F.embedding(positions, table[1])
+
+    def _range(self, offset: Any, seq: int, device: torch.device, dtype: torch.dtype) -> _Table:
+        """cos and sin of ``offset .. offset + seq - 1``, ``(seq, rotary_dim)``."""
+        if isinstance(offset, torch.Tensor):
+            if offset.ndim != 0 or offset.dtype == torch.bool or offset.is_floating_point():
+                raise TypeError(
+                    f"offset as a tensor must be a 0-d int tensor; got {offset.dtype} "
+                    f"of shape {tuple(offset.shape)}"
+                )
+            return self._lookup(torch.arange(seq, device=device) + offset.to(device), device, dtype)
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer, torch.SymInt)):
+            raise TypeError(
+                f"offset must be an int or a 0-d int tensor; got {type(offset).__name__} {offset!r}"
+            )
+        end = offset + seq
+        if torch.compiler.is_compiling():
+            table = self._tables.get((device, dtype))
+            if table is None or offset < 0 or end > table[0].shape[0]:
+                # a constant message: offset may be symbolic, and dynamo cannot format it
+                raise ValueError(
+                    "offset .. offset + seq - 1 lies outside the cos/sin table, which cannot "
+                    "grow inside torch.compile; run one eager call with the longest length first"
+                )
+            return table[0][offset:end], table[1][offset:end]
+        offset, end = int(offset), int(end)
+        if not (-EXACT_LIMIT < offset and end <= EXACT_LIMIT):
+            raise ValueError(
+                f"offset .. offset + seq - 1 must lie in (-2**31, 2**31), the range in which "
+                f"posenc is exact; got offset={offset}, seq={seq}"
+            )
+        self._update(end)
+        table = self._table_for(end, device, dtype) if offset >= 0 else None
+        if table is None:
+            return self._direct(torch.arange(offset, end, device=device), dtype)
+        return table[0][offset:end], table[1][offset:end]
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of ``positions``, ``positions.shape + (rotary_dim,)``, in layout order.
+
+        The values of :func:`posenc.rotary.tables.cos_sin` (through the cached
+        table for integer positions), times the attention scaling; HF's
+        ``LlamaRotaryEmbedding.forward`` returns the same pair (``half``).
+
+        Args:
+            positions: int or float tensor of any shape, on any device.
+            dtype: result dtype (float32 by default).
+
+        Raises:
+            TypeError: ``positions`` not an int or float tensor.
+            ValueError: positions beyond ``2**31`` in magnitude.
+        """
+        positions = _check_int_tensor(positions, "positions", floats=True)
+        c, s = self._lookup(positions, positions.device, _work_dtype(dtype))
+        return c.to(dtype), s.to(dtype)
+
+    # ------------------------------------------------------------------ rotation
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        offset: Any = 0,
+        *,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k`` by their positions.
+
+        Args:
+            q: ``(batch, heads, seq, head_dim)`` (``seq_dim=-2``) or ``(batch, seq,
+                heads, head_dim)`` (``seq_dim=-3``); a batch-less form drops the
+                first dim; ``(total_tokens, heads, head_dim)`` with ``cu_seqlens``.
+            k: like ``q``, possibly with another head count (GQA).
+            positions: ``(seq,)`` or ``(batch, seq)`` int (or float) positions;
+                ``None`` means ``offset .. offset + seq - 1``.
+            offset: the first position when ``positions`` is None: the number
+                of tokens already in the KV cache (rotary-embedding-torch #11).
+                An int or a 0-d int tensor.
+            cu_seqlens: ``(n + 1,)`` int cumulative lengths of ``n`` packed
+                sequences (flash-attn's ``varlen``); positions restart at 0 in
+                each.
+
+        Returns:
+            ``(q', k')``, shaped and typed like ``q`` and ``k``.
+
+        Raises:
+            TypeError: non-float ``q``/``k``, or of different dtypes; bad
+                ``positions``/``offset``/``cu_seqlens`` types.
+            ValueError: wrong ``head_dim``, shapes, devices; ``positions`` and a
+                non-zero ``offset``; positions beyond ``2**31``.
+        """
+        q = _check_float_tensor(q, "q")
+        k = _check_float_tensor(k, "k")
+        if q.dtype != k.dtype:
+            raise TypeError(f"q and k must have the same dtype; got {q.dtype} and {k.dtype}")
+        if q.device != k.device:
+            raise ValueError(f"q and k must be on the same device; got {q.device} and {k.device}")
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[-1] != self.head_dim:
+                raise ValueError(
+                    f"{name} must have head_dim={self.head_dim} channels; got shape "
+                    f"{tuple(t.shape)}"
+                )
+        device, work = q.device, _work_dtype(q.dtype)
+        offset_zero = isinstance(offset, (int, np.integer)) and not isinstance(offset, bool)
+        offset_zero = offset_zero and offset == 0
+        if cu_seqlens is not None:
+            if positions is not None or not offset_zero:
+                raise ValueError("cu_seqlens numbers positions itself: pass no positions or offset")
+            for name, t in (("q", q), ("k", k)):
+                if t.ndim != 3:
+                    raise ValueError(
+                        f"with cu_seqlens, {name} must be (total_tokens, heads, head_dim); "
+                        f"got shape {tuple(t.shape)}"
+                    )
+            if q.shape[0] != k.shape[0]:
+                raise ValueError(
+                    f"q and k must hold the same tokens; got {q.shape[0]} and {k.shape[0]}"
+                )
+            packed = self._packed_positions(cu_seqlens, q.shape[0], device)
+            c, s = self._lookup(packed, device, work)
+            c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+        else:
+            dim = self.seq_dim
+            for name, t in (("q", q), ("k", k)):
+                if t.ndim < -dim:
+                    raise ValueError(
+                        f"{name} must have at least {-dim} dims (seq_dim={dim}); got shape "
+                        f"{tuple(t.shape)}"
+                    )
+            seq = q.shape[dim]
+            if k.shape[dim] != seq:
+                raise ValueError(
+                    f"q and k must have the same sequence length (dim {dim}); got "
+                    f"{seq} and {k.shape[dim]}"
+                )
+            if positions is None:
+                c, s = self._range(offset, seq, device, work)
+            else:
+                if not offset_zero:
+                    raise ValueError("pass positions or offset, not both: positions are absolute")
+                positions = _check_int_tensor(positions, "positions", floats=True)
+                batched = positions.ndim == 2
+                ok = positions.ndim in (1, 2) and positions.shape[-1] == seq
+                if batched:
+                    ok = ok and q.ndim == k.ndim == 4 and k.shape[0] == q.shape[0]
+                    ok = ok and positions.shape[0] in (1, q.shape[0])
+                if not ok:
+                    raise ValueError(
+                        f"positions must be (seq,) or (batch, seq) matching q "
+                        f"{tuple(q.shape)} (seq_dim={dim}); got shape {tuple(positions.shape)}"
+                    )
+                c, s = self._lookup(positions, device, work)
+                if batched:
+                    # (batch, seq, r) -> (batch, 1, seq, r) for heads before seq
+                    c, s = (c.unsqueeze(1), s.unsqueeze(1)) if dim == -2 else (c, s)
+            if dim == -3:
+                c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+        rd, layout = self.rotary_dim, self.layout
+        return (
+            apply_rotary(q, c, s, layout=layout, rotary_dim=rd),
+            apply_rotary(k, c, s, layout=layout, rotary_dim=rd),
+        )
+
+    @staticmethod
+    def _packed_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
+        """``i - cu_seqlens[j]`` for token ``i`` of sequence ``j`` (no data-dependent shapes)."""
+        cu = _check_int_tensor(cu_seqlens, "cu_seqlens")
+        if cu.ndim != 1 or cu.shape[0] < 2:
+            raise ValueError(
+                f"cu_seqlens must be 1-D (n + 1,) cumulative lengths; got shape {tuple(cu.shape)}"
+            )
+        cu = cu.to(device=device, dtype=torch.int64)
+        if not torch.compiler.is_compiling():
+            first, last = cu[0].item(), cu[-1].item()
+            if first != 0 or last != total or bool((cu[1:] < cu[:-1]).any()):
+                raise ValueError(
+                    f"cu_seqlens must rise from 0 to the {total} packed tokens; got "
+                    f"{cu.tolist() if cu.numel() <= 16 else 'other values'}"
+                )
+        index = torch.arange(total, device=device)
+        seq = torch.searchsorted(cu[1:], index, right=True)
+        return index - cu[seq]
+
+    # ------------------------------------------------------------------ module plumbing
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        with _LOCK:
+            super()._apply(fn, recurse)
+            moved = self.inv_freq
+            if not moved.is_meta:
+                # .to(bfloat16) / .half() would round the frequencies (transformers
+                # #25681, #30709) and to_empty() would drop them: keep them exact
+                # float32, on the new device
+                self.inv_freq = torch.tensor(
+                    self._freqs.inv_freq, dtype=torch.float32, device=moved.device
+                )
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state["_tables"] = {}
+        return state

@@ -1,0 +1,10 @@
+"""Layer 3, integration: the families put to work, on top of core and families.
+
+- :mod:`posenc.integration.attention`: ``posenc.attention``, one entry point
+  for attention with a rotary encoding and/or a bias.
+- :mod:`posenc.integration.hf`: patching HF transformers models.
+- :mod:`posenc.integration.analysis`: every measured property that the report,
+  the figures and ``posenc check`` show.
+
+Users import them as ``posenc.attention``, ``posenc.hf`` and ``posenc.analysis``.
+"""

@@ -1,0 +1,513 @@
+"""``posenc.attention`` (in ``posenc.attend``): attention with RoPE and/or bias, linear memory.
+
+Shapes::
+
+    q     (batch, heads, q_len, head_dim)
+    k     (batch, kv_heads, k_len, head_dim)     heads % kv_heads == 0 (GQA)
+    v     (batch, kv_heads, k_len, v_dim)
+    out   (batch, heads, q_len, v_dim)
+
+Queries are aligned bottom-right: query ``i`` sits at key position ``i + k_len -
+q_len`` (a KV cache holds the earlier keys). ``scores = q . k * scale + bias``,
+the bias from an :class:`posenc.bias.AttentionBias` (multiplied by ``scale``
+too when the module says ``scale_with_logits``).
+
+No path builds a ``(batch, heads, q_len, k_len)`` tensor:
+
+- ``"kernel"`` (CPU, float32): the compiled flash-attention loop of
+  ``posenc.core._kernels.attend``, with a bias that depends on ``key - query`` read
+  from one ``(heads, q_len + k_len - 1)`` table;
+- ``"blockwise"`` (any device): exact softmax over blocks of queries, every key
+  at once, in torch ops; the backward recomputes each block from the saved
+  log-sum-exp (as flash attention does), so training needs O(q_len) memory
+  beyond a block;
+- ``"flex"``: ``torch.nn.attention.flex_attention`` with a score mod and a block
+  mask, compiled: what ``"auto"`` takes on GPUs. On this CPU compiled flex
+  measured 6x slower than SDPA and has no backward, so ``"auto"`` takes the
+  kernel (or blockwise) there, also inside ``torch.compile`` (a graph break).
+
+The forward of ``"kernel"`` and ``"blockwise"`` goes through one autograd
+function whose backward is the blockwise recomputation: gradients reach q, k,
+v and the bias module's parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from posenc.core import checks
+from posenc.core.kernels import compiled
+from posenc.families.bias.modules import AttentionBias, NoPE
+
+__all__ = ["attention"]
+
+BACKENDS = ("auto", "kernel", "blockwise", "flex")
+
+# Scores per block of the blockwise path (4 MiB of float32): a block is a run of
+# queries against every key, so its softmax is exact without rescaling.
+_BLOCK_SCORES = 1 << 20
+
+BiasFn = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything but the tensors autograd tracks: how to score a block."""
+
+    bias_fn: BiasFn | None  # (params, q_pos (n,), k_pos (m,)) -> (heads, n, m)
+    causal: bool
+    scale: float
+    key_mask: torch.Tensor | None  # (batch, k_len) bool, True = attend
+    offset: int  # k_len - q_len: the key position of query 0
+    kernel_table: bool  # the bias is params[0], a table over key - query (or None)
+
+
+def _check_inputs(q: Any, k: Any, v: Any) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a float tensor; got {shown}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be (batch, heads, seq, dim); got shape {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(
+            f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}"
+        )
+    (b, h, _, d), (bk, hk, lk, dk), (bv, hv, lv, _) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ValueError(f"q, k and v must share the batch size; got {b}, {bk}, {bv}")
+    if dk != d:
+        raise ValueError(f"q and k must share head_dim; got {d} and {dk}")
+    if (hk, lk) != (hv, lv):
+        raise ValueError(
+            f"k and v must have the same heads and length; got k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    if hk < 1 or h % hk:
+        raise ValueError(f"q's heads ({h}) must be a multiple of k's and v's heads ({hk})")
+    if min(q.shape[2], lk) < 1:
+        raise ValueError(f"q_len and k_len must be >= 1; got {q.shape[2]} and {lk}")
+
+
+def _key_mask(mask: Any, batch: int, k_len: int, device: torch.device) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor) or mask.is_floating_point() or mask.is_complex():
+        shown = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(
+            f"attention_mask must be a bool or int tensor (1 = attend, 0 = padding); got {shown}"
+        )
+    if tuple(mask.shape) != (batch, k_len):
+        raise ValueError(
+            f"attention_mask must be (batch, k_len) = ({batch}, {k_len}); got {tuple(mask.shape)}"
+        )
+    return mask.to(device=device, dtype=torch.bool)
+
+
+def _rotate(
+    rotary: Any, q: torch.Tensor, k: torch.Tensor, offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from posenc.families.rotary.apply import apply_rotary
+
+    for attr in ("cos_sin", "layout", "rotary_dim", "head_dim"):
+        if not hasattr(rotary, attr):
+            raise TypeError(f"rotary must be a posenc.Rotary; got {type(rotary).__name__}")
+    if q.shape[-1] != rotary.head_dim:
+        raise ValueError(
+            f"rotary has head_dim={rotary.head_dim}; q and k have {q.shape[-1]} channels"
+        )
+    pos = torch.arange(k.shape[2], device=q.device)
+    c, s = rotary.cos_sin(pos)
+    kw = {"layout": rotary.layout, "rotary_dim": rotary.rotary_dim}
+    return apply_rotary(q, c[offset:], s[offset:], **kw), apply_rotary(k, c, s, **kw)
+
+
+def _bias_plan(
+    bias: AttentionBias, heads: int, q_len: int, k_len: int, scale: float, device: torch.device
+) -> tuple[BiasFn, tuple[torch.Tensor, ...], bool]:
+    """The bias as a block function of its tensors, the tensors, and whether they are a table.
+
+    A bias of ``key - query`` is evaluated once over the ``q_len + k_len - 1``
+    relative positions (``-(k_len - 1) .. q_len - 1``) into a ``(heads, n)``
+    table that blocks index; autograd carries the table's gradient back to
+    the module's parameters. Other biases (FIRE) are evaluated per block.
+    """
+    factor = scale if bias.scale_with_logits else 1.0
+    if bias.relative:
+        rel = torch.arange(-(k_len - 1), q_len, device=device)
+        table = bias.relative_bias(rel).float()
+        if factor != 1.0:
+            table = table * factor
+        if tuple(table.shape) != (heads, q_len + k_len - 1):
+            raise ValueError(
+                f"{type(bias).__name__}.relative_bias gave shape {tuple(table.shape)}; "
+                f"expected ({heads}, {q_len + k_len - 1})"
+            )
+
+        def from_table(
+            params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+        ) -> torch.Tensor:
+            index = k_pos[None, :] - q_pos[:, None] + (k_len - 1)
+            return params[0][:, index]
+
+        return from_table, (table,), True
+
+    params = tuple(p for p in bias.parameters() if p.requires_grad)
+
+    def per_block(
+        _: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor:
+        out = bias(q_pos[:, None], k_pos[None, :]).float()
+        return out * factor if factor != 1.0 else out
+
+    return per_block, params, False
+
+
+def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``(B, H, ...)`` -> ``(B, kv_heads, H / kv_heads, ...)`` (a view)."""
+    b, h = x.shape[:2]
+    return x.view(b, kv_heads, h // kv_heads, *x.shape[2:])
+
+
+def _block_scores(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    qb: torch.Tensor,
+    k: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+) -> torch.Tensor:
+    """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, D)."""
+    hk = k.shape[1]
+    s = torch.matmul(_grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+    s = s * plan.scale
+    if plan.bias_fn is not None:
+        s = s + plan.bias_fn(params, q_pos, k_pos)
+    allowed = None
+    if plan.causal:
+        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if plan.key_mask is not None:
+        km = plan.key_mask[:, None, None, :]
+        allowed = km if allowed is None else allowed & km
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s
+
+
+def _safe(lse: torch.Tensor) -> torch.Tensor:
+    """The log-sum-exp with rows that see no key set to 0 (their weights are all 0)."""
+    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+
+
+def _blocks(batch: int, heads: int, q_len: int, k_len: int) -> int:
+    return max(1, min(q_len, _BLOCK_SCORES // max(1, batch * heads * k_len)))
+
+
+def _forward_blockwise(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, h, lq, _ = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    out = torch.empty((b, h, lq, v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, lq), dtype=q.dtype, device=q.device)
+    k_pos = torch.arange(lk, device=q.device)
+    step = _blocks(b, h, lq, lk)
+    for i0 in range(0, lq, step):
+        i1 = min(lq, i0 + step)
+        q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
+        s = _block_scores(plan, params, q[:, :, i0:i1], k, q_pos, k_pos)
+        m = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - _safe(m)[..., None])
+        o = torch.matmul(_grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)
+        out[:, :, i0:i1] = o
+        lse[:, :, i0:i1] = m
+    return out, lse
+
+
+def _forward_kernel(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The compiled forward, or None where it does not apply (the caller goes blockwise)."""
+    if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
+        return None
+    if q.dtype != torch.float32 or (plan.bias_fn is not None and not plan.kernel_table):
+        return None
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return None
+    b, h, lq, _ = q.shape
+    hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    out = torch.empty((b, h, lq, dv), dtype=torch.float32)
+    lse = torch.empty((b, h, lq), dtype=torch.float32)
+    table = None
+    if plan.bias_fn is not None:
+        # reversed, so that a row of keys reads it forwards: see core/csrc
+        table = params[0].detach().float().flip(-1).contiguous()
+    mask = None
+    if plan.key_mask is not None:
+        mask = plan.key_mask.to(torch.uint8).contiguous()
+    threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    done = compiled.attend(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+        0 if table is None else table.data_ptr(), 0 if mask is None else mask.data_ptr(),
+        [b, h, hk, lq, lk, q.shape[-1], dv],
+        list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
+        plan.causal, plan.scale, threads,
+    )  # fmt: skip
+    return (out, lse) if done else None
+
+
+def _bias_grads(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    wanted: Sequence[bool],
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    dbias: torch.Tensor,
+    dparams: list[torch.Tensor | None],
+) -> None:
+    """Add the gradient of the bias tensors for one block (``dbias``: (heads, n, k_len))."""
+    assert plan.bias_fn is not None
+    with torch.enable_grad():
+        if plan.kernel_table:  # the table itself: differentiate the gather from it
+            leaves = [params[0].detach().requires_grad_(True)]
+            block = plan.bias_fn(leaves, q_pos, k_pos)
+        else:  # the module's parameters, which the block is computed from
+            leaves = [p for p, w in zip(params, wanted, strict=True) if w]
+            block = plan.bias_fn(params, q_pos, k_pos)
+        grads = iter(torch.autograd.grad(block, leaves, dbias, allow_unused=True))
+    for n, w in enumerate(wanted):
+        if w:
+            g, prev = next(grads), dparams[n]
+            if g is not None:
+                dparams[n] = g if prev is None else prev + g
+
+
+class _Attention(torch.autograd.Function):
+    """Attention whose backward recomputes scores block by block from the log-sum-exp."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        plan: _Plan,
+        use_kernel: bool,
+        *params: torch.Tensor,
+    ) -> torch.Tensor:
+        result = _forward_kernel(plan, params, q, k, v) if use_kernel else None
+        out, lse = result if result is not None else _forward_blockwise(plan, params, q, k, v)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, out, lse, *params)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        plan: _Plan = ctx.plan
+        q, k, v, out, lse, *params = ctx.saved_tensors
+        b, h, lq, _ = q.shape
+        hk, lk = k.shape[1], k.shape[2]
+        dout = dout.contiguous()
+        delta = (dout * out).sum(-1)
+        dq = torch.empty_like(q)
+        dk = torch.zeros((b, hk, lk, k.shape[-1]), dtype=q.dtype, device=q.device)
+        dv = torch.zeros_like(v)
+        wanted = [p.requires_grad for p in params]
+        dparams: list[torch.Tensor | None] = [None] * len(params)
+        k_pos = torch.arange(lk, device=q.device)
+        step = _blocks(b, h, lq, lk)
+        for i0 in range(0, lq, step):
+            i1 = min(lq, i0 + step)
+            q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
+            qb, dob = q[:, :, i0:i1], dout[:, :, i0:i1]
+            with torch.no_grad():
+                s = _block_scores(plan, params, qb, k, q_pos, k_pos)
+                p = torch.exp(s - _safe(lse[:, :, i0:i1])[..., None])
+                dv += torch.matmul(_grouped(p, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
+                dp = torch.matmul(_grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
+                ds = p * (dp.flatten(1, 2) - delta[:, :, i0:i1, None])
+                dq[:, :, i0:i1] = (
+                    torch.matmul(_grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
+                )
+                dk += (
+                    torch.matmul(_grouped(ds, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
+                    * plan.scale
+                )
+            if plan.bias_fn is not None and any(wanted):
+                _bias_grads(plan, params, wanted, q_pos, k_pos, ds.sum(0), dparams)
+        return (dq, dk, dv, None, None, *dparams)
+
+
+def _flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    bias: AttentionBias | None,
+) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    offset, key_mask = plan.offset, plan.key_mask
+    table = params[0] if plan.kernel_table else None
+    factor = plan.scale if bias is not None and bias.scale_with_logits else 1.0
+
+    def score_mod(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        if table is not None:
+            return score + table[hi, ki - qi - offset + (lk - 1)]
+        if bias is not None and not isinstance(bias, NoPE):
+            return score + bias.score(hi, qi + offset, ki) * factor
+        return score
+
+    def mask_mod(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        keep = ki >= 0
+        if plan.causal:
+            keep = keep & (ki <= qi + offset)
+        if key_mask is not None:
+            keep = keep & key_mask[bi, ki]
+        return keep
+
+    compiling = torch.compiler.is_compiling()
+    block_mask = None
+    if plan.causal or key_mask is not None:
+        # eager create_block_mask materialises the dense (B, H, q_len, k_len) mask
+        # first; compiled, it evaluates mask_mod block by block
+        make_mask = create_block_mask if compiling else _compiled(create_block_mask)
+        block_mask = make_mask(
+            mask_mod, None if key_mask is None else b, None, lq, lk, device=q.device
+        )
+    run = flex_attention if compiling else _compiled(flex_attention)
+    out: torch.Tensor = run(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=plan.scale,
+        enable_gqa=h != k.shape[1],
+    )  # fmt: skip
+    return out
+
+
+_COMPILED: dict[Any, Any] = {}
+
+
+def _compiled(fn: Any) -> Any:
+    """``torch.compile(fn)``, made once per process (FlexAttention runs compiled only)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    bias: AttentionBias | None = None,
+    rotary: Any = None,
+    causal: bool = False,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Softmax attention with a rotary encoding and/or a bias, without quadratic memory.
+
+    ``softmax(q . k * scale + bias + mask) v`` per head, queries aligned
+    bottom-right (query ``i`` is key position ``i + k_len - q_len``): a KV
+    cache (``q_len < k_len``) gets the distances and the causal mask right.
+
+    Args:
+        q: ``(batch, heads, q_len, head_dim)``.
+        k: ``(batch, kv_heads, k_len, head_dim)``; ``heads`` a multiple of
+            ``kv_heads`` (grouped-query attention).
+        v: ``(batch, kv_heads, k_len, v_dim)``.
+        bias: an :class:`posenc.bias.AttentionBias` with ``heads`` heads (ALiBi,
+            T5Bias, KERPLE, FIRE, Sandwich, NoPE), added to the scaled scores.
+        rotary: a :class:`posenc.Rotary`; rotates q at positions ``k_len - q_len
+            .. k_len - 1`` and k at ``0 .. k_len - 1`` (pass keys already
+            rotated, and no rotary, if your cache stores them rotated).
+        causal: each query sees keys up to its own position only.
+        scale: score scale; ``1 / sqrt(head_dim)`` by default (T5 uses 1.0).
+        attention_mask: ``(batch, k_len)`` bool or int, 1 / True for keys to
+            attend, 0 / False for padding (HF's convention). A query that sees
+            no key gets a zero output.
+        backend: ``"auto"``, ``"kernel"`` (CPU float32; falls back to blockwise
+            where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
+            FlexAttention; on CPU forward only).
+
+    Returns:
+        ``(batch, heads, q_len, v_dim)`` in q's dtype. float16/bfloat16 inputs
+        are computed in float32.
+
+    Raises:
+        TypeError: non-float or mixed-dtype q/k/v; a bias that is not an
+            AttentionBias; a bad mask type.
+        ValueError: shapes that do not match (batch, head_dim, lengths, heads
+            not a multiple of kv_heads); bias heads not q's heads; a causal
+            request with ``q_len > k_len``; a mask of the wrong shape; an
+            unknown backend; a non-positive scale.
+    """
+    _check_inputs(q, k, v)
+    checks.check_choice(backend, "backend", BACKENDS)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if causal and lq > lk:
+        raise ValueError(
+            f"causal attention needs q_len <= k_len (queries are the last keys); got "
+            f"q_len={lq}, k_len={lk}"
+        )
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = checks.check_number(scale, "scale", positive=True)
+    if bias is not None:
+        if not isinstance(bias, AttentionBias):
+            raise TypeError(f"bias must be a posenc.bias.AttentionBias; got {type(bias).__name__}")
+        if bias.num_heads != h:
+            raise ValueError(f"bias has {bias.num_heads} heads; q has {h}")
+    key_mask = None if attention_mask is None else _key_mask(attention_mask, b, lk, q.device)
+    offset = lk - lq
+    if rotary is not None:
+        q, k = _rotate(rotary, q, k, offset)
+    dtype = q.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+
+    bias_fn: BiasFn | None = None
+    params: tuple[torch.Tensor, ...] = ()
+    table = False
+    if bias is not None and not isinstance(bias, NoPE):
+        bias_fn, params, table = _bias_plan(bias, h, lq, lk, scale, q.device)
+    plan = _Plan(bias_fn, causal, scale, key_mask, offset, table)
+
+    if backend == "auto":
+        backend = "kernel" if q.device.type == "cpu" else "flex"
+    if backend == "flex":
+        out = _flex(q, k, v, plan, params, bias)
+    elif torch.compiler.is_compiling():
+        # the compiled loop is opaque to the tracer: a graph break around it, and
+        # autograd records it as in eager mode (CPU FlexAttention has no backward,
+        # and inductor's CPU flex template cannot read a table made in the graph)
+        out = _eager_apply(q, k, v, plan, backend == "kernel", *params)
+    else:
+        out = _Attention.apply(q, k, v, plan, backend == "kernel", *params)
+    return out.to(dtype)
+
+
+@torch.compiler.disable
+def _eager_apply(*args: Any) -> torch.Tensor:
+    out: torch.Tensor = _Attention.apply(*args)
+    return out
