@@ -5,6 +5,10 @@ the float32 and bfloat16 rotation of ``posenc.families.rotary.apply`` and the
 flash-attention loop of ``posenc.integration.attention``. It is optional: where no
 C compiler is found, the build goes on without it and posenc does the same work in
 numpy and torch.
+
+Its C sources are in ``src/posenc/core/csrc``: one file per kernel (``table.c``,
+``rotate.c``, ``attend.c``), ``team.c`` for the threads they share, ``module.c`` for
+the module itself, and ``common.h``.
 """
 
 import sys
@@ -16,7 +20,11 @@ setup(
     ext_modules=[
         Extension(
             "posenc.core._kernels",
-            ["src/posenc/core/csrc/kernels.c"],
+            [
+                f"src/posenc/core/csrc/{name}.c"
+                for name in ("module", "team", "table", "rotate", "attend")
+            ],
+            depends=["src/posenc/core/csrc/common.h"],  # rebuilt when it changes, and in the sdist
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],

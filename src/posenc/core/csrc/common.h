@@ -1,0 +1,58 @@
+/* Shared by the kernels of posenc.core._kernels (module.c lists them): the includes,
+   the CPU feature macros, the size limits, and the helpers defined in team.c
+   (running jobs in parallel, mapping in output pages) and module.c (reading
+   argument sequences). Every file is built with -ffp-contract=off (setup.py). */
+
+#ifndef POSENC_KERNELS_COMMON_H
+#define POSENC_KERNELS_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <dlfcn.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <string.h>
+
+/* Tables larger than this are written with non-temporal stores: they cannot stay in
+   cache anyway, and streaming skips reading every destination line first. */
+#define STREAM_BYTES ((Py_ssize_t)16 << 20)
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define HAVE_AVX2_ROW 1
+#endif
+
+/* The most leading dims (all but the last) a rotate() input may have. */
+#define MAX_LEAD 8
+
+/* Runs fn(jobs[0]), ..., fn(jobs[n - 1]) (each `size` bytes) in parallel, the GIL
+   already released: torch's OpenMP team where it is loaded, else POSIX threads
+   (team.c). */
+typedef void *(*work_fn)(void *);
+void posenc_run_jobs(work_fn fn, void *jobs, int n, size_t size);
+
+/* Maps in fresh pages of [p, p + n) with one system call (team.c). */
+void posenc_prefault(char *p, Py_ssize_t n);
+
+/* Reads n ints of the sequence seq into dst; -1 with an exception set (naming
+   `name`) unless it has exactly n (module.c). */
+int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name);
+
+/* The module's functions (table.c, rotate.c, attend.c). */
+PyObject *posenc_table(PyObject *self, PyObject *args);
+PyObject *posenc_rotate(PyObject *self, PyObject *args);
+PyObject *posenc_attend(PyObject *self, PyObject *args);
+
+#endif

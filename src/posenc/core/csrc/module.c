@@ -1,0 +1,44 @@
+/* posenc.core._kernels: optional compiled loops; without them numpy and torch do the
+   same work.
+
+   - table (table.c): the sinusoidal table loop of posenc.core.angles;
+   - rotate (rotate.c): the float32 and bfloat16 rotary rotation of
+     posenc.families.rotary.apply;
+   - attend (attend.c): the float32 attention loop of posenc.integration.attention.
+
+   Each of those files documents its function's arguments; common.h holds what
+   they share and team.c runs their jobs on threads. This file reads the argument
+   sequences that rotate and attend take, and makes the module. */
+
+#include "common.h"
+
+int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name) {
+    PyObject *fast = PySequence_Fast(seq, name);
+    if (fast == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s must have %d entries", name, n);
+        return -1;
+    }
+    for (int d = 0; d < n; ++d) {
+        dst[d] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, d));
+        if (dst[d] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyMethodDef methods[] = {
+    {"table", posenc_table, METH_VARARGS, "The fused table loop (see the module source)."},
+    {"rotate", posenc_rotate, METH_VARARGS, "The fused rotary rotation (see the module source)."},
+    {"attend", posenc_attend, METH_VARARGS,
+     "Flash attention with a relative bias (see the module source)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
+                                    "Optional compiled loops of posenc.core.angles, posenc.rotary.apply and posenc.attention.", -1, methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
