@@ -24,10 +24,9 @@ def test_sinusoidal_table_case_structure():
     rows = bench.run_case(bench.CASES["sinusoidal-table"], size={"length": 16, "dim": 8}, repeat=2)
     names = [t.impl for t in rows]
     assert names[:3] == ["np.empty().fill", "np.full", "torch.empty().fill_"]
-    assert {"posenc numpy", "posenc torch", "seed 002 numpy f64", "seed 002 numpy f32"} <= set(
-        names
-    )
-    assert {"seed 000 torch", "positional-encodings", "HF DistilBERT"} <= set(names)
+    assert {"posenc numpy", "posenc torch"} <= set(names)
+    assert {"numpy tutorial (float64)", "numpy tutorial (float32)"} <= set(names)
+    assert {"annotated diffusion (torch)", "positional-encodings", "HF DistilBERT"} <= set(names)
     assert [t.role for t in rows[:3]] == ["baseline"] * 3
     assert rows[0].ratio == 1.0
     for t in rows:
@@ -134,15 +133,17 @@ def test_over_budget_is_timed_from_the_warmup_call():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"repeat": 0}, "repeat"),
-        ({"warmup": 0}, "warmup"),
-        ({"size": {"rows": 3}}, "size"),
+        ({"repeat": 0}, ValueError, "repeat must be an int >= 1; got 0"),
+        ({"warmup": 0}, ValueError, "warmup must be an int >= 1; got 0"),
+        ({"repeat": 1.5}, TypeError, "repeat must be an int >= 1"),
+        ({"warmup": True}, TypeError, "warmup must be an int >= 1"),
+        ({"size": {"rows": 3}}, ValueError, "size"),
     ],
 )
-def test_bad_harness_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_bad_harness_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         bench.run_case(calls_case([]), **kwargs)
 
 
@@ -160,6 +161,37 @@ def test_registry():
         del bench.CASES["calls"]
 
 
+def test_public_names_and_case_order():
+    import posenc.faces.bench
+
+    assert bench is posenc.faces.bench
+    assert sorted(bench.__all__) == [
+        "CASES",
+        "Case",
+        "Impl",
+        "Timing",
+        "format_table",
+        "peak_memory",
+        "register",
+        "run",
+        "run_case",
+        "to_json",
+    ]
+    assert all(hasattr(bench, name) for name in bench.__all__)
+    assert bench.CASES is bench.harness.CASES
+    # the order ``posenc bench`` runs and prints them
+    assert list(bench.CASES) == [
+        "sinusoidal-table",
+        "rotary-float32",
+        "rotary-float32-backward",
+        "rotary-bfloat16",
+        "rotary-bfloat16-backward",
+        "attention-bias",
+    ]
+    families = (bench.sinusoidal, bench.rotary, bench.attention)
+    assert [c.name for f in families for c in f.CASES] == list(bench.CASES)
+
+
 def test_tables_name_every_row():
     rows = bench.run_case(calls_case([]), repeat=2)
     for use_rich in (False, True):
@@ -168,7 +200,7 @@ def test_tables_name_every_row():
             assert name in text
 
 
-# -------------------------------------------- the seeds' code is what the seeds wrote
+# ------------------------------- the recipes written out compute what they publish
 
 
 def float32_angle_bound(positions, dim, preset):
@@ -189,16 +221,16 @@ def float32_angle_bound(positions, dim, preset):
     return out
 
 
-def test_seed002_is_the_vaswani_formula():
+def test_numpy_tutorial_table_is_the_vaswani_formula():
     ours = posenc.sinusoidal(50, 512, dtype="float64")
-    np.testing.assert_allclose(bench.seed002_positional_encoding(50, 512), ours, atol=1e-13)
-    f32 = bench.seed002_positional_encoding(50, 512, np.float32)
+    np.testing.assert_allclose(bench.sinusoidal.numpy_tutorial_table(50, 512), ours, atol=1e-13)
+    f32 = bench.sinusoidal.numpy_tutorial_table(50, 512, np.float32)
     assert f32.dtype == np.float32
     assert (np.abs(f32 - ours) <= float32_angle_bound(np.arange(50), 512, "vaswani")).all()
 
 
-def test_seed000_is_the_annotated_diffusion_formula():
-    out = bench.seed000_embeddings(torch.arange(50), 64)
+def test_annotated_diffusion_embedding_is_its_formula():
+    out = bench.sinusoidal.annotated_diffusion_embedding(torch.arange(50), 64)
     assert out.dtype == torch.float32 and out.shape == (50, 64)
     ours = posenc.sinusoidal(50, 64, preset="annotated-diffusion", dtype="float64")
     bound = float32_angle_bound(np.arange(50), 64, "annotated-diffusion")
@@ -207,7 +239,7 @@ def test_seed000_is_the_annotated_diffusion_formula():
 
 def test_progress_only_after_a_second():
     stream = io.StringIO()
-    say = bench._Progress(stream, interval=3600.0)  # the thread stays idle: flush by hand
+    say = bench.harness._Progress(stream, interval=3600.0)  # the thread stays idle: flush by hand
     say("early")
     say.flush()  # under a second: silent
     assert stream.getvalue() == ""
@@ -248,7 +280,7 @@ def test_rotary_rows_compute_the_same_rotation():
     Positions below 8 and float32 angles in the peers: the angle error is below
     ``8 * 2**-24``, and the products of values of size ~4 add a few ulps.
     """
-    impls = {i.name: i for i in bench._rotary(**TINY_ROTARY, dtype="float32", backward=False)}
+    impls = {i.name: i for i in bench.rotary.impls(**TINY_ROTARY, dtype="float32", backward=False)}
     out = {name: impl.make()() for name, impl in impls.items() if "compile" not in name}
     groups = (
         ["posenc half", "HF apply_rotary_pos_emb"],
@@ -281,7 +313,7 @@ def test_attention_case_runs_every_row_and_measures_memory():
 
 def test_attention_rows_compute_the_same_attention():
     """The bench's rows with the same bias agree: the ratios compare equal work."""
-    impls = {i.name: i for i in bench._attention_bias(**TINY_ATTENTION)}
+    impls = {i.name: i for i in bench.attention.impls(**TINY_ATTENTION)}
     out = {name: impl.make()() for name, impl in impls.items()}
     # float32 attention of values ~1 over 40 keys: a few ulps apart
     torch.testing.assert_close(out["posenc, no bias"], out["SDPA, no bias"], rtol=0, atol=1e-5)

@@ -1,4 +1,4 @@
-"""Benchmarks: posenc against the code users run today, timed in one process.
+"""The timing harness: cases, the interleaved timing loop, peak memory, tables and JSON.
 
 A *case* is data plus callables: a name, a full and a quick size, and a
 builder that, for a size, returns the implementations to time. Each
@@ -26,20 +26,19 @@ makes such a row's median noisier and up to 2x slower than in isolation;
 ``OMP_WAIT_POLICY=PASSIVE`` in the environment removes the effect (and makes
 the torch rows slightly slower). The JSON output records the variable.
 
-Later families add their cases with :func:`register` (rotary, biases):
+The registry :data:`CASES` is filled by :mod:`posenc.faces.bench` from the
+case modules, in a fixed order; :func:`register` adds one more case:
 
-    register(Case("rotary-apply", "...", build=_rotary, full={...}, quick={...}))
+    register(Case("rotary-apply", "...", build=impls, full={...}, quick={...}))
 
 Nothing here imports torch or a peer at module import time.
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import io
 import json
-import math
 import os
 import platform
 import statistics
@@ -53,6 +52,7 @@ from typing import Any, Literal, TextIO
 import numpy as np
 
 import posenc
+from posenc.core.checks import check_int
 
 __all__ = [
     "CASES",
@@ -333,16 +333,15 @@ def run_case(
         One :class:`Timing` per implementation, in the case's order.
 
     Raises:
+        TypeError: ``repeat`` or ``warmup`` not an int.
         ValueError: ``repeat`` or ``warmup`` below 1, or a size key the case
             does not know.
         Exception: whatever posenc's own implementation or a baseline raises.
     """
     if repeat is None:
         repeat = case.quick_repeat if quick else 15
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat must be an int >= 1; got {repeat!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup must be an int >= 1; got {warmup!r}")
+    repeat = check_int(repeat, "repeat", minimum=1)
+    warmup = check_int(warmup, "warmup", minimum=1)
     chosen = dict(case.quick if quick else case.full)
     if size is not None:
         unknown = set(size) - set(case.full)
@@ -603,394 +602,3 @@ def _terminal_width() -> int:
         return os.get_terminal_size().columns
     except OSError:
         return 0
-
-
-# --------------------------------------------------------------------------------------
-# sinusoidal-table: the seeds' code, written out as users wrote it
-
-
-def seed002_positional_encoding(
-    sequence_length: int, d_model: int, dtype: Any = np.float64
-) -> np.ndarray:
-    """Seed 002's numpy table (a tutorial's ``positional_encoding``), optionally in float32.
-
-    With ``dtype=np.float64`` it is the tutorial's code as published; with
-    ``np.float32`` every array is float32 (faster, and inexact at large
-    positions). Interleaved sin/cos, ``exp(-2i ln(1e4) / d)``.
-    """
-    positions = np.arange(sequence_length, dtype=dtype)[:, np.newaxis]
-    div_terms = np.exp(np.arange(0, d_model, 2, dtype=dtype) * -(np.log(dtype(10000.0)) / d_model))
-    pos_enc = np.zeros((sequence_length, d_model), dtype=dtype)
-    pos_enc[:, 0::2] = np.sin(positions * div_terms)
-    pos_enc[:, 1::2] = np.cos(positions * div_terms)
-    return pos_enc
-
-
-def seed000_embeddings(time: Any, dim: int) -> Any:
-    """Seed 000's ``SinusoidalPositionEmbeddings.forward`` (The Annotated Diffusion Model).
-
-    ``[sin, cos]`` halves, ``exp(-k ln(1e4) / (h - 1))``, float32 on the
-    device of ``time``.
-    """
-    import torch
-
-    device = time.device
-    half_dim = dim // 2
-    embeddings: Any = math.log(10000) / (half_dim - 1)
-    embeddings = torch.exp(torch.arange(half_dim, device=device) * -embeddings)
-    embeddings = time[:, None] * embeddings[None, :]
-    embeddings = torch.cat((embeddings.sin(), embeddings.cos()), dim=-1)
-    return embeddings
-
-
-def _sinusoidal_table(length: int, dim: int) -> list[Impl]:
-    shape = (length, dim)
-
-    def np_fill() -> Callable[[], object]:
-        return lambda: np.empty(shape, dtype=np.float32).fill(1.0)
-
-    def np_full() -> Callable[[], object]:
-        return lambda: np.full(shape, 1.0, dtype=np.float32)
-
-    def torch_fill() -> Callable[[], object]:
-        import torch
-
-        return lambda: torch.empty(shape, dtype=torch.float32).fill_(1.0)
-
-    def ours_numpy() -> Callable[[], object]:
-        return lambda: posenc.sinusoidal(length, dim)
-
-    def ours_torch() -> Callable[[], object]:
-        import torch
-
-        return lambda: posenc.sinusoidal(length, dim, dtype=torch.float32)
-
-    def seed002_f64() -> Callable[[], object]:
-        return lambda: seed002_positional_encoding(length, dim).astype(np.float32)
-
-    def seed002_f32() -> Callable[[], object]:
-        return lambda: seed002_positional_encoding(length, dim, np.float32)
-
-    def seed000() -> Callable[[], object]:
-        import torch
-
-        time = torch.arange(length)
-        return lambda: seed000_embeddings(time, dim)
-
-    def positional_encodings() -> Callable[[], object]:
-        import torch
-        from positional_encodings.torch_encodings import PositionalEncoding1D
-
-        module = PositionalEncoding1D(dim)
-        x = torch.zeros((1, length, dim))
-
-        def call() -> object:
-            # it caches its output by shape: clear it so every call computes
-            module.cached_penc = None
-            return module(x)
-
-        return call
-
-    def hf_distilbert() -> Callable[[], object]:
-        import torch
-        from transformers.models.distilbert.modeling_distilbert import (
-            create_sinusoidal_embeddings,
-        )
-
-        out = torch.empty(shape, dtype=torch.float32)
-        return lambda: create_sinusoidal_embeddings(length, dim, out)
-
-    return [
-        Impl("np.empty().fill", np_fill, "baseline", "allocate + fill float32 (reference)"),
-        Impl("np.full", np_full, "baseline", "allocate + fill float32"),
-        Impl("torch.empty().fill_", torch_fill, "baseline", "allocate + fill float32"),
-        Impl("posenc numpy", ours_numpy, "ours", "posenc.sinusoidal(n, d): exact"),
-        Impl("posenc torch", ours_torch, "ours", "dtype=torch.float32: exact"),
-        Impl("seed 002 numpy f64", seed002_f64, "peer", "tutorial code, float64, cast"),
-        Impl("seed 002 numpy f32", seed002_f32, "peer", "same in float32: inexact"),
-        Impl("seed 000 torch", seed000, "peer", "annotated diffusion: float32"),
-        Impl(
-            "positional-encodings",
-            positional_encodings,
-            "peer",
-            "PositionalEncoding1D, cache cleared",
-        ),
-        Impl(
-            "HF DistilBERT",
-            hf_distilbert,
-            "peer",
-            "create_sinusoidal_embeddings: Python loop",
-        ),
-    ]
-
-
-register(
-    Case(
-        "sinusoidal-table",
-        "A float32 sinusoidal table (positions 0..n-1, d channels) against filling "
-        "an array of the same size.",
-        build=_sinusoidal_table,
-        full={"length": 8192, "dim": 1024},
-        # quick saves repetitions, not size: a smaller table sits in cache, and then
-        # "fill" is no longer the memory-bound reference the ratio is meant against
-        quick={"length": 8192, "dim": 1024},
-    )
-)
-
-
-# --------------------------------------------------------------------------------------
-# rotary: applying RoPE to q and k, against copying them
-
-
-def _hf_rotate_half(x: Any) -> Any:
-    """HF's ``rotate_half`` written out (the formula torch.compile is given)."""
-    import torch
-
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _hf_formula(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
-    return q * cos + _hf_rotate_half(q) * sin, k * cos + _hf_rotate_half(k) * sin
-
-
-def _rotary(
-    batch: int, heads: int, seq: int, head_dim: int, *, dtype: str, backward: bool
-) -> list[Impl]:
-    """Rotate q and k of ``(batch, heads, seq, head_dim)``; optionally backward too.
-
-    With ``backward`` each row also runs ``backward()`` from a fixed upstream
-    gradient into ``q.grad`` and ``k.grad`` (reset to None before each call), as
-    a training step does: a fresh gradient is stored as it is, one that is
-    still referenced elsewhere (clone's passes the upstream one through) is
-    copied, so every row writes both gradients once.
-    """
-    shape = (batch, heads, seq, head_dim)
-
-    def inputs() -> tuple[Any, Any, Any]:
-        import torch
-
-        gen = torch.Generator().manual_seed(0)
-        tdtype = getattr(torch, dtype)
-        q, k, g = (torch.randn(shape, generator=gen).to(tdtype) for _ in range(3))
-        if backward:
-            q.requires_grad_(True)
-            k.requires_grad_(True)
-        return q, k, g
-
-    def timed(step: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[], object]:
-        import torch
-
-        q, k, g = inputs()
-        if not backward:
-            return lambda: step(q, k)
-
-        def call() -> object:
-            q.grad = k.grad = None
-            a, b = step(q, k)
-            torch.autograd.backward((a, b), (g, g))
-            return q.grad, k.grad
-
-        return call
-
-    def clone() -> Callable[[], object]:
-        return timed(lambda q, k: (q.clone(), k.clone()))
-
-    def ours(layout: str) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            rope = posenc.Rotary(head_dim, layout=layout)
-            return timed(rope)
-
-        return make
-
-    def hf_tables() -> tuple[Any, Any]:
-        import torch
-
-        rope = posenc.Rotary(head_dim)
-        cos, sin = rope.cos_sin(torch.arange(seq)[None], dtype=getattr(torch, dtype))
-        return cos[:, None], sin[:, None]  # (1, 1, seq, head_dim), as HF unsqueezes
-
-    def hf() -> Callable[[], object]:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        cos, sin = hf_tables()
-        return timed(lambda q, k: apply_rotary_pos_emb(q, k, cos[:, 0], sin[:, 0]))
-
-    def hf_compiled() -> Callable[[], object]:
-        import torch
-
-        cos, sin = hf_tables()
-        fn = torch.compile(_hf_formula, fullgraph=True, dynamic=False)
-        call = timed(lambda q, k: fn(q, k, cos, sin))
-        call()  # compile here, so that the warm-up and the run budget time the kernel
-        return call
-
-    def rotary_embedding_torch() -> Callable[[], object]:
-        from rotary_embedding_torch import RotaryEmbedding
-
-        module = RotaryEmbedding(head_dim)
-        return timed(
-            lambda q, k: (module.rotate_queries_or_keys(q), module.rotate_queries_or_keys(k))
-        )
-
-    def complex_multiply() -> Callable[[], object]:
-        import torch
-
-        rope = posenc.Rotary(head_dim, layout="interleaved")
-        cos, sin = rope.cos_sin(torch.arange(seq))
-        freqs = torch.complex(cos[:, 0::2], sin[:, 0::2])
-
-        def step(q: Any, k: Any) -> tuple[Any, Any]:
-            out = []
-            for x in (q, k):
-                z = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-                out.append(torch.view_as_real(z * freqs).flatten(-2).to(x.dtype))
-            return out[0], out[1]
-
-        return timed(step)
-
-    rows = [
-        Impl("q.clone(), k.clone()", clone, "baseline", f"copy both ({dtype}, reference)"),
-        Impl("posenc half", ours("half"), "ours", "Rotary(layout='half'): exact tables"),
-        Impl("posenc interleaved", ours("interleaved"), "ours", "layout='interleaved'"),
-        Impl("HF apply_rotary_pos_emb", hf, "peer", "transformers Llama, half"),
-        Impl("rotary-embedding-torch", rotary_embedding_torch, "peer", "interleaved"),
-        Impl("complex multiply", complex_multiply, "peer", "Meta's formula, interleaved"),
-    ]
-    if not backward and dtype == "float32":
-        rows.insert(4, Impl("torch.compile(HF)", hf_compiled, "peer", "HF formula, inductor"))
-    return rows
-
-
-for _dtype in ("float32", "bfloat16"):
-    for _backward in (False, True):
-        register(
-            Case(
-                f"rotary-{_dtype}" + ("-backward" if _backward else ""),
-                f"RoPE on q and k ({_dtype}), "
-                + ("forward and backward" if _backward else "forward")
-                + ", against copying them.",
-                build=functools.partial(_rotary, dtype=_dtype, backward=_backward),
-                full={"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128},
-                # as for the table: quick saves repetitions, not size (memory-bound)
-                quick={"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128},
-                quick_repeat=3,
-            )
-        )
-
-
-# --------------------------------------------------------------------------------------
-# attention-bias: attention with a positional bias, against attention with none
-
-
-def _attention_bias(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
-    """Forward attention over ``(batch, heads, seq, head_dim)`` float32 q, k, v.
-
-    The baseline is SDPA with no bias and no mask (torch's CPU flash kernel). The
-    peers add the bias the way users do today: x-transformers materialises a
-    ``(heads, seq, seq)`` ALiBi bias and hands it to SDPA as a float mask;
-    FlexAttention (compiled) adds it in a score mod.
-    """
-    shape = (batch, heads, seq, head_dim)
-
-    def inputs() -> tuple[Any, Any, Any]:
-        import torch
-
-        gen = torch.Generator().manual_seed(0)
-        return tuple(torch.randn(shape, generator=gen) for _ in range(3))  # type: ignore[return-value]
-
-    def sdpa(causal: bool) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            import torch
-            import torch.nn.functional as F
-
-            q, k, v = inputs()
-
-            def call() -> object:
-                with torch.no_grad():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-            return call
-
-        return make
-
-    def ours(kind: str, causal: bool) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            import torch
-
-            q, k, v = inputs()
-            bias = {
-                "none": None,
-                "alibi": posenc.ALiBi(heads, symmetric=not causal),
-                "t5": posenc.T5Bias(heads),
-                "kerple": posenc.KERPLE(heads),
-            }[kind]
-
-            def call() -> object:
-                with torch.no_grad():
-                    return posenc.attention(q, k, v, bias=bias, causal=causal)
-
-            return call
-
-        return make
-
-    def materialised() -> Callable[[], object]:
-        import torch
-        import torch.nn.functional as F
-        from x_transformers.x_transformers import AlibiPositionalBias
-
-        q, k, v = inputs()
-        alibi = AlibiPositionalBias(heads=heads, total_heads=heads)
-
-        def call() -> object:
-            with torch.no_grad():
-                alibi.bias = None  # x-transformers caches the dense bias: build it each call
-                mask = alibi(seq, seq)  # (heads, seq, seq) float32
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-        return call
-
-    def flex() -> Callable[[], object]:
-        import torch
-        from torch.nn.attention.flex_attention import flex_attention
-
-        q, k, v = inputs()
-        slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32)
-
-        def score_mod(score: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
-            return score - slopes[h] * (qi - ki).abs()
-
-        compiled = torch.compile(flex_attention)
-
-        def call() -> object:
-            with torch.no_grad():
-                return compiled(q, k, v, score_mod=score_mod)
-
-        call()  # compile here: the warm-up and the run budget time the kernel
-        return call
-
-    return [
-        Impl("SDPA, no bias", sdpa(False), "baseline", "torch CPU flash kernel (reference)"),
-        Impl("SDPA causal, no bias", sdpa(True), "baseline", "is_causal=True"),
-        Impl("posenc, no bias", ours("none", False), "ours", "posenc.attention"),
-        Impl("posenc ALiBi", ours("alibi", False), "ours", "symmetric, bidirectional"),
-        Impl("posenc ALiBi causal", ours("alibi", True), "ours", "causal=True"),
-        Impl("posenc T5", ours("t5", False), "ours", "T5Bias, bidirectional"),
-        Impl("posenc KERPLE", ours("kerple", False), "ours", "KERPLE log"),
-        Impl("x-transformers ALiBi", materialised, "peer", "dense bias as SDPA mask"),
-        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod"),
-    ]
-
-
-register(
-    Case(
-        "attention-bias",
-        "Attention with a positional bias (float32, forward), against SDPA with none; "
-        "peak MiB is what one call adds.",
-        build=_attention_bias,
-        full={"batch": 1, "heads": 8, "seq": 8192, "head_dim": 64},
-        quick={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
-        quick_repeat=3,
-        memory=True,
-    )
-)

@@ -1,0 +1,46 @@
+"""Benchmarks: posenc against the code users run today, timed in one process.
+
+- :mod:`~posenc.faces.bench.harness`: :class:`Impl`, :class:`Case`,
+  :class:`Timing`, the interleaved timing loop (:func:`run`, :func:`run_case`),
+  :func:`peak_memory`, the tables and JSON, and the registry :data:`CASES`.
+- One module per family of cases, each listing its cases as ``CASES``:
+  :mod:`~posenc.faces.bench.sinusoidal` (``sinusoidal-table``),
+  :mod:`~posenc.faces.bench.rotary` (``rotary-*``) and
+  :mod:`~posenc.faces.bench.attention` (``attention-bias``).
+
+They are registered here in that order, the order ``posenc bench`` runs and
+prints them. Nothing here imports torch or a peer at module import time.
+"""
+
+from __future__ import annotations
+
+from posenc.faces.bench import attention, rotary, sinusoidal
+from posenc.faces.bench.harness import (
+    CASES,
+    Case,
+    Impl,
+    Timing,
+    format_table,
+    peak_memory,
+    register,
+    run,
+    run_case,
+    to_json,
+)
+
+__all__ = [
+    "CASES",
+    "Case",
+    "Impl",
+    "Timing",
+    "format_table",
+    "peak_memory",
+    "register",
+    "run",
+    "run_case",
+    "to_json",
+]
+
+for _case in (*sinusoidal.CASES, *rotary.CASES, *attention.CASES):
+    register(_case)
+del _case
