@@ -15,6 +15,7 @@ import torch
 
 from posenc.faces.cli import main
 from posenc.faces.lab import names, tasks
+from posenc.faces.lab.encodings import REGISTRY, training_encoding
 from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
 from posenc.faces.lab.run import LabConfig, Record, _World, run, text_lengths, train
 
@@ -27,6 +28,67 @@ TINY = LabConfig(
 
 def test_names_match_the_modules():
     assert names.TASKS == tasks.TASKS and names.ENCODINGS == ENCODINGS
+
+
+def test_the_registry_is_the_list_of_encodings():
+    assert tuple(REGISTRY) == ENCODINGS
+    assert [e.name for e in REGISTRY.values()] == list(ENCODINGS)
+    assert all(e.description for e in REGISTRY.values())
+
+
+def test_names_import_without_torch():
+    code = "import sys, posenc.faces.lab.names; print('torch' in sys.modules)"
+    shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert shown.stdout.strip() == "False"
+
+
+def test_test_time_variants_are_their_trained_encoding_plus_a_scaling():
+    variants = [e for e in REGISTRY.values() if e.trains_as is not None]
+    assert {e.name: e.test_scaling for e in variants} == {
+        "rope-linear": "linear", "rope-ntk": "ntk", "rope-yarn": "yarn",
+    }  # fmt: skip
+    for e in variants:
+        trained = REGISTRY[e.trains_as]
+        assert trained.trains_as is None and trained.test_scaling is None
+        as_trained = replace(e, name=trained.name, description=trained.description,
+                             trains_as=None, test_scaling=None)  # fmt: skip
+        assert as_trained == trained
+        assert training_encoding(e.name) == trained.name
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_every_registered_encoding_builds_and_runs(encoding):
+    spec = REGISTRY[encoding]
+    config = ModelConfig(14, 16, 1, 2, max_positions=12)
+    torch.manual_seed(0)
+    model = LabModel(config, encoding)
+    tokens = torch.randint(0, 14, (2, 10), generator=torch.Generator().manual_seed(0))
+    scaling = spec.scaling(10, 5)
+    assert (scaling is None) == (spec.test_scaling is None)
+    logits = model(tokens, scaling=scaling, generator=torch.Generator().manual_seed(1))
+    assert logits.shape == (2, 10, 14) and bool(torch.isfinite(logits).all())
+    assert model.encoding == training_encoding(encoding)
+    # the pieces the entry names, and nothing else
+    assert ("learned.weight" in model.state_dict()) == (spec.absolute == "learned")
+    assert (model.bias is None) == (spec.bias is None)
+    if spec.trains_as is not None:  # the very model of the encoding it trains as
+        torch.manual_seed(0)
+        trained = LabModel(config, spec.trains_as)
+        assert model.state_dict().keys() == trained.state_dict().keys()
+        assert all(torch.equal(v, trained.state_dict()[k]) for k, v in model.state_dict().items())
+        torch.testing.assert_close(model(tokens), trained(tokens), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if REGISTRY[e].test_scaling is None])
+def test_only_rope_accepts_a_test_time_scaling(encoding):
+    model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), encoding)
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    if training_encoding(encoding) == "rope":
+        assert model(tokens, scaling=scaling).shape == (1, 4, 14)
+    else:
+        with pytest.raises(ValueError, match=f"applies to rope only; this model is '{encoding}'"):
+            model(tokens, scaling=scaling)
 
 
 @pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e not in ("rope-ntk", "rope-yarn")])
@@ -120,9 +182,11 @@ def test_text_task_measures_perplexity(tmp_path):
     assert all(1 < r.value < 1000 for r in outcome.records)
 
 
-def test_learned_positions_have_a_limit():
-    model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), "learned")
-    with pytest.raises(ValueError, match="max_positions"):
+@pytest.mark.parametrize("encoding", ["learned", "randomized"])
+def test_learned_and_randomized_positions_have_a_limit(encoding):
+    model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), encoding)
+    assert model(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 14)
+    with pytest.raises(ValueError, match=f"max_positions=8 \\({encoding} has no positions beyond"):
         model(torch.zeros(1, 9, dtype=torch.long))
 
 

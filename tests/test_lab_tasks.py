@@ -215,11 +215,11 @@ def test_answers_reads_only_the_prompt():
         (lambda: make_batch("copyy", 3, 2, gen(0)), ValueError, "task must be one of"),
         (lambda: make_batch("text", 3, 2, gen(0)), ValueError, "TextCorpus"),
         (lambda: make_batch(wrong(3), 3, 2, gen(0)), TypeError, "task"),
-        (lambda: make_batch("copy", 0, 2, gen(0)), ValueError, "n must"),
+        (lambda: make_batch("copy", 0, 2, gen(0)), ValueError, "n must be an int >= 1; got 0"),
         (lambda: make_batch("copy", wrong(3.0), 2, gen(0)), TypeError, "n must"),
-        (lambda: make_batch("copy", True, 2, gen(0)), TypeError, "n must"),
-        (lambda: make_batch("copy", 3, 0, gen(0)), ValueError, "batch_size"),
-        (lambda: make_batch("copy", 3, False, gen(0)), TypeError, "batch_size"),
+        (lambda: make_batch("copy", True, 2, gen(0)), TypeError, "n must be an int >= 1; got bool"),
+        (lambda: make_batch("copy", 3, 0, gen(0)), ValueError, "batch_size must be an int >= 1"),
+        (lambda: make_batch("copy", 3, False, gen(0)), TypeError, "batch_size must be an int"),
         (lambda: make_batch("copy", 3, 2, wrong(0)), TypeError, "generator"),
         (lambda: make_batch("recall", 65, 2, gen(0)), ValueError, "n must be <= 64"),
         (lambda: sequence_length("recall", 65), ValueError, "n must"),
@@ -356,7 +356,7 @@ def test_corpus_errors(source_tree, tmp_path_factory):
         TextCorpus(empty / "missing")
     with pytest.raises(TypeError, match="root"):
         TextCorpus(wrong(3))
-    with pytest.raises(ValueError, match="max_bytes"):
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 1; got 0"):
         TextCorpus(root, max_bytes=0)
     with pytest.raises(ValueError, match="split"):
         corpus.batch("valid", 4, 2, gen(0))
@@ -368,7 +368,7 @@ def test_corpus_errors(source_tree, tmp_path_factory):
         corpus.windows("test", corpus.test_bytes, 1)
     with pytest.raises(ValueError, match="length"):
         corpus.windows("train", 0, 1)
-    with pytest.raises(ValueError, match="count"):
+    with pytest.raises(ValueError, match="count must be an int >= 1; got 0"):
         corpus.windows("train", 4, 0)
     with pytest.raises(ValueError, match="batch_size"):
         corpus.batch("train", 4, 0, gen(0))

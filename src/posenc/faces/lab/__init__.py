@@ -3,6 +3,8 @@
 - :mod:`posenc.lab.tasks`: copy, reverse, sort, associative recall, addition
   (generated on the fly, seeded) and a byte-level language model over the
   Python standard library's sources;
+- :mod:`posenc.lab.encodings`: every encoding as data (its position pieces
+  and test-time scaling), importable without torch;
 - :mod:`posenc.lab.model`: a small decoder-only transformer from posenc's
   pieces, one positional encoding per model;
 - :mod:`posenc.lab.run`: training (cached, resumable, DDP under torchrun) and

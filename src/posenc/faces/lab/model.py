@@ -1,50 +1,61 @@
 """The lab's model: a small decoder-only transformer assembled from posenc's pieces.
 
-Token embedding, plus an absolute encoding for the encodings that have one
-(:func:`posenc.sinusoidal` exact tables, or a learned table); pre-norm blocks
-whose attention is :func:`posenc.attention` with a rotary encoding
-(:class:`posenc.Rotary`, xPos) and/or a bias module (:mod:`posenc.bias`);
-causal throughout.
+Token embedding, plus the absolute table of the encodings that have one (the
+exact sinusoidal table, or a learned one); pre-norm blocks whose attention is
+:func:`posenc.attention`, causal throughout, with the encoding's rotation of
+queries and keys (:class:`posenc.Rotary`, xPos) and/or its bias module
+(:mod:`posenc.bias`). What each encoding builds is data: its
+:class:`~posenc.lab.encodings.Encoding` in :data:`posenc.lab.encodings.REGISTRY`.
 
-Encodings (:data:`ENCODINGS`):
-
-- ``nope``: nothing but the causal mask (Kazemnejad et al. 2023);
-- ``sinusoidal``, ``learned``: absolute, added to the token embedding;
-- ``rope``; ``rope-linear``, ``rope-ntk``, ``rope-yarn``: the same trained RoPE
-  model, evaluated with that scaling schedule applied at test time (factor:
-  evaluated length over the longest trained one);
-- ``xpos`` (Sun et al. 2022);
-- ``alibi``, ``t5`` (decoder buckets), ``kerple`` (log), ``fire``,
-  ``sandwich``: attention biases;
-- ``randomized``: RoPE at positions drawn as a sorted random subset of
-  ``0 .. max_positions - 1`` for every batch, in training and evaluation
-  (Ruoss et al. 2023), so that longer test sequences use positions already seen.
+Shapes: tokens ``(batch, seq)``; logits ``(batch, seq, vocab)``; q, k, v
+``(batch, heads, seq, head_dim)``.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-import posenc
 from posenc.core import checks
-from posenc.faces.lab.names import ENCODINGS
+from posenc.faces.lab.encodings import (
+    ENCODINGS,
+    REGISTRY,
+    Encoding,
+    lookup,
+    scaling_for,
+    training_encoding,
+)
+from posenc.families.absolute.sinusoidal import sinusoidal
+from posenc.families.bias.modules import AttentionBias
+from posenc.families.rotary.module import Rotary
+from posenc.families.rotary.multiaxis import xpos_rotate
+from posenc.families.rotary.schedules import frequencies
+from posenc.integration.attention import attention
 
-__all__ = ["ENCODINGS", "TEST_TIME_SCALING", "LabModel", "ModelConfig", "training_encoding"]
+__all__ = [
+    "ENCODINGS",
+    "TEST_TIME_SCALING",
+    "LabModel",
+    "ModelConfig",
+    "scaling_for",
+    "training_encoding",
+]
 
+#: Encodings that are another encoding's model in training and a rope scaling at test time.
+TEST_TIME_SCALING = {e.name: e.test_scaling for e in REGISTRY.values() if e.test_scaling}
+# the trained models that accept a rope scaling at test time
+_SCALABLE = tuple(
+    sorted({e.trains_as for e in REGISTRY.values() if e.test_scaling and e.trains_as})
+)
 
-#: Encodings that are RoPE in training and a scaling schedule at test time.
-TEST_TIME_SCALING = {"rope-linear": "linear", "rope-ntk": "ntk", "rope-yarn": "yarn"}
-
-
-def training_encoding(encoding: str) -> str:
-    """The encoding a model is trained with (test-time scaling variants train as ``rope``)."""
-    checks.check_choice(encoding, "encoding", ENCODINGS)
-    return "rope" if encoding in TEST_TIME_SCALING else encoding
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> out
+AttentionFor = Callable[
+    ["LabModel", int, torch.device, "dict[str, Any] | None", "torch.Generator | None"], Attend
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,96 @@ class ModelConfig:
         return self.d_model // self.heads
 
 
+# ------------------------------------------------------------------ absolute tables
+
+
+class _SinusoidalTable(nn.Module):
+    """The exact sinusoidal table (Vaswani et al. 2017, section 3.5); no parameters."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.d_model = config.d_model
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return sinusoidal(positions, self.d_model)
+
+
+def _learned_table(config: ModelConfig) -> nn.Module:
+    return nn.Embedding(config.max_positions, config.d_model)
+
+
+#: :attr:`Encoding.absolute` -> the table's builder; tables map positions ``(seq,)`` to
+#: ``(seq, d_model)``.
+_ABSOLUTE_TABLES: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    "sinusoidal": _SinusoidalTable,
+    "learned": _learned_table,
+}
+
+
+# ------------------------------------------------------------------ attention per rotation
+
+
+def _rope_attention(
+    model: LabModel,
+    t: int,
+    device: torch.device,
+    scaling: dict[str, Any] | None,
+    generator: torch.Generator | None,
+) -> Attend:
+    rope, bias = model._rotary(scaling), model.bias
+    if not model.spec.random_positions:
+        return lambda q, k, v: attention(q, k, v, bias=bias, rotary=rope, causal=True)
+    # a sorted random subset of every position the model may see, so that test lengths
+    # beyond the trained ones use positions already trained on (Ruoss et al. 2023)
+    draw = torch.randperm(model.config.max_positions, generator=generator)[:t]
+    positions = draw.sort().values.to(device)
+
+    def randomized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k = rope(q, k, positions=positions)
+        return attention(q, k, v, bias=bias, causal=True)
+
+    return randomized
+
+
+def _xpos_attention(
+    model: LabModel,
+    t: int,
+    device: torch.device,
+    scaling: dict[str, Any] | None,
+    generator: torch.Generator | None,
+) -> Attend:
+    freqs = frequencies("default", model.config.head_dim, 10000.0)
+    bias = model.bias
+
+    def xpos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k = xpos_rotate(q, k, freqs, layout="half")
+        return attention(q, k, v, bias=bias, causal=True)
+
+    return xpos
+
+
+def _unrotated_attention(
+    model: LabModel,
+    t: int,
+    device: torch.device,
+    scaling: dict[str, Any] | None,
+    generator: torch.Generator | None,
+) -> Attend:
+    bias = model.bias
+    return lambda q, k, v: attention(q, k, v, bias=bias, causal=True)
+
+
+#: :attr:`Encoding.rotary` -> the attention of one forward pass over ``t`` tokens.
+_ATTENTION: dict[str | None, AttentionFor] = {
+    "rope": _rope_attention,
+    "xpos": _xpos_attention,
+    None: _unrotated_attention,
+}
+
+
+# ------------------------------------------------------------------ the model
+
+
 class _Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -91,7 +192,7 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x: torch.Tensor, attend: Any) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -104,41 +205,40 @@ class LabModel(nn.Module):
 
     Args:
         config: sizes.
-        encoding: the encoding; test-time scaling variants build the ``rope``
-            model (they differ only in :meth:`forward`'s ``scaling``).
+        encoding: the encoding; test-time scaling variants build the model of
+            the encoding they train as (they differ only in :meth:`forward`'s
+            ``scaling``).
+
+    Attributes:
+        encoding: the name of the encoding the model is trained with.
+        spec: its :class:`~posenc.lab.encodings.Encoding`.
     """
 
     def __init__(self, config: ModelConfig, encoding: str) -> None:
         super().__init__()
         self.config = config
-        self.encoding = training_encoding(encoding)
-        d, h = config.d_model, config.heads
+        self.spec: Encoding = lookup(training_encoding(encoding))
+        self.encoding = self.spec.name
+        d = config.d_model
         # token and learned position embeddings start at unit scale, as the sinusoidal
         # table has amplitude 1: no encoding starts drowned by the tokens or drowning them
         self.embed = nn.Embedding(config.vocab, d)
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, config.vocab, bias=False)
-        self.learned: nn.Embedding | None = None
-        self.bias: nn.Module | None = None
-        if self.encoding == "learned":
-            self.learned = nn.Embedding(config.max_positions, d)
-        biases = {
-            "alibi": lambda: posenc.ALiBi(h),
-            "t5": lambda: posenc.T5Bias(h, bidirectional=False),
-            "kerple": lambda: posenc.KERPLE(h),
-            "fire": lambda: posenc.FIRE(h),
-            "sandwich": lambda: posenc.Sandwich(h, dim=config.head_dim),
-        }
-        if self.encoding in biases:
-            self.bias = biases[self.encoding]()  # one module shared by every layer
+        if self.spec.absolute is not None:
+            # named by its kind, so that a learned table is saved as "learned.weight"
+            self.add_module(self.spec.absolute, _ABSOLUTE_TABLES[self.spec.absolute](config))
+        self.bias: AttentionBias | None = None
+        if self.spec.bias is not None:
+            self.bias = self.spec.bias(config.heads, config.head_dim)  # shared by every layer
 
-    def _rotary(self, scaling: dict[str, Any] | None) -> Any:
+    def _rotary(self, scaling: dict[str, Any] | None) -> Rotary:
         # one Rotary per schedule, kept out of the state dict: its tables are a cache
         key = repr(sorted((scaling or {}).items()))
-        cache: dict[str, Any] = self.__dict__.setdefault("_ropes", {})
+        cache: dict[str, Rotary] = self.__dict__.setdefault("_ropes", {})
         if key not in cache:
-            cache[key] = posenc.Rotary(self.config.head_dim, scaling=scaling)
+            cache[key] = Rotary(self.config.head_dim, scaling=scaling)
         return cache[key]
 
     def forward(
@@ -159,75 +259,26 @@ class LabModel(nn.Module):
 
         Raises:
             ValueError: a sequence longer than ``max_positions`` for the
-                encodings that have a limit (learned, randomized).
+                encodings that have a limit (learned, randomized); a ``scaling``
+                for a model that does not scale at test time.
         """
         t = tokens.shape[1]
-        enc, device = self.encoding, tokens.device
-        if enc in ("learned", "randomized") and t > self.config.max_positions:
+        spec, device = self.spec, tokens.device
+        if spec.limited and t > self.config.max_positions:
             raise ValueError(
                 f"sequence of {t} tokens is longer than max_positions="
-                f"{self.config.max_positions} ({enc} has no positions beyond)"
+                f"{self.config.max_positions} ({spec.name} has no positions beyond)"
+            )
+        if scaling is not None and spec.name not in _SCALABLE:
+            raise ValueError(
+                f"test-time scaling applies to {', '.join(_SCALABLE)} only; "
+                f"this model is {spec.name!r}"
             )
         x = self.embed(tokens)
-        if enc == "sinusoidal":
-            pe = posenc.sinusoidal(torch.arange(t, device=device), self.config.d_model)
-            x = x + pe.to(x.dtype)
-        elif self.learned is not None:
-            x = x + self.learned(torch.arange(t, device=device))
-        attend = self._attend(t, device, scaling, generator)
+        if spec.absolute is not None:
+            table = self.get_submodule(spec.absolute)
+            x = x + table(torch.arange(t, device=device)).to(x.dtype)
+        attend = _ATTENTION[spec.rotary](self, t, device, scaling, generator)
         for block in self.blocks:
             x = block(x, attend)
         return self.head(self.ln(x))
-
-    def _attend(
-        self,
-        t: int,
-        device: torch.device,
-        scaling: dict[str, Any] | None,
-        generator: torch.Generator | None,
-    ) -> Any:
-        enc = self.encoding
-        if scaling is not None and enc != "rope":
-            raise ValueError(f"test-time scaling applies to rope only; this model is {enc!r}")
-        if enc == "rope":
-            rope = self._rotary(scaling)
-            return lambda q, k, v: posenc.attention(q, k, v, rotary=rope, causal=True)
-        if enc == "randomized":
-            rope = self._rotary(None)
-            draw = torch.randperm(self.config.max_positions, generator=generator)[:t]
-            positions = draw.sort().values.to(device)
-
-            def randomized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                q, k = rope(q, k, positions=positions)
-                return posenc.attention(q, k, v, causal=True)
-
-            return randomized
-        if enc == "xpos":
-            from posenc.families.rotary.multiaxis import xpos_rotate
-            from posenc.families.rotary.schedules import frequencies
-
-            freqs = frequencies("default", self.config.head_dim, 10000.0)
-
-            def xpos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                q, k = xpos_rotate(q, k, freqs, layout="half")
-                return posenc.attention(q, k, v, causal=True)
-
-            return xpos
-        bias = self.bias
-        return lambda q, k, v: posenc.attention(q, k, v, bias=bias, causal=True)
-
-
-def scaling_for(encoding: str, length: int, trained: int) -> dict[str, Any] | None:
-    """The ``rope_scaling`` a test-time scaling encoding uses at ``length`` tokens.
-
-    None within the trained length and for other encodings; beyond it, the
-    schedule with factor ``length / trained`` (YaRN with the trained length as
-    its original one).
-    """
-    kind = TEST_TIME_SCALING.get(encoding)
-    if kind is None or length <= trained:
-        return None
-    factor = math.ceil(100 * length / trained) / 100
-    if kind == "yarn":
-        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": trained}
-    return {"rope_type": kind, "factor": factor}

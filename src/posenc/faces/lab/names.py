@@ -1,20 +1,7 @@
 """The lab's task and encoding names, importable without torch (the command line lists them)."""
 
-TASKS = ("copy", "reverse", "sort", "recall", "addition", "text")
+from posenc.faces.lab.encodings import ENCODINGS
 
-ENCODINGS = (
-    "nope",
-    "sinusoidal",
-    "learned",
-    "rope",
-    "rope-linear",
-    "rope-ntk",
-    "rope-yarn",
-    "xpos",
-    "alibi",
-    "t5",
-    "kerple",
-    "fire",
-    "sandwich",
-    "randomized",
-)
+__all__ = ["ENCODINGS", "TASKS"]
+
+TASKS = ("copy", "reverse", "sort", "recall", "addition", "text")

@@ -32,7 +32,8 @@ from torch import nn
 
 from posenc.core import checks
 from posenc.faces.lab import tasks as T
-from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for, training_encoding
+from posenc.faces.lab.encodings import ENCODINGS, lookup, training_encoding
+from posenc.faces.lab.model import LabModel, ModelConfig
 
 __all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
 
@@ -46,7 +47,7 @@ class LabConfig:
 
     Attributes:
         task: one of :data:`posenc.lab.tasks.TASKS`.
-        encodings: from :data:`posenc.lab.model.ENCODINGS`.
+        encodings: from :data:`posenc.lab.encodings.ENCODINGS`.
         train_len: synthetic tasks train on lengths ``1 .. train_len`` (drawn
             uniformly per batch); text on windows of ``train_len`` bytes.
         test_len: evaluation reaches this length.
@@ -326,13 +327,14 @@ def evaluate(
     """
     model.eval()
     device = next(model.parameters()).device
+    spec = lookup(encoding)
     trained = T.sequence_length(config.task, config.train_len)
     records: list[Record] = []
     positions = torch.Generator().manual_seed(99_991 + seed)
     if config.task == "text":
         for length in text_lengths(config):
             batch = corpus.windows("test", length, config.eval_examples)
-            scaling = scaling_for(encoding, length, trained)
+            scaling = spec.scaling(length, trained)
             logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
             loss = nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]), batch.targets.to(device).reshape(-1),
@@ -343,7 +345,7 @@ def evaluate(
     for n in range(1, config.test_len + 1):
         gen = torch.Generator().manual_seed(424_243 + n)
         batch = T.make_batch(config.task, n, config.eval_examples, gen)
-        scaling = scaling_for(encoding, T.sequence_length(config.task, n), trained)
+        scaling = spec.scaling(T.sequence_length(config.task, n), trained)
         logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
         scored = batch.targets.to(device) != T.IGNORE
         right = (logits.argmax(-1) == batch.targets.to(device)) | ~scored

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from posenc.core import checks
 from posenc.faces.lab import names
 
 __all__ = [
@@ -106,15 +107,6 @@ class Batch:
 # ------------------------------------------------------------------------------ validation
 
 
-def _check_int(value: Any, name: str, minimum: int) -> int:
-    """``value`` as an int ``>= minimum``; bools are rejected (they are ints only by accident)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= {minimum}; got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
-    return int(value)
-
-
 def _check_task(task: Any, accepted: tuple[str, ...] = TASKS) -> str:
     """``task`` if it is one of ``accepted``, else a TypeError/ValueError listing them."""
     valid = ", ".join(map(repr, accepted))
@@ -132,7 +124,7 @@ def _check_task(task: Any, accepted: tuple[str, ...] = TASKS) -> str:
 
 def _check_n(task: str, n: Any) -> int:
     """The task length ``n`` as an int, within what ``task`` can generate."""
-    n = _check_int(n, "n", 1)
+    n = checks.check_int(n, "n", 1)
     if task == "recall" and n > _NUM_KEYS:
         raise ValueError(
             f"n must be <= {_NUM_KEYS} for recall (keys are distinct, drawn from "
@@ -308,7 +300,7 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
     """
     task = _check_task(task, _SYNTHETIC)
     n = _check_n(task, n)
-    batch_size = _check_int(batch_size, "batch_size", 1)
+    batch_size = checks.check_int(batch_size, "batch_size", 1)
     generator = _check_generator(generator)
     if task == "recall":
         return _recall(n, batch_size, generator)
@@ -470,7 +462,7 @@ class TextCorpus:
         if not isinstance(root, (str, os.PathLike)):
             raise TypeError(f"root must be a str, a path or None; got {type(root).__name__}")
         if max_bytes is not None:
-            max_bytes = _check_int(max_bytes, "max_bytes", 1)
+            max_bytes = checks.check_int(max_bytes, "max_bytes", 1)
         self.root = Path(root)
         self.max_bytes = max_bytes
         if not self.root.is_dir():
@@ -516,7 +508,7 @@ class TextCorpus:
         """The split's bytes and the validated window length (``length + 1`` bytes must fit)."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test'; got {split!r}")
-        length = _check_int(length, "length", 1)
+        length = checks.check_int(length, "length", 1)
         data = self._data[split]
         if data.numel() < length + 1:
             raise ValueError(
@@ -561,7 +553,7 @@ class TextCorpus:
                 ``torch.Generator``.
         """
         data, length = self._split(split, length)
-        batch_size = _check_int(batch_size, "batch_size", 1)
+        batch_size = checks.check_int(batch_size, "batch_size", 1)
         generator = _check_generator(generator)
         starts = torch.randint(
             0,
@@ -600,7 +592,7 @@ class TextCorpus:
             TypeError: If ``length`` or ``count`` is not an int.
         """
         data, length = self._split(split, length)
-        count = _check_int(count, "count", 1)
+        count = checks.check_int(count, "count", 1)
         available = data.numel() // (length + 1)
         starts = torch.arange(min(count, available)) * (length + 1)
         return self._batch(data, starts, length)

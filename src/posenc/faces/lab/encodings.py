@@ -1,0 +1,218 @@
+"""The lab's encodings as data: one frozen :class:`Encoding` per name, in :data:`REGISTRY`.
+
+An :class:`Encoding` says which position pieces the lab's model gets (an
+absolute table added to the token embedding, a rotation of queries and keys,
+an attention-bias module, randomized positions) and which rope scaling it
+applies at test time. :mod:`posenc.lab.model` builds every model from these
+fields alone, and :mod:`posenc.lab.run` keys and evaluates runs through them,
+so adding an encoding is adding one entry here.
+
+Importable without torch (the command line lists the names before torch is
+imported): the bias factories import their modules when called.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+from posenc.core import checks
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from posenc.families.bias.modules import AttentionBias
+
+__all__ = ["ENCODINGS", "REGISTRY", "Encoding", "lookup", "scaling_for", "training_encoding"]
+
+Absolute = Literal["sinusoidal", "learned"]
+Rotation = Literal["rope", "xpos"]
+
+_ABSOLUTE: tuple[Absolute, ...] = ("sinusoidal", "learned")
+_ROTATIONS: tuple[Rotation, ...] = ("rope", "xpos")
+# rope types whose schedule also reads the length the model was trained at (HF's YaRN
+# takes it as ``original_max_position_embeddings``)
+_READS_TRAINED_LENGTH = frozenset({"yarn"})
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How one lab encoding builds the model's position pieces and scales at test time.
+
+    Attributes:
+        name: the name on the command line and in the results.
+        description: one line for people.
+        absolute: a table added to the token embedding: ``"sinusoidal"`` (the
+            exact table of Vaswani et al. 2017, section 3.5), ``"learned"`` (one
+            row per position up to ``max_positions``) or None.
+        rotary: queries and keys rotated by position: ``"rope"`` (Su et al.
+            2021), ``"xpos"`` (Sun et al. 2022) or None.
+        bias: ``bias(heads, head_dim)`` builds the attention-bias module the
+            layers share, or None.
+        random_positions: positions are a sorted random subset of
+            ``0 .. max_positions - 1``, drawn anew for every batch in training
+            and evaluation (Ruoss et al. 2023).
+        trains_as: the encoding whose trained model this one evaluates (None:
+            its own).
+        test_scaling: the HF ``rope_type`` applied at test time beyond the
+            trained length, with ``factor`` = tested / trained length (None:
+            no scaling).
+    """
+
+    name: str
+    description: str
+    absolute: Absolute | None = None
+    rotary: Rotation | None = None
+    bias: Callable[[int, int], AttentionBias] | None = None
+    random_positions: bool = False
+    trains_as: str | None = None
+    test_scaling: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.absolute is not None:
+            checks.check_choice(self.absolute, "absolute", _ABSOLUTE)
+        if self.rotary is not None:
+            checks.check_choice(self.rotary, "rotary", _ROTATIONS)
+        if self.random_positions and self.rotary != "rope":
+            raise ValueError(f"{self.name}: random_positions needs rotary='rope'")
+
+    @property
+    def limited(self) -> bool:
+        """Whether a sequence must fit ``max_positions`` (a learned table, random positions)."""
+        return self.absolute == "learned" or self.random_positions
+
+    def scaling(self, length: int, trained: int) -> dict[str, Any] | None:
+        """The ``rope_scaling`` this encoding applies at ``length`` tokens, trained at ``trained``.
+
+        None without a test-time scaling and within the trained length; beyond it,
+        the schedule with factor ``length / trained`` rounded up to hundredths.
+        """
+        if self.test_scaling is None or length <= trained:
+            return None
+        factor = math.ceil(100 * length / trained) / 100
+        scaling: dict[str, Any] = {"rope_type": self.test_scaling, "factor": factor}
+        if self.test_scaling in _READS_TRAINED_LENGTH:
+            scaling["original_max_position_embeddings"] = trained
+        return scaling
+
+
+# ------------------------------------------------------------------ bias factories
+
+
+def _alibi(heads: int, head_dim: int) -> AttentionBias:
+    from posenc.families.bias.modules import ALiBi
+
+    return ALiBi(heads)
+
+
+def _t5(heads: int, head_dim: int) -> AttentionBias:
+    from posenc.families.bias.modules import T5Bias
+
+    return T5Bias(heads, bidirectional=False)
+
+
+def _kerple(heads: int, head_dim: int) -> AttentionBias:
+    from posenc.families.bias.modules import KERPLE
+
+    return KERPLE(heads)
+
+
+def _fire(heads: int, head_dim: int) -> AttentionBias:
+    from posenc.families.bias.modules import FIRE
+
+    return FIRE(heads)
+
+
+def _sandwich(heads: int, head_dim: int) -> AttentionBias:
+    from posenc.families.bias.modules import Sandwich
+
+    return Sandwich(heads, dim=head_dim)
+
+
+# ------------------------------------------------------------------ the registry
+
+_ROPE = Encoding("rope", "queries and keys rotated by position (Su et al. 2021)", rotary="rope")
+
+
+def _at_test_time(rope_type: str, description: str) -> Encoding:
+    """The trained ``rope`` model, evaluated with the ``rope_type`` schedule beyond its length."""
+    return replace(
+        _ROPE,
+        name=f"rope-{rope_type}",
+        description=description,
+        trains_as=_ROPE.name,
+        test_scaling=rope_type,
+    )
+
+
+_IN_ORDER = (
+    Encoding("nope", "no positional encoding: the causal mask alone (Kazemnejad et al. 2023)"),
+    Encoding(
+        "sinusoidal",
+        "the exact sinusoidal table added to the token embedding (Vaswani et al. 2017)",
+        absolute="sinusoidal",
+    ),
+    Encoding(
+        "learned",
+        "a learned table of max_positions rows added to the token embedding",
+        absolute="learned",
+    ),
+    _ROPE,
+    _at_test_time("linear", "rope, positions interpolated linearly at test time"),
+    _at_test_time("ntk", "rope, NTK-aware base scaling at test time (bloc97, 2023)"),
+    _at_test_time("yarn", "rope, YaRN at test time (Peng et al. 2023)"),
+    Encoding("xpos", "rope with a decay over distance (Sun et al. 2022)", rotary="xpos"),
+    Encoding("alibi", "a linear distance penalty per head (Press et al. 2022)", bias=_alibi),
+    Encoding("t5", "learned biases of causal distance buckets (Raffel et al. 2020)", bias=_t5),
+    Encoding("kerple", "a learned logarithmic kernel bias (Chi et al. 2022)", bias=_kerple),
+    Encoding("fire", "a learned function of normalised distance (Li et al. 2023)", bias=_fire),
+    Encoding(
+        "sandwich",
+        "the sinusoidal embeddings' inner product as a bias (Chi et al. 2022b)",
+        bias=_sandwich,
+    ),
+    replace(
+        _ROPE,
+        name="randomized",
+        description="rope at sorted random positions below max_positions (Ruoss et al. 2023)",
+        random_positions=True,
+    ),
+)
+
+#: Every encoding of the lab by name, in the order the command line lists them (read-only).
+REGISTRY: Mapping[str, Encoding] = MappingProxyType({e.name: e for e in _IN_ORDER})
+
+#: The names of :data:`REGISTRY`, in order.
+ENCODINGS = tuple(REGISTRY)
+
+
+def lookup(name: str) -> Encoding:
+    """The registered :class:`Encoding` called ``name``.
+
+    Raises:
+        ValueError: a name not in :data:`ENCODINGS`.
+    """
+    checks.check_choice(name, "encoding", ENCODINGS)
+    return REGISTRY[name]
+
+
+def training_encoding(name: str) -> str:
+    """The encoding a model is trained with (test-time scaling variants train as ``rope``).
+
+    Raises:
+        ValueError: a name not in :data:`ENCODINGS`.
+    """
+    encoding = lookup(name)
+    return encoding.trains_as or encoding.name
+
+
+def scaling_for(name: str, length: int, trained: int) -> dict[str, Any] | None:
+    """The ``rope_scaling`` of encoding ``name`` at ``length`` tokens: :meth:`Encoding.scaling`.
+
+    None for names without a test-time scaling, unknown names included.
+    """
+    encoding = REGISTRY.get(name)
+    return None if encoding is None else encoding.scaling(length, trained)
