@@ -8,6 +8,8 @@ posenc's angle engine.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import mpmath
 import numpy as np
@@ -50,8 +52,10 @@ def test_shift_error_is_a_few_ulps(preset):
 
 def test_shift_error_measures_a_wrong_matrix(monkeypatch):
     # the measurement must see a defect: rotate by k + 1 instead of k
-    real = analysis.shift_matrix
-    monkeypatch.setattr(analysis, "shift_matrix", lambda k, dim, **kw: real(k + 1, dim, **kw))
+    real = analysis.sinusoidal.shift_matrix
+    monkeypatch.setattr(
+        analysis.sinusoidal, "shift_matrix", lambda k, dim, **kw: real(k + 1, dim, **kw)
+    )
     r = analysis.shift_error(16, 20, 5)
     assert not r.ok
     assert r.max_error[0] > 0.1
@@ -139,9 +143,9 @@ def test_dot_product_depends_on_offset_only(preset):
 # -------------------------------------------------------------------------- regression
 
 
-def seed001_pe_even(pos, dim):
-    """The seed question's PE_even (size 10000, d_model 512)."""
-    return np.sin(pos / (10000 ** (2 * dim / 512)))
+def pe_even(pos, i):
+    """PE(pos, 2i) = sin(pos / 10000**(2i / d_model)) for d_model 512, written out by hand."""
+    return np.sin(pos / (10000 ** (2 * i / 512)))
 
 
 def r2_simple(x, y):
@@ -149,12 +153,13 @@ def r2_simple(x, y):
     return float(np.corrcoef(x, y)[0, 1] ** 2)
 
 
-def test_seed_experiment_single_column_fails_pair_is_exact():
+def test_one_column_regressed_on_itself_fails_pair_is_exact():
+    # one sine column at p + 10 regressed on the same column at p (d = 512), as a user tries it
     p = np.arange(1000.0)
     r = analysis.regression_r2(512, 1000, 10)
-    assert r.column == 128 and r.partner == 129  # the seed's PE_even(p, 64)
+    assert r.column == 128 and r.partner == 129  # PE(p, 2i) for i = 64
     assert r.omega == pytest.approx(0.1, rel=1e-15)
-    expected = r2_simple(seed001_pe_even(p, 64), seed001_pe_even(p + 10, 64))
+    expected = r2_simple(pe_even(p, 64), pe_even(p + 10, 64))
     assert r.single_r2 == pytest.approx(expected, abs=1e-12)
     assert r.single_r2 < 0.99
     assert r.single_r2 == pytest.approx(r.single_r2_limit, abs=0.02)  # cos(1)**2 = 0.29
@@ -229,3 +234,120 @@ def test_precision_story_at_d512():
         # the product's rounding: at most one float32 rounding of omega and one of p*omega
         assert pt.naive_angle_error <= pt.max_angle * 2.0**-23
     assert r.ok
+
+
+# ------------------------------------------------------------------------ the verdicts
+
+
+def test_check_decides_every_row():
+    rows = analysis.check(512, 50)
+    assert len(rows) == 12
+    assert all(row.passed is True for row in rows)
+    claims = [row.claim for row in rows]
+    assert claims[0] == "shift: PE(p+1) = PE(p) @ M(1).T"
+    assert claims[3] == "row norm = 16 (a sqrt(pairs), 256 pairs)"
+    assert claims[7] == "one column (ch 128) at p+10 from itself: not linear"
+    assert rows[7].bound == "< 0.99"
+    assert claims[-1] == "float32 at p=1e+07: posenc (naive float32 formula)"
+
+
+def test_check_fails_a_wrong_shift_matrix(monkeypatch):
+    real = analysis.sinusoidal.shift_matrix
+    monkeypatch.setattr(
+        analysis.sinusoidal, "shift_matrix", lambda k, dim, **kw: real(k + 1, dim, **kw)
+    )
+    rows = analysis.check(16, 50)
+    assert [row.passed for row in rows[:3]] == [False, False, False]
+    assert all(row.passed for row in rows[3:])
+
+
+def test_check_skips_what_a_lone_channel_breaks():
+    rows = analysis.check(63, 50)  # vaswani extends an odd dim: a lone channel
+    skipped = [row for row in rows if row.passed is None]
+    assert [row.claim for row in skipped] == [
+        "shift property", "row norm", "offset-only dot product",
+    ]  # fmt: skip
+    assert all("lone channel" in row.measured and row.bound == "-" for row in skipped)
+    assert all(row.passed for row in rows if row not in skipped)
+
+
+def test_check_short_table_skips_the_regression():
+    rows = analysis.check(8, 2)
+    (skipped,) = [row for row in rows if row.passed is None]
+    assert skipped.claim == "regression: one column vs the pair"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"length": 0}, ValueError, "length must be an int >= 1"),
+        ({"length": 2.0}, TypeError, "length must be an int"),
+        ({"dim": 0}, ValueError, "dim"),
+        ({"preset": "nope"}, ValueError, "preset"),
+    ],
+)
+def test_check_bad_arguments_name_the_parameter(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        analysis.check(**kwargs)
+
+
+# ------------------------------------------------------------------- report measurements
+
+
+def test_learned_similarity_of_a_known_table():
+    # rows on a circle, 10 degrees apart: neighbours have cosine cos(10 degrees)
+    angle = np.deg2rad(10.0) * np.arange(4)
+    table = np.stack([np.cos(angle), np.sin(angle)], axis=1)
+    near, far = analysis.Learned(table, 1.0, 0, 0.0).similarity(apart=2)
+    assert near == pytest.approx(math.cos(np.deg2rad(10.0)), rel=1e-15)
+    assert far == pytest.approx(math.cos(np.deg2rad(30.0)), rel=1e-15)  # rows 0 and 3 only
+
+
+def test_rope_decay_starts_at_one_and_falls():
+    r, bound, mean_abs = analysis.rope_decay(128, 10000.0, 1000)
+    assert r[0] == 0 and r[-1] == 1000
+    assert bound[0] == 1.0 and mean_abs[0] == pytest.approx(1.0, rel=1e-15)
+    assert bound[1000] < bound[100] < 1.0
+
+
+def test_scaling_curves_linear_is_default_over_factor():
+    curves = analysis.scaling_curves(64, 10000.0, 8.0, 4096)
+    assert set(curves) == {"default", "linear", "ntk", "yarn", "llama3"}
+    np.testing.assert_allclose(curves["linear"], curves["default"] / 8.0, rtol=1e-15)
+    expected = 10000.0 ** (-np.arange(0, 64, 2) / 64)
+    np.testing.assert_allclose(curves["default"], expected, rtol=1e-14)
+
+
+def test_rope_scores_depend_on_the_offset_only():
+    rel = analysis.rope_relative(head_dim=32, length=16)
+    assert rel["float64"] <= 1e-12 * rel["scale"]
+    assert rel["float32"] <= 1e-5 * rel["scale"]
+
+
+def test_geometry_tells_every_position_apart():
+    geo = analysis.geometry(64, 20, "vaswani")
+    distance, i, j = geo["first"]
+    table = naive64(np.arange(20), 64)
+    assert distance == pytest.approx(np.linalg.norm(table[i] - table[j]), rel=1e-12)
+    assert distance > 1.0 and geo["float32 distinct"]
+    assert set(geo["recovery"]) == {0.1, 0.5, 1.0, 2.0}
+    assert geo["recovery"][0.1] == 1.0
+
+
+def test_exp_log_forms_are_the_same_function():
+    with mpmath.workdps(23):  # a precision of the caller's, which the measurement keeps
+        forms = analysis.exp_log_forms(64)
+        assert mpmath.mp.dps == 23
+    assert set(forms) == {"power float32", "exp-log float32", "power float64", "exp-log float64"}
+    for name, (error, seconds) in forms.items():
+        assert error < (1e-6 if "float32" in name else 1e-14), name
+        assert seconds > 0
+
+
+def test_import_needs_only_numpy():
+    code = (
+        "import sys, posenc.analysis; "
+        "print(sorted(m for m in ('torch', 'matplotlib', 'mpmath') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -82,8 +82,10 @@ def test_check_other_presets_and_lone_channel(capsys):
 def test_check_fails_with_exit_1(monkeypatch, capsys):
     from posenc import analysis
 
-    real = analysis.shift_matrix
-    monkeypatch.setattr(analysis, "shift_matrix", lambda k, d, **kw: real(k + 1, d, **kw))
+    real = analysis.sinusoidal.shift_matrix
+    monkeypatch.setattr(
+        analysis.sinusoidal, "shift_matrix", lambda k, d, **kw: real(k + 1, d, **kw)
+    )
     assert main(["check", "--dim", "16"]) == 1
     assert "FAIL" in capsys.readouterr().out
 

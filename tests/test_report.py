@@ -12,7 +12,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from posenc import plot, report
+from posenc import analysis, plot, report
 from posenc.faces.cli import main
 
 SECTIONS = [
@@ -149,6 +149,6 @@ def test_rope_config_from_a_config_json(tmp_path):
 
 
 def test_learned_table_learns_the_task():
-    run = report.train_learned(length=12, dim=16, steps=150)
+    run = analysis.train_learned(length=12, dim=16, steps=150)
     assert run.accuracy > 0.9  # copying the previous token needs positions
     assert run.table.shape == (12, 16) and np.isfinite(run.table).all()

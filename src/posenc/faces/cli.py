@@ -32,7 +32,6 @@ from posenc.families.absolute.sinusoidal import PRESETS, resolve, sinusoidal
 
 _FORMATS = (".npy", ".pt", ".csv", ".json")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
-_PRECISION_POSITIONS = (1e4, 1e6, 1e7)
 
 
 class _UsageError(ValueError):
@@ -180,79 +179,12 @@ def _write_json(
 # posenc check
 
 
-def _check_rows(args: argparse.Namespace) -> list[tuple[str, str, str, str]]:
-    from posenc import analysis
-
-    overrides = _spec_args(args)
-    spec = resolve(args.preset, **overrides)
-    dim, length = args.dim, args.length
-    slots = spec.slots(dim)  # invalid dim/preset combinations stop here, exit 2
-    rows: list[tuple[str, str, str, str]] = []
-
-    def add(name: str, value: str, bound: str, ok: bool | None) -> None:
-        rows.append((name, value, bound, "SKIP" if ok is None else ("PASS" if ok else "FAIL")))
-
-    offsets = (1, 10, 100)
-    if slots.n_first != slots.n_second:
-        why = f"lone channel (dim {dim}, odd={spec.odd!r})"
-        for name in ("shift property", "row norm", "offset-only dot product"):
-            add(name, why, "-", None)
-    else:
-        shift = analysis.shift_error(dim, length, offsets, preset=spec)
-        for k, err in zip(shift.offsets, shift.max_error, strict=True):
-            add(
-                f"shift: PE(p+{k:g}) = PE(p) @ M({k:g}).T",
-                f"max err {err:.2e}",
-                f"<= {shift.tolerance:.2e}",
-                err <= shift.tolerance,
-            )
-        nrm = analysis.norms(dim, length, preset=spec)
-        add(
-            f"row norm = {nrm.expected:.6g} (a sqrt(pairs), {nrm.pairs} pairs)",
-            f"max dev {nrm.max_deviation:.2e}",
-            f"<= {nrm.tolerance:.2e}",
-            nrm.ok,
-        )
-        dots = analysis.offset_dot_products(dim, length, offsets, preset=spec)
-        for k, exact, spread, dev in zip(
-            dots.offsets, dots.closed_form, dots.spread, dots.max_deviation, strict=True
-        ):
-            add(
-                f"PE(p).PE(p+{k:g}) = sum cos({k:g} w) = {exact:.6g} for all p",
-                f"spread {spread:.1e}, dev {dev:.1e}",
-                f"<= {dots.tolerance:.2e}",
-                max(spread, dev) <= dots.tolerance,
-            )
-    if slots.n_second and length >= 3:
-        reg = analysis.regression_r2(dim, length, 10, preset=spec)
-        add(
-            f"one column (ch {reg.column}) at p+10 from itself: not linear",
-            f"R^2 {reg.single_r2:.3f} (limit {reg.single_r2_limit:.3f})",
-            "< 0.99",
-            reg.single_r2 < 0.99,
-        )
-        add(
-            f"the pair (ch {reg.column}, {reg.partner}) at p+10: linear",
-            f"1 - R^2 {1.0 - reg.pair_r2:.1e}",
-            f"<= {reg.pair_tolerance:.1e}",
-            1.0 - reg.pair_r2 <= reg.pair_tolerance,
-        )
-    else:
-        add("regression: one column vs the pair", "needs a pair and length >= 3", "-", None)
-    positions = [p for p in _PRECISION_POSITIONS if abs(p + spec.offset) < 2**31]
-    report = analysis.precision_report(positions, dim, preset=spec)
-    for pt in report.points:
-        add(
-            f"float32 at p={pt.position:.0e}: posenc (naive float32 formula)",
-            f"{pt.posenc_error:.1e} ({pt.naive_error:.1e})",
-            f"<= {report.tolerance:.1e}",
-            pt.posenc_error <= report.tolerance,
-        )
-    return rows
-
-
 def _check(args: argparse.Namespace) -> int:
-    rows = _check_rows(args)
+    from posenc.integration import analysis
+
+    verdicts = analysis.check(args.dim, args.length, preset=args.preset, **_spec_args(args))
+    result = {True: "PASS", False: "FAIL", None: "SKIP"}
+    rows = [(v.claim, v.measured, v.bound, result[v.passed]) for v in verdicts]
     title = f"posenc check: preset {args.preset}, dim {args.dim}, positions 0..{args.length - 1}"
     header = ("property", "measured", "bound", "result")
     try:
@@ -301,7 +233,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from posenc import report
+    from posenc.faces import report
 
     def say(message: str) -> None:
         print(f"posenc report: {message}", file=sys.stderr, flush=True)
@@ -339,7 +271,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from posenc import plot
+    from posenc.faces import plot
 
     out = Path(args.o)
     if out.suffix not in (".png", ".svg"):
@@ -533,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report",
         help="write the explainer: figures and measured numbers in one HTML file",
-        description="Answer the seed questions (why exp and log, the shift operator, the "
+        description="Explain positional encodings (why exp and log, the shift operator, the "
         "heatmap, clock hands, the norm sqrt(d/2), learned versus sinusoidal, RoPE, ALiBi "
         "and T5, 2-D grids) with figures and numbers measured now; write DIR/index.html "
         "(self-contained) and DIR/figures/*.png and *.svg.",

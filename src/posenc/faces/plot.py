@@ -6,8 +6,10 @@ beside it in ``posenc report`` come from the same code. matplotlib is imported
 on first use (``pip install posenc[plot]``) with the Agg backend: no display.
 
 :data:`KINDS` maps the names of ``posenc plot KIND`` to these functions; all
-of them take keyword arguments with defaults (the seeds' setting: d = 512, 50
-positions) and ignore the ones they do not use.
+of them take keyword arguments with defaults (Vaswani et al.'s encoding at
+d = 512, 50 positions) and ignore the ones they do not use. What a figure
+measures (errors, decay bounds, schedules, a trained table) comes from
+:mod:`posenc.analysis`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import numpy as np
 
 from posenc.core import checks
 
-__all__ = ["KINDS", "figure", "save"]
+__all__ = ["KINDS", "figure", "new_figure", "pyplot", "save"]
 
 PAIR_COLOURS = "viridis"
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` with the Agg backend (no display), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -35,8 +38,9 @@ def _plt() -> Any:
     return plt
 
 
-def _new(width: float = 7.0, height: float = 4.0, ncols: int = 1, nrows: int = 1) -> Any:
-    plt = _plt()
+def new_figure(width: float = 7.0, height: float = 4.0, ncols: int = 1, nrows: int = 1) -> Any:
+    """A new ``(figure, axes)`` of ``width`` x ``height`` inches, ``nrows`` x ``ncols`` panels."""
+    plt = pyplot()
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), layout="constrained")
     return fig, axes
 
@@ -61,7 +65,7 @@ def save(fig: Any, path: str | Path) -> Path:
     if path.suffix not in (".png", ".svg"):
         raise ValueError(f"figure file must end in .png or .svg; got {str(path)!r}")
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -73,7 +77,7 @@ def heatmap(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: A
     import posenc
 
     table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
-    fig, ax = _new(8, 4)
+    fig, ax = new_figure(8, 4)
     title = f"{preset}: PE(position, channel), d = {dim}, {length} positions"
     _image(fig, ax, table, title, "channel (depth)", "position", aspect="auto", vmin=-1, vmax=1)
     return fig
@@ -84,7 +88,7 @@ def wavelengths(*, dim: int = 512, preset: str = "vaswani", **_: Any) -> Any:
     from posenc.families.absolute.sinusoidal import resolve
 
     omega = resolve(preset).inv_freq(dim)
-    fig, ax = _new(7, 3.6)
+    fig, ax = new_figure(7, 3.6)
     ax.semilogy(np.arange(len(omega)), 2 * np.pi / omega, marker=".", lw=1)
     ax.axhline(2 * np.pi, color="grey", lw=0.8, ls="--")
     ax.axhline(2 * np.pi * 10000, color="grey", lw=0.8, ls="--")
@@ -100,7 +104,7 @@ def shift(*, dim: int = 512, offset: float = 10, preset: str = "vaswani", **_: A
 
     m = posenc.shift_matrix(offset, dim, preset=preset)
     n = min(16, dim)
-    fig, ax = _new(4.8, 4.2)
+    fig, ax = new_figure(4.8, 4.2)
     title = f"M_k for k = {offset:g}: 2x2 rotations on the diagonal"
     _image(
         fig,
@@ -128,7 +132,7 @@ def regression(
     x, y = t[:length, r.column], t[offset : offset + length, r.column]
     a, b, c = r.pair_coef
     fit = a + b * t[:length, r.column] + c * t[:length, r.partner]
-    fig, (left, right) = _new(8, 3.6, ncols=2)
+    fig, (left, right) = new_figure(8, 3.6, ncols=2)
     left.scatter(x, y, s=10)
     left.set_xlabel(f"channel {r.column} at p")
     left.set_ylabel(f"channel {r.column} at p + {offset:g}")
@@ -165,7 +169,9 @@ def clocks(
     first, second = slots.indices()
     if spec.order == "cos_sin":
         first, second = second, first
-    fig, axes = _new(1.35 * len(shown) + 1, 1.35 * len(pos) + 0.6, ncols=len(shown), nrows=len(pos))
+    fig, axes = new_figure(
+        1.35 * len(shown) + 1, 1.35 * len(pos) + 0.6, ncols=len(shown), nrows=len(pos)
+    )
     axes = np.atleast_2d(axes)
     theta = np.linspace(0, 2 * np.pi, 100)
     for r, p in enumerate(pos):
@@ -193,7 +199,7 @@ def similarity(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_
 
     t = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     unit = t / np.linalg.norm(t, axis=1, keepdims=True)
-    fig, ax = _new(5, 4.2)
+    fig, ax = new_figure(5, 4.2)
     title = "cos(PE(p), PE(q)): a function of p - q"
     _image(fig, ax, unit @ unit.T, title, "position q", "position p", vmin=-1, vmax=1)
     return fig
@@ -206,7 +212,7 @@ def offsets(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: A
     t = posenc.sinusoidal(length + 200, dim, preset=preset, dtype="float64")
     ks = np.arange(0, 200)
     dots = np.array([[t[p] @ t[p + k] for k in ks] for p in (0, length // 2, length - 1)])
-    fig, (left, right) = _new(9, 3.4, ncols=2)
+    fig, (left, right) = new_figure(9, 3.4, ncols=2)
     for row, p in zip(dots, (0, length // 2, length - 1), strict=True):
         left.plot(ks, row, lw=1, label=f"p = {p}")
     left.set_xlabel("offset k")
@@ -226,10 +232,10 @@ def precision(
     *, dim: int = 512, preset: str = "vaswani", points: tuple[float, ...] | None = None, **_: Any
 ) -> Any:
     """Error against position: the usual float32 and bfloat16 formulas, and posenc's float32."""
-    from posenc.faces.report import precision_curves
+    from posenc.integration.analysis import precision_curves
 
     curves = precision_curves(dim, preset, points)
-    fig, ax = _new(7, 3.8)
+    fig, ax = new_figure(7, 3.8)
     for name, errs in curves.items():
         if name == "position":
             continue
@@ -249,11 +255,11 @@ def learned(*, learned_table: Any = None, dim: int = 32, length: int = 32, **_: 
     import posenc
 
     if learned_table is None:
-        from posenc.faces.report import train_learned
+        from posenc.integration.analysis import train_learned
 
         learned_table = train_learned(length=length, dim=dim).table
     sin = posenc.sinusoidal(learned_table.shape[0], learned_table.shape[1], dtype="float64")
-    fig, axes = _new(9, 6, ncols=2, nrows=2)
+    fig, axes = new_figure(9, 6, ncols=2, nrows=2)
     for col, (name, t) in enumerate((("learned", learned_table), ("sinusoidal", sin))):
         axes[0, col].imshow(t, aspect="auto", cmap="viridis", interpolation="nearest")
         axes[0, col].set_title(f"{name} table")
@@ -265,10 +271,10 @@ def learned(*, learned_table: Any = None, dim: int = 32, length: int = 32, **_: 
 
 def decay(*, head_dim: int = 128, base: float = 10000.0, max_distance: int = 2000, **_: Any) -> Any:
     """RoPE's long-term decay: RoFormer's bound on |sum_j e^{i r theta_j}| against distance."""
-    from posenc.faces.report import rope_decay
+    from posenc.integration.analysis import rope_decay
 
     r, bound, mean_abs = rope_decay(head_dim, base, max_distance)
-    fig, ax = _new(7, 3.6)
+    fig, ax = new_figure(7, 3.6)
     ax.plot(r, bound, lw=1, label="(1/(d/2)) sum_j |S_j| (RoFormer 3.4.3)")
     ax.plot(r, mean_abs, lw=1, label="|mean_j e^{i r theta_j}|")
     ax.set_xlabel("relative distance m - n")
@@ -287,10 +293,10 @@ def rope_scaling(
     **_: Any,
 ) -> Any:
     """Wavelength of each rotary pair under the scaling types (linear, NTK, YaRN, llama3)."""
-    from posenc.faces.report import scaling_curves
+    from posenc.integration.analysis import scaling_curves
 
     curves = scaling_curves(head_dim, base, factor, original)
-    fig, ax = _new(7, 4)
+    fig, ax = new_figure(7, 4)
     for name, omega in curves.items():
         ax.semilogy(2 * np.pi / omega, label=name, lw=1.2)
     ax.axhline(original, color="grey", ls="--", lw=0.8)
@@ -308,7 +314,7 @@ def alibi(*, heads: int = 8, length: int = 24, **_: Any) -> Any:
     slopes = posenc.alibi_slopes(heads)
     bias = posenc.ALiBi(heads).bias(length, length).detach().numpy()
     mask = np.triu(np.ones((length, length), dtype=bool), 1)
-    fig, (left, right) = _new(9, 3.6, ncols=2)
+    fig, (left, right) = new_figure(9, 3.6, ncols=2)
     left.bar(np.arange(1, heads + 1), slopes)
     left.set_yscale("log", base=2)
     left.set_xlabel("head")
@@ -323,7 +329,7 @@ def t5(*, length: int = 200, num_buckets: int = 32, max_distance: int = 128, **_
     import posenc
 
     rel = np.arange(-length, length + 1)
-    fig, (left, right) = _new(9, 3.6, ncols=2)
+    fig, (left, right) = new_figure(9, 3.6, ncols=2)
     for bidirectional in (True, False):
         b = posenc.t5_bucket(
             rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
@@ -352,7 +358,7 @@ def grid(*, size: int = 14, dim: int = 64, preset: str = "mae", **_: Any) -> Any
     for c in range(dim):
         r0, c0 = (c // cols) * (size + 1), (c % cols) * (size + 1)
         mosaic[r0 : r0 + size, c0 : c0 + size] = tiles[:, :, c]
-    fig, ax = _new(6.5, 6.5 * rows / cols + 0.4)
+    fig, ax = new_figure(6.5, 6.5 * rows / cols + 0.4)
     ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_axis_off()
     ax.set_title(f"{preset} grid {size}x{size}, {dim} channels, one tile per channel")

@@ -1,7 +1,7 @@
-"""``posenc report``: the seed questions answered with figures and numbers measured on the spot.
+"""``posenc report``: positional encodings explained with figures and numbers measured on the spot.
 
-:func:`build` computes every section (its numbers with posenc's own measuring
-functions, its figures with :mod:`posenc.plot`), writes each figure as PNG and
+:func:`build` computes every section (its numbers with :mod:`posenc.analysis`,
+its figures with :mod:`posenc.plot`), writes each figure as PNG and
 SVG under ``out/figures/`` and one self-contained ``out/index.html`` (figures
 embedded as data URIs, no network). Nothing in the HTML is asserted that was
 not measured in the same run; the text says what each number is.
@@ -21,7 +21,6 @@ import html
 import json
 import math
 import time
-import timeit
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from posenc.core import checks
+from posenc.families.absolute.sinusoidal import PRESETS, resolve
+from posenc.integration import analysis
 
-__all__ = ["Report", "Section", "build", "precision_curves", "rope_decay", "scaling_curves"]
+__all__ = ["Report", "Section", "build", "rope_settings"]
 
 
 @dataclass
@@ -55,215 +56,6 @@ class Report:
     seconds: float
 
 
-# ------------------------------------------------------------------ measurements
-
-
-def exp_log_forms(dim: int, base: float = 10000.0) -> dict[str, Any]:
-    """The two ways code writes the frequencies, their error against mpmath and their speed.
-
-    ``1 / base ** (2i / d)`` (the paper's formula) and ``exp(2i * -(ln base / d))``
-    (tensor2tensor's, copied by most code): the same function; the log form
-    turns the power into one multiply per channel plus one ``exp``.
-    """
-    import mpmath
-
-    mpmath.mp.dps = 40
-    i2 = np.arange(0, dim - dim % 2, 2)
-    exact = np.array([float(mpmath.power(mpmath.mpf(base), -mpmath.mpf(int(k)) / dim)) for k in i2])
-    out: dict[str, Any] = {}
-    for dtype in (np.float32, np.float64):
-        k = i2.astype(dtype)
-
-        def power(k: Any = k, dtype: Any = dtype) -> Any:
-            return dtype(1.0) / np.power(dtype(base), k / dtype(dim))
-
-        def logform(k: Any = k, dtype: Any = dtype) -> Any:
-            return np.exp(k * dtype(-math.log(base) / dim))
-
-        name = np.dtype(dtype).name
-        for label, fn in (("power", power), ("exp-log", logform)):
-            rel = np.max(np.abs(fn().astype(np.float64) - exact) / exact)
-            runs = timeit.repeat(fn, number=200, repeat=5)
-            out[f"{label} {name}"] = (float(rel), min(runs) / 200)
-    return out
-
-
-def precision_curves(
-    dim: int = 512, preset: str = "vaswani", points: Sequence[float] | None = None
-) -> dict[str, Any]:
-    """Errors of one row against position: posenc float32, naive float32, naive bfloat16.
-
-    The naive formulas multiply a float32 (or bfloat16) position by float32 (or
-    bfloat16) frequencies, as code under autocast does; errors are measured
-    against posenc's float64 values (exact to a few 1e-16).
-    """
-    import torch
-
-    import posenc
-    from posenc.families.absolute.sinusoidal import resolve
-
-    positions = np.asarray(points if points is not None else 10.0 ** np.arange(1, 8))
-    spec = resolve(preset)
-    slots = spec.slots(dim)
-    omega = spec.inv_freq(dim)
-    exact = posenc.sinusoidal(positions, dim, preset=preset, dtype="float64")
-    ours = posenc.sinusoidal(positions, dim, preset=preset, dtype="float32").astype(np.float64)
-    curves: dict[str, Any] = {"position": positions}
-    curves["posenc float32"] = np.abs(ours - exact).max(axis=1)
-    for name, dtype in (("naive float32", torch.float32), ("naive bfloat16", torch.bfloat16)):
-        p = torch.tensor(positions).to(dtype)[:, None]
-        ang = (p * torch.tensor(omega).to(dtype)).float()
-        naive = np.zeros_like(exact)
-        naive[:, slots.first] = torch.sin(ang).to(dtype).double().numpy()[:, : slots.n_first]
-        naive[:, slots.second] = torch.cos(ang).to(dtype).double().numpy()[:, : slots.n_second]
-        curves[name] = np.abs(naive - exact).max(axis=1)
-    return curves
-
-
-@dataclass
-class Learned:
-    """A learned position table from a tiny training run and what it was trained on."""
-
-    table: Any
-    accuracy: float
-    steps: int
-    seconds: float
-
-
-def train_learned(
-    length: int = 32, dim: int = 32, steps: int = 300, vocab: int = 16, seed: int = 0
-) -> Learned:
-    """Train a learned position table on a task that needs positions: copy the previous token.
-
-    One causal attention layer (posenc.attention) over token + learned
-    position embeddings, trained with Adam; the task cannot be solved without
-    telling positions apart, so the table must learn them.
-    """
-    import torch
-    from torch import nn
-
-    import posenc
-
-    gen = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    tok = nn.Embedding(vocab, dim)
-    pos = nn.Parameter(torch.randn(length, dim) * 0.02)
-    wq, wk, wv = (nn.Linear(dim, dim, bias=False) for _ in range(3))
-    head = nn.Linear(dim, vocab)
-    params = [pos, *tok.parameters(), *wq.parameters(), *wk.parameters(), *wv.parameters()]
-    params += list(head.parameters())
-    opt = torch.optim.Adam(params, lr=1e-2)
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        h = tok(x) + pos
-        q, k, v = (w(h)[:, None] for w in (wq, wk, wv))
-        return head(posenc.attention(q, k, v, causal=True)[:, 0])
-
-    start = time.perf_counter()
-    for _ in range(steps):
-        x = torch.randint(0, vocab, (64, length), generator=gen)
-        logits = forward(x)[:, 1:]
-        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), x[:, :-1].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        x = torch.randint(0, vocab, (256, length), generator=gen)
-        acc = (forward(x)[:, 1:].argmax(-1) == x[:, :-1]).float().mean().item()
-    return Learned(pos.detach().double().numpy(), acc, steps, time.perf_counter() - start)
-
-
-def rope_decay(head_dim: int, base: float, max_distance: int) -> tuple[Any, Any, Any]:
-    """RoFormer's long-term decay bound against relative distance, relative to distance 0.
-
-    With ``S_j = sum_{k<j} e^{i r theta_k}``, ``|q . k|`` is bounded by
-    ``max |h| * sum_j |S_j|`` (Su et al. 2021, section 3.4.3); the curve is
-    ``(1 / (d/2)) sum_j |S_j|`` divided by its value at ``r = 0``.
-    """
-    half = head_dim // 2
-    theta = base ** (-2.0 * np.arange(half) / head_dim)
-    r = np.arange(0, max_distance + 1, dtype=np.float64)
-    e = np.exp(1j * r[:, None] * theta[None, :])
-    partial = np.cumsum(e, axis=1)
-    bound = np.abs(partial).mean(axis=1)
-    return r, bound / bound[0], np.abs(e.mean(axis=1))
-
-
-def scaling_curves(head_dim: int, base: float, factor: float, original: int) -> dict[str, Any]:
-    """Angular frequency of each rotary pair under default, linear, NTK, YaRN and llama3."""
-    from posenc.families.rotary.schedules import frequencies
-
-    settings: dict[str, dict[str, Any]] = {
-        "default": {},
-        "linear": {"factor": factor},
-        "ntk": {"factor": factor},
-        "yarn": {"factor": factor, "original_max_position_embeddings": original},
-        "llama3": {
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": original,
-        },
-    }
-    return {
-        name: np.array([float(w) for w in frequencies(name, head_dim, base, params).omega])
-        for name, params in settings.items()
-    }
-
-
-def rope_relative(head_dim: int = 64, length: int = 64, seed: int = 0) -> dict[str, float]:
-    """The spread of q_m . k_n over m for each m - n: zero if scores depend on m - n only."""
-    import torch
-
-    import posenc
-
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(head_dim, generator=gen, dtype=torch.float64)
-    k = torch.randn(head_dim, generator=gen, dtype=torch.float64)
-    rope = posenc.Rotary(head_dim)
-    c, s = rope.cos_sin(torch.arange(length), dtype=torch.float64)
-    out: dict[str, float] = {}
-    for name, dtype in (("float64", torch.float64), ("float32", torch.float32)):
-        qs = posenc.apply_rotary(q.expand(length, -1).to(dtype), c, s)
-        ks = posenc.apply_rotary(k.expand(length, -1).to(dtype), c, s)
-        scores = (qs.double() @ ks.double().T).numpy()
-        spread = max(
-            np.ptp(np.diagonal(scores, offset)) for offset in range(-length + 2, length - 1)
-        )
-        out[name] = float(spread)
-    out["scale"] = float((q.abs() @ k.abs()).item())
-    return out
-
-
-def geometry(dim: int, length: int, preset: str, seed: int = 0) -> dict[str, Any]:
-    """Nearest distinct positions, and how well a position survives being added to a token."""
-    import posenc
-
-    t = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
-    far = posenc.sinusoidal(2000, dim, preset=preset, dtype="float64")
-    out: dict[str, Any] = {}
-    for name, table in (("first", t), ("2000", far)):
-        sq = (table**2).sum(1)
-        d2 = sq[:, None] + sq[None, :] - 2 * table @ table.T
-        np.fill_diagonal(d2, np.inf)
-        i, j = np.unravel_index(np.argmin(d2), d2.shape)
-        out[name] = (float(math.sqrt(max(d2[i, j], 0.0))), int(i), int(j))
-    t32 = posenc.sinusoidal(2000, dim, preset=preset, dtype="float32")
-    out["float32 distinct"] = len({row.tobytes() for row in t32}) == len(t32)
-    rng = np.random.default_rng(seed)
-    recovery = {}
-    for sigma in (0.1, 0.5, 1.0, 2.0):
-        tokens = rng.normal(0, sigma, size=(100, dim))
-        x = tokens[:, None, :] + t[None, :, :]  # (tokens, positions, d)
-        guess = np.argmax(x @ t.T, axis=-1)
-        recovery[sigma] = float((guess == np.arange(length)[None, :]).mean())
-    out["recovery"] = recovery
-    return out
-
-
-# ------------------------------------------------------------------ the report
-
-
 def _fmt(x: float, digits: int = 3) -> str:
     if x == 0:
         return "0"
@@ -277,11 +69,9 @@ def _sections(
     length: int,
     preset: str,
     rope: dict[str, Any],
-    learned: Learned,
+    learned: analysis.Learned,
 ) -> list[Section]:
     import posenc
-    from posenc import analysis
-    from posenc.families.absolute.sinusoidal import resolve
 
     sections: list[Section] = []
     spec = resolve(preset)
@@ -308,7 +98,7 @@ def _sections(
         )
     )
 
-    forms = exp_log_forms(dim)
+    forms = analysis.exp_log_forms(dim)
     wl = 2 * np.pi / omega
     sections.append(
         Section(
@@ -373,7 +163,7 @@ def _sections(
 
     norms = analysis.norms(dim, length, preset=preset)
     dots = analysis.offset_dot_products(dim, length, (1, 10, 100), preset=preset)
-    geo = geometry(dim, length, preset)
+    geo = analysis.geometry(dim, length, preset)
     sections.append(
         Section(
             "geometry",
@@ -418,7 +208,7 @@ def _sections(
         )
     )
 
-    curves = precision_curves(dim, preset)
+    curves = analysis.precision_curves(dim, preset)
     sections.append(
         Section(
             "precision",
@@ -445,12 +235,7 @@ def _sections(
     )
 
     lt = learned.table
-    unit = lt / np.linalg.norm(lt, axis=1, keepdims=True)
-    sim = unit @ unit.T
-    near = float(np.mean([sim[i, i + 1] for i in range(len(lt) - 1)]))
-    far_sim = float(
-        np.mean([sim[i, j] for i in range(len(lt)) for j in range(len(lt)) if abs(i - j) > 8])
-    )
+    near, far_sim = learned.similarity(apart=8)
     sections.append(
         Section(
             "learned",
@@ -472,9 +257,9 @@ def _sections(
         )
     )
 
-    rel = rope_relative()
-    _, bound, _ = rope_decay(rope["head_dim"], rope["base"], 2000)
-    sc = scaling_curves(rope["head_dim"], rope["base"], rope["factor"], rope["original"])
+    rel = analysis.rope_relative()
+    _, bound, _ = analysis.rope_decay(rope["head_dim"], rope["base"], 2000)
+    sc = analysis.scaling_curves(rope["head_dim"], rope["base"], rope["factor"], rope["original"])
     longest = {name: 2 * np.pi / w.min() for name, w in sc.items()}
     sections.append(
         Section(
@@ -546,7 +331,7 @@ def _sections(
 
 
 def _figure_options(
-    dim: int, length: int, preset: str, rope: dict[str, Any], learned: Learned
+    dim: int, length: int, preset: str, rope: dict[str, Any], learned: analysis.Learned
 ) -> dict[str, dict[str, Any]]:
     base = {"dim": dim, "length": length, "preset": preset}
     return {
@@ -685,8 +470,7 @@ def build(
         ValueError: bad sizes, an unknown preset, an unreadable config, or an
             output directory that cannot be written.
     """
-    from posenc import plot
-    from posenc.families.absolute.sinusoidal import PRESETS
+    from posenc.faces import plot
 
     start = time.perf_counter()
     dim = checks.check_int(dim, "dim", minimum=4)
@@ -708,7 +492,7 @@ def build(
 
     say = progress or (lambda _: None)
     say("training a learned table")
-    learned = train_learned(steps=train_steps)
+    learned = analysis.train_learned(steps=train_steps)
     say("measuring")
     sections = _sections(dim, length, preset, rope, learned)
     options = _figure_options(dim, length, preset, rope, learned)

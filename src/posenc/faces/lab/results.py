@@ -55,9 +55,9 @@ def summary(records: Sequence[Any], train_len: int) -> list[dict[str, Any]]:
 
 def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
     """Metric against length per encoding: mean over seeds, min-max band, trained range marked."""
-    from posenc.faces.plot import _new
+    from posenc.faces.plot import new_figure
 
-    fig, ax = _new(8, 4.5)
+    fig, ax = new_figure(8, 4.5)
     metric = records[0].metric if records else "accuracy"
     for i, (encoding, by_len) in enumerate(_by_encoding(records).items()):
         lengths = sorted(by_len)
@@ -90,11 +90,11 @@ def _png(fig: Any) -> bytes:
 def section(records: Sequence[Any], config: Any, png: bytes | None = None) -> str:
     """The lab's results as an HTML ``<section>`` (figure embedded, summary table)."""
     if png is None:
-        from posenc.faces.plot import _plt
+        from posenc.faces.plot import pyplot
 
         fig = figure(records, config.train_len, _title(config))
         png = _png(fig)
-        _plt().close(fig)
+        pyplot().close(fig)
     data = base64.b64encode(png).decode()
     rows = summary(records, config.train_len)
     cells = []
@@ -136,13 +136,13 @@ def _caption(config: Any) -> str:
 
 def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Path]:
     """Write ``out/results.png``, ``out/results.svg`` and ``out/index.html``; return the paths."""
-    from posenc.faces.plot import _plt
+    from posenc.faces.plot import pyplot
 
     out = Path(out)
     fig = figure(records, config.train_len, _title(config))
     fig.savefig(out / "results.svg")
     png = _png(fig)
-    _plt().close(fig)
+    pyplot().close(fig)
     (out / "results.png").write_bytes(png)
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'

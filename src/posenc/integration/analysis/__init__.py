@@ -1,0 +1,68 @@
+"""Measured properties of positional encodings: the claims people ask about, as numbers.
+
+Every number that ``posenc report``, ``posenc plot`` and ``posenc check`` show
+is measured here; they only present it. Nothing here prints, and importing it
+needs only numpy (torch and mpmath are imported by the measurements that use
+them).
+
+- :mod:`.sinusoidal`: :func:`shift_error`, :func:`norms`,
+  :func:`offset_dot_products`, :func:`regression_r2` (one column against its
+  (sin, cos) pair), :func:`geometry`.
+- :mod:`.precision`: :func:`precision_report` (float32 at large positions),
+  :func:`precision_curves`, :func:`exp_log_forms`.
+- :mod:`.rotary`: :func:`rope_relative`, :func:`rope_decay`, :func:`scaling_curves`.
+- :mod:`.learned`: :func:`train_learned`, a learned table from a tiny training run.
+- :mod:`.verdicts`: :func:`check`, the rows of ``posenc check`` with their PASS/FAIL.
+
+Bounds are derived from float64 rounding, in units of :data:`EPS`.
+"""
+
+from __future__ import annotations
+
+from posenc.integration.analysis._table import EPS
+from posenc.integration.analysis.learned import Learned, train_learned
+from posenc.integration.analysis.precision import (
+    PrecisionPoint,
+    PrecisionReport,
+    exp_log_forms,
+    precision_curves,
+    precision_report,
+)
+from posenc.integration.analysis.rotary import rope_decay, rope_relative, scaling_curves
+from posenc.integration.analysis.sinusoidal import (
+    DotProducts,
+    Norms,
+    Regression,
+    ShiftError,
+    geometry,
+    norms,
+    offset_dot_products,
+    regression_r2,
+    shift_error,
+)
+from posenc.integration.analysis.verdicts import Verdict, check
+
+__all__ = [
+    "EPS",
+    "DotProducts",
+    "Learned",
+    "Norms",
+    "PrecisionPoint",
+    "PrecisionReport",
+    "Regression",
+    "ShiftError",
+    "Verdict",
+    "check",
+    "exp_log_forms",
+    "geometry",
+    "norms",
+    "offset_dot_products",
+    "precision_curves",
+    "precision_report",
+    "regression_r2",
+    "rope_decay",
+    "rope_relative",
+    "scaling_curves",
+    "shift_error",
+    "train_learned",
+]
