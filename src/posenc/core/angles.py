@@ -56,7 +56,8 @@ from posenc.core.kernels import compiled, max_workers, workers_for
 EXACT_LIMIT = 2**31
 
 _DIGITS = 40
-_PI = decimal.Decimal(
+#: pi to 80 digits: every exact frequency in posenc that involves pi uses this one.
+PI = decimal.Decimal(
     "3.14159265358979323846264338327950288419716939937510582097494459230781640628620899"
 )
 _TWO_PI_F64 = 2.0 * math.pi
@@ -65,7 +66,8 @@ _VELTKAMP32 = 4097.0  # 2**12 + 1: splits a float32 into two 12-bit halves
 _PIECES32 = 5  # 12-bit float32 pieces of each frequency: 60 bits in all
 
 
-def _context() -> decimal.Context:
+def decimal_context() -> decimal.Context:
+    """The decimal arithmetic of every exact frequency: 40 digits, no exponent limits."""
     return decimal.Context(prec=_DIGITS, Emin=-999999, Emax=999999)
 
 
@@ -74,7 +76,7 @@ def _round_bits(x: decimal.Decimal, bits: int) -> float:
     if x == 0:
         return 0.0
     _, exponent = math.frexp(float(x))
-    ctx, shift = _context(), bits - exponent
+    ctx, shift = decimal_context(), bits - exponent
     scaled = ctx.multiply(x, 2**shift) if shift >= 0 else ctx.divide(x, 2**-shift)
     mantissa = scaled.to_integral_value(decimal.ROUND_HALF_EVEN)
     return math.ldexp(int(mantissa), exponent - bits)
@@ -104,6 +106,16 @@ class Turns:
     def size(self) -> int:
         return int(self.hi.shape[0])
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the per-device tensors are a cache and the lock cannot be pickled: a copy
+        # (deepcopy, pickle, torch.save of a module holding frequencies) starts afresh
+        state = dict(self.__dict__)
+        state["_device_cache"], state["_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def torch_parts(self, device: Any, arithmetic: str) -> tuple[Any, ...]:
         """The frequency pieces as torch tensors on ``device`` (cached per device)."""
         import torch
@@ -127,8 +139,8 @@ class Turns:
 
 def turns_from_radians(omega: Sequence[decimal.Decimal]) -> Turns:
     """Build :class:`Turns` from exact angular frequencies (radians per unit)."""
-    ctx = _context()
-    two_pi = ctx.multiply(_PI, 2)
+    ctx = decimal_context()
+    two_pi = ctx.multiply(PI, 2)
     exact = [ctx.divide(w, two_pi) for w in omega]
     hi = np.array([float(t) for t in exact], dtype=np.float64)
     lo = np.array(
@@ -162,7 +174,7 @@ def geometric_turns(
     makes it the highest frequency). With ``count == 1`` only ``k = 0`` exists
     and ``denominator`` is not used (tensor2tensor's guard against ``h - 1 == 0``).
     """
-    ctx = _context()
+    ctx = decimal_context()
     base_d = decimal.Decimal(base)
     min_d = decimal.Decimal(min_timescale)
     top = ctx.multiply(decimal.Decimal(scale), min_d)

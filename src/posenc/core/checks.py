@@ -85,6 +85,13 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
     return int(value)
 
 
+def check_bool(value: Any, name: str) -> bool:
+    """Reject anything but ``True`` or ``False`` (1, 0 and None included)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}")
+    return value
+
+
 def check_number(value: Any, name: str, *, positive: bool = False) -> float:
     """Validate a finite real scalar (positive if asked)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
@@ -133,27 +140,30 @@ def check_positions(positions: Any, offset: float = 0.0, *, name: str = "positio
     return arr
 
 
-def check_range(arr: Any, offset: float, name: str) -> None:
-    """Reject NaN, infinite and out-of-range values (syncs a device tensor once)."""
+def check_range(arr: Any, offset: float, name: str) -> tuple[float, float]:
+    """Reject NaN, infinite and out-of-range values (syncs a device tensor once).
+
+    Returns:
+        ``(min, max)`` of ``arr`` (before the offset).
+    """
     if is_torch(arr):
         import torch
 
         a = arr.detach()
-        if a.is_floating_point():
-            if not bool(torch.isfinite(a).all()):
-                raise ValueError(f"{name} must be finite; got NaN or infinite values")
-            a = a.double()
-        lo, hi = float(a.min()), float(a.max())
+        a = a.double() if a.is_floating_point() else a
+        lo, hi = torch.stack(list(torch.aminmax(a))).tolist()  # one device sync
     else:
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise ValueError(f"{name} must be finite; got NaN or infinite values")
         lo, hi = float(arr.min()), float(arr.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min and max
+        raise ValueError(f"{name} must be finite; got NaN or infinite values")
     extreme = max(abs(lo + offset), abs(hi + offset))
     if not extreme < EXACT_LIMIT:
+        plus = f" (plus offset {offset:g})" if offset else ""
         raise ValueError(
-            f"{name} (plus offset {offset:g}) must lie in (-2**31, 2**31), the range in "
-            f"which posenc is exact; got values up to {extreme:.6g} in magnitude"
+            f"{name}{plus} must lie in (-2**31, 2**31), the range in which posenc is exact; "
+            f"got values up to {extreme:.6g} in magnitude"
         )
+    return lo, hi
 
 
 def check_choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:
@@ -196,3 +206,82 @@ def canonical_overrides(
             raise ValueError(f"override {key!r} repeats {name!r}")
         out[name] = value
     return out
+
+
+# --------------------------------------------------------------------------------------
+# torch tensors (torch is imported only when these are called)
+
+
+def work_dtype(dtype: Any) -> Any:
+    """The dtype torch paths compute in: float64 stays float64, every other float
+    (bfloat16, float16, float32) works in float32 and is rounded once at the end."""
+    import torch
+
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_float_tensor(t: Any, name: str) -> Any:
+    """Reject anything but a floating-point torch tensor, naming the parameter."""
+    if not is_torch(t) or not t.is_floating_point():
+        shown = t.dtype if is_torch(t) else type(t).__name__
+        raise TypeError(f"{name} must be a float tensor; got {shown}")
+    return t
+
+
+def check_position_tensor(
+    t: Any, name: str = "positions", *, floats: bool = True, exact: bool = False
+) -> Any:
+    """A torch tensor of int (or, with ``floats``, int or float) positions.
+
+    With ``exact``, its values must also be finite and lie in ``(-2**31, 2**31)``,
+    where posenc is exact (not inspected while ``torch.compile`` traces).
+
+    Raises:
+        TypeError: not a tensor (``torch.as_tensor`` converts), or bool, complex
+            or (without ``floats``) floating-point values.
+        ValueError: with ``exact``, values out of range.
+    """
+    if not is_torch(t):
+        raise TypeError(
+            f"{name} must be a torch tensor (torch.as_tensor converts); got {type(t).__name__}"
+        )
+    if (
+        t.dtype == sys.modules["torch"].bool
+        or t.is_complex()
+        or (t.is_floating_point() and not floats)
+    ):
+        kind = "int or float" if floats else "int"
+        raise TypeError(f"{name} must hold {kind} values; got {t.dtype}")
+    if exact and t.numel() and not _compiling():
+        check_range(t, 0.0, name)
+    return t
+
+
+def is_int_offset(offset: Any, name: str = "offset") -> bool:
+    """Validate a KV-cache offset: True for an int (or a SymInt under torch.compile),
+    False for a 0-d int tensor.
+
+    Raises:
+        TypeError: anything else (floats, bools, tensors of another shape or dtype).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(offset, torch.Tensor):
+        bad = offset.dtype == torch.bool or offset.is_floating_point() or offset.is_complex()
+        if offset.ndim != 0 or bad:
+            raise TypeError(
+                f"{name} as a tensor must be a 0-d int tensor; got {offset.dtype} "
+                f"of shape {tuple(offset.shape)}"
+            )
+        return False
+    if torch is not None and isinstance(offset, torch.SymInt):
+        return True
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(
+            f"{name} must be an int or a 0-d int tensor; got {type(offset).__name__} {offset!r}"
+        )
+    return True
+
+
+def is_zero(offset: Any) -> bool:
+    """True for the int 0 (the default offset), False for anything else, tensors included."""
+    return isinstance(offset, (int, np.integer)) and not isinstance(offset, bool) and offset == 0

@@ -31,25 +31,13 @@ def _is_symint(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.SymInt)
 
 
-def _check_int(
-    value: Any, name: str, minimum: int | None = None, *, tensor_ok: bool = False
-) -> Any:
-    """Validate an int (or, under torch.compile, a SymInt; a 0-d int tensor if allowed)."""
-    if tensor_ok and checks.is_torch(value):
-        if value.ndim != 0 or value.is_floating_point() or value.is_complex():
-            raise TypeError(
-                f"{name} as a tensor must be a 0-d int tensor; got {value.dtype} "
-                f"of shape {tuple(value.shape)}"
-            )
+def _check_int(value: Any, name: str, minimum: int = 0, *, tensor_ok: bool = False) -> Any:
+    """An int of at least ``minimum``; under torch.compile a SymInt; with ``tensor_ok`` a
+    0-d int tensor too (returned as is)."""
+    if _is_symint(value) or (tensor_ok and checks.is_torch(value)):
+        checks.is_int_offset(value, name)  # rejects tensors of another shape or dtype
         return value
-    if _is_symint(value):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        kind = "an int or a 0-d int tensor" if tensor_ok else "an int"
-        raise TypeError(f"{name} must be {kind}; got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
-    return int(value)
+    return checks.check_int(value, name, minimum)
 
 
 def _as_array(x: Any, name: str, kinds: str, what: str) -> Any:
@@ -106,7 +94,7 @@ def fairseq_positions(tokens: Any, padding_idx: int = 1, past_length: Any = 0) -
     """
     tokens = _as_array(tokens, "tokens", "i", "integer token ids")
     padding_idx = _check_int(padding_idx, "padding_idx")
-    past_length = _check_int(past_length, "past_length", 0, tensor_ok=checks.is_torch(tokens))
+    past_length = _check_int(past_length, "past_length", tensor_ok=checks.is_torch(tokens))
     if checks.is_torch(tokens):
         import torch
 
@@ -140,7 +128,7 @@ def opt_positions(attention_mask: Any, past_length: int = 0) -> Any:
             outside ``[0, total]``.
     """
     mask = _as_array(attention_mask, "attention_mask", "bif", "0/1 values")
-    past_length = _check_int(past_length, "past_length", 0)
+    past_length = _check_int(past_length, "past_length")
     total = mask.shape[-1]
     if not _is_symint(past_length) and past_length > total:
         raise ValueError(
@@ -184,8 +172,8 @@ def cache_positions(
         TypeError: ``seq_len``/``past_length`` not ints.
         ValueError: negative values, or both ``device`` and ``like`` given.
     """
-    seq_len = _check_int(seq_len, "seq_len", 0)
-    past_length = _check_int(past_length, "past_length", 0, tensor_ok=True)
+    seq_len = _check_int(seq_len, "seq_len")
+    past_length = _check_int(past_length, "past_length", tensor_ok=True)
     if device is not None and like is not None:
         raise ValueError("pass device or like, not both")
     if checks.is_torch(like):

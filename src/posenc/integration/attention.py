@@ -69,9 +69,7 @@ class _Plan:
 
 def _check_inputs(q: Any, k: Any, v: Any) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise TypeError(f"{name} must be a float tensor; got {shown}")
+        checks.check_float_tensor(t, name)
         if t.ndim != 4:
             raise ValueError(f"{name} must be (batch, heads, seq, dim); got shape {tuple(t.shape)}")
     if not q.dtype == k.dtype == v.dtype:
@@ -253,7 +251,7 @@ def _forward_kernel(
     lse = torch.empty((b, h, lq), dtype=torch.float32)
     table = None
     if plan.bias_fn is not None:
-        # reversed, so that a row of keys reads it forwards: see core/csrc
+        # reversed, so that a row of keys reads it forwards: see core/csrc/attend.c
         table = params[0].detach().float().flip(-1).contiguous()
     mask = None
     if plan.key_mask is not None:
@@ -461,8 +459,7 @@ def attention(
     """
     _check_inputs(q, k, v)
     checks.check_choice(backend, "backend", BACKENDS)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    checks.check_bool(causal, "causal")
     b, h, lq, d = q.shape
     lk = k.shape[2]
     if causal and lq > lk:

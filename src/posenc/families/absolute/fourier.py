@@ -32,10 +32,11 @@ import numpy as np
 import numpy.typing as npt
 
 from posenc.core import checks
-from posenc.core.angles import _PI as PI_DECIMAL  # the engine's 80-digit pi: pi * f / 2 pi == f / 2
-from posenc.core.angles import (
+from posenc.core.angles import (  # the engine's pi: pi * f / 2 pi == f / 2
     EXACT_LIMIT,
+    PI,
     Turns,
+    decimal_context,
     float64_is_fast,
     sincos_numpy,
     sincos_torch,
@@ -117,14 +118,10 @@ def nerf_frequencies(
     ``linspace(1, 2**(L-1), L)``; times ``pi`` if asked.
     """
     return _nerf_turns(
-        _check_num_freqs(num_freqs), _flag(pi, "pi"), _flag(log_sampling, "log_sampling")
+        _check_num_freqs(num_freqs),
+        checks.check_bool(pi, "pi"),
+        checks.check_bool(log_sampling, "log_sampling"),
     ).radians.copy()
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool; got {value!r}")
-    return value
 
 
 def _check_num_freqs(num_freqs: Any) -> int:
@@ -133,7 +130,7 @@ def _check_num_freqs(num_freqs: Any) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _nerf_turns(num_freqs: int, pi: bool, log_sampling: bool) -> Turns:
-    ctx = decimal.Context(prec=40)
+    ctx = decimal_context()
     top = num_freqs - 1
     if log_sampling:
         freqs = [decimal.Decimal(2**j) for j in range(num_freqs)]
@@ -145,7 +142,7 @@ def _nerf_turns(num_freqs: int, pi: bool, log_sampling: bool) -> Turns:
             for j in range(num_freqs)
         ]
     if pi:
-        freqs = [ctx.multiply(f, PI_DECIMAL) for f in freqs]
+        freqs = [ctx.multiply(f, PI) for f in freqs]
     return turns_from_radians(freqs)
 
 
@@ -197,8 +194,10 @@ def nerf(
     """
     arr = _check_x(x)
     num_freqs = _check_num_freqs(num_freqs)
-    include_input = _flag(include_input, "include_input")
-    turns = _nerf_turns(num_freqs, _flag(pi, "pi"), _flag(log_sampling, "log_sampling"))
+    include_input = checks.check_bool(include_input, "include_input")
+    turns = _nerf_turns(
+        num_freqs, checks.check_bool(pi, "pi"), checks.check_bool(log_sampling, "log_sampling")
+    )
     if not include_input and not num_freqs:
         raise ValueError("num_freqs=0 with include_input=False leaves no channels")
     name = _out_dtype(arr, dtype)

@@ -378,8 +378,7 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
 
 
 def _zero_rows(cls_token: Any, extra_tokens: Any) -> int:
-    if not isinstance(cls_token, bool):
-        raise TypeError(f"cls_token must be a bool; got {cls_token!r}")
+    checks.check_bool(cls_token, "cls_token")
     extra = checks.check_int(extra_tokens, "extra_tokens", minimum=0)
     return extra if extra else int(cls_token)
 

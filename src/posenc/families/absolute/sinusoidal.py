@@ -21,8 +21,9 @@ evaluates the paper's formula on all ``dim`` channels (the first block gets
 the extra channel, as HF Marian does), ``"truncate"`` computes ``dim + 1``
 channels and drops the last (positional-encodings), ``"error"`` refuses.
 
-The named presets (:data:`PRESETS`) reproduce their anchors; see
-``shared/ANCHORS.md`` section 1 and each preset's ``anchor`` text.
+The named presets (:data:`PRESETS`) reproduce the implementations they are
+named after; each preset's ``anchor`` text says which function and which
+convention (layout, order, denominator, odd dims).
 """
 
 from __future__ import annotations

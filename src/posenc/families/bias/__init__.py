@@ -1,4 +1,4 @@
-"""Attention biases: ALiBi, T5, KERPLE, FIRE, Sandwich, NoPE (shared/ANCHORS.md section 5).
+"""Attention biases: ALiBi, T5, KERPLE, FIRE, Sandwich, NoPE: positions as a bias on the scores.
 
 :mod:`posenc.bias.functional` is the numpy core (ALiBi slopes, T5 buckets);
 :mod:`posenc.bias.modules` holds the torch modules, imported on first use.

@@ -2,7 +2,8 @@
 
 Both take and give numpy arrays (``t5_bucket`` also torch tensors, on their
 device); the torch modules of :mod:`posenc.bias.modules` call them.
-Conventions: shared/ANCHORS.md section 5.
+Conventions: ALiBi's slopes as the official code (Press et al. 2022) computes them
+for any head count; T5's buckets as HF's ``T5Attention._relative_position_bucket``.
 """
 
 from __future__ import annotations
@@ -138,8 +139,7 @@ def t5_boundaries(
     Raises:
         TypeError, ValueError: as :func:`t5_bucket`.
     """
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool; got {type(bidirectional).__name__}")
+    checks.check_bool(bidirectional, "bidirectional")
     nb = checks.check_int(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
     md = checks.check_int(max_distance, "max_distance", minimum=1)
     buckets = nb // 2 if bidirectional else nb

@@ -11,7 +11,7 @@ position is ``key - query`` as in HF T5. Modules whose bias depends on
 ``module.relative_bias(rel)``; :func:`posenc.attention` then evaluates them once
 per call over the ``q_len + k_len - 1`` relative positions instead of per score.
 
-Formulas and conventions: shared/ANCHORS.md section 5. Learned parameters are
+Each class docstring cites its paper and the implementation it matches. Learned parameters are
 ordinary ``nn.Parameter`` and train through :func:`posenc.attention`.
 """
 
@@ -128,9 +128,8 @@ class ALiBi(AttentionBias):
     ) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
-        for name, flag in (("symmetric", symmetric), ("scale_with_logits", scale_with_logits)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool; got {type(flag).__name__}")
+        checks.check_bool(symmetric, "symmetric")
+        checks.check_bool(scale_with_logits, "scale_with_logits")
         self.symmetric = symmetric
         self.max_bias = max_bias
         self.scale_with_logits = scale_with_logits

@@ -7,7 +7,7 @@ seq, rotary_dim)`` and broadcast against ``x[..., :rotary_dim]``, as HF's
 ``apply_rotary_pos_emb`` takes them (from :func:`posenc.rotary.tables.cos_sin`
 or HF's own rotary module).
 
-Layouts (Su et al. 2021, section 3.4.2; shared/ANCHORS.md section 4):
+Layouts (Su et al. 2021, section 3.4.2; HF ``apply_rotary_pos_emb``, Meta's llama):
 
 - ``"half"`` (GPT-NeoX, HF): channel ``i`` pairs with ``i + rotary_dim / 2``;
   ``x' = x cos + rotate_half(x) sin`` with ``rotate_half(x) = cat(-x2, x1)``.
@@ -37,11 +37,6 @@ from posenc.core.kernels import compiled, workers_for
 from posenc.families.rotary.tables import LAYOUTS, Layout
 
 __all__ = ["apply_rotary"]
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else (bf16, fp16, fp32) rotates in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _halves(t: torch.Tensor, rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +153,7 @@ def _rotate_kernel(
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-_KERNEL_MAX_LEAD = 8  # MAX_LEAD in core/csrc
+_KERNEL_MAX_LEAD = 8  # MAX_LEAD in core/csrc/common.h
 
 
 def _rotate_eager(
@@ -168,7 +163,7 @@ def _rotate_eager(
     fused = _rotate_kernel(x, cos, s, rotary_dim, layout, sign)
     if fused is not None:
         return fused
-    work = _compute_dtype(x.dtype)
+    work = checks.work_dtype(x.dtype)
     if x.dtype == work:
         out = torch.empty(x.shape, dtype=work, device=x.device)
         if rotary_dim < x.shape[-1]:
@@ -199,7 +194,7 @@ def _rotate_functional(
     x: torch.Tensor, cos: torch.Tensor, s: torch.Tensor, rotary_dim: int, layout: str
 ) -> torch.Tensor:
     """The same rotation with out-of-place ops only (for torch.compile and autograd)."""
-    work = _compute_dtype(x.dtype)
+    work = checks.work_dtype(x.dtype)
     xr = x[..., :rotary_dim].to(work)
     x1, x2 = _halves(xr, rotary_dim, layout)
     c1, c2 = _halves(cos, rotary_dim, layout)
@@ -299,7 +294,7 @@ def apply_rotary(
         raise ValueError(
             f"cos and sin must have rotary_dim={rotary_dim} channels; got {cos.shape[-1]}"
         )
-    work = _compute_dtype(x.dtype)
+    work = checks.work_dtype(x.dtype)
     if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
         c, s = _angles(cos, sin, layout, work)
         return _rotate_functional(x, c, s, rotary_dim, layout)

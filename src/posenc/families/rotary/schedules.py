@@ -47,9 +47,9 @@ import numpy as np
 import numpy.typing as npt
 
 from posenc.core import checks
-from posenc.core.angles import _PI, Turns, turns_from_radians
+from posenc.core.angles import PI, Turns, decimal_context, turns_from_radians
 
-_CTX = decimal.Context(prec=40, Emin=-999999, Emax=999999)
+_CTX = decimal_context()
 
 
 @dataclass(frozen=True)
@@ -317,8 +317,7 @@ def yarn(
     beta_fast = _positive(params, "beta_fast") or 32.0
     beta_slow = _positive(params, "beta_slow") or 1.0
     truncate = params.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise TypeError(f"truncate must be a bool; got {truncate!r}")
+    checks.check_bool(truncate, "truncate")
     if base <= 1:
         raise ValueError(f"rope type 'yarn' needs base > 1 (it divides by ln base); got {base}")
 
@@ -330,7 +329,7 @@ def yarn(
 
     d = decimal.Decimal(rotary_dim)
     two_ln_base = _CTX.multiply(2, _CTX.ln(_dec(base)))
-    two_pi = _CTX.multiply(2, _PI)
+    two_pi = _CTX.multiply(2, PI)
 
     def correction_dim(rotations: float) -> decimal.Decimal:
         ratio = _CTX.divide(original, _CTX.multiply(two_pi, _dec(rotations)))
@@ -393,7 +392,7 @@ def llama3(
     f, lo_f, hi_f = _dec(factor), _dec(low_ff), _dec(high_ff)
     low_wavelen = _CTX.divide(original, lo_f)
     high_wavelen = _CTX.divide(original, hi_f)
-    two_pi = _CTX.multiply(2, _PI)
+    two_pi = _CTX.multiply(2, PI)
     omega = []
     for w in base_exponents(rotary_dim, base):
         wavelen = _CTX.divide(two_pi, w)

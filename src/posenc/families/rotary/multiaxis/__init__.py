@@ -1,0 +1,52 @@
+"""Multi-axis rotary embeddings: M-RoPE (Qwen2-VL, Qwen3-VL), axial 2-D/3-D grids, xPos.
+
+One mechanism underlies all three, each in its own module (:mod:`.mrope`,
+:mod:`.axial`, :mod:`.xpos`): every frequency ``omega_k`` of a schedule
+is assigned to one position axis, the exact engine evaluates ``position_axis(k)
+* omega_k`` (:func:`posenc.rotary.tables.cos_sin`), and the result is applied
+with :func:`posenc.rotary.apply.apply_rotary`.
+
+- M-RoPE (Wang et al. 2024, Qwen2-VL; transformers ``Qwen2VLRotaryEmbedding``):
+  positions are ``(3, batch, seq)`` (temporal, height, width). The
+  ``rotary_dim / 2`` frequencies are cut into contiguous chunks of
+  ``mrope_section`` sizes (e.g. ``[16, 24, 24]``) and chunk ``i`` reads axis
+  ``i % 3``; the result is repeated as ``cat(theta, theta)`` (half layout), so
+  the sections apply to both halves. Qwen3-VL (transformers
+  ``Qwen3VLTextRotaryEmbedding``) interleaves instead: frequency ``k`` reads
+  axis ``a`` in ``1, 2`` when ``k % 3 == a`` and ``k < 3 * mrope_section[a]``,
+  and axis 0 (temporal) otherwise (sections ``[24, 20, 20]``).
+- Axial (rotary-embedding-torch ``RotaryEmbedding.get_axial_freqs``, ViTs):
+  each of the ``axes`` coordinates of a patch gets its own block of
+  ``axis_dim`` channels, rotated by the same frequencies; the blocks are
+  concatenated in axis order, each in the interleaved layout by default.
+- xPos (Sun et al. 2022, arXiv:2212.10554; rotary-embedding-torch
+  ``RotaryEmbedding(use_xpos=True).rotate_queries_and_keys``): the rotated
+  channels of ``q`` are also scaled by ``zeta_k ** ((t - T // 2) / scale_base)``
+  with ``zeta_k = (2k + 0.4 d) / (1.4 d)``, and those of ``k`` by the
+  inverse, so ``q_m . k_n`` decays with ``m - n``. Causal attention only: the
+  factor grows without bound for ``n > m``.
+
+Shapes: ``rotary_dim`` channels are rotated; ``cos`` and ``sin`` are
+``(..., rotary_dim)`` and broadcast against ``x[..., :rotary_dim]`` as in
+:func:`posenc.rotary.apply.apply_rotary`.
+"""
+
+from posenc.families.rotary.multiaxis.axial import (
+    AxialRotary,
+    axial_cos_sin,
+    axial_grid,
+    pixel_frequencies,
+)
+from posenc.families.rotary.multiaxis.mrope import mrope_axes, mrope_cos_sin
+from posenc.families.rotary.multiaxis.xpos import xpos_rotate, xpos_scale
+
+__all__ = [
+    "AxialRotary",
+    "axial_cos_sin",
+    "axial_grid",
+    "mrope_axes",
+    "mrope_cos_sin",
+    "pixel_frequencies",
+    "xpos_rotate",
+    "xpos_scale",
+]

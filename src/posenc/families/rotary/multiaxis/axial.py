@@ -1,0 +1,192 @@
+"""Axial 2-D/3-D rotary embeddings of patch grids (ViTs; rotary-embedding-torch).
+
+As rotary-embedding-torch's ``RotaryEmbedding.get_axial_freqs``: each of the
+``axes`` coordinates of a patch gets its own block of ``axis_dim`` channels, rotated
+by the same frequencies; the blocks are concatenated in axis order, each in the
+interleaved layout by default.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc.core import checks
+from posenc.core.angles import PI, decimal_context
+from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.schedules import RopeFrequencies, base_exponents
+from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
+
+__all__ = ["AxialRotary", "axial_cos_sin", "axial_grid", "pixel_frequencies"]
+
+_CTX = decimal_context()
+
+
+def pixel_frequencies(axis_dim: int, max_freq: float = 10.0) -> RopeFrequencies:
+    """rotary-embedding-torch's ``freqs_for="pixel"``: ``linspace(1, max_freq / 2, n) * pi``.
+
+    ``n = axis_dim // 2``; meant for coordinates in ``[-1, 1]``
+    (:func:`axial_grid` with ``normalized=True``). Computed exactly (the
+    reference rounds ``linspace`` and the product with ``pi`` to float32).
+    """
+    axis_dim = checks.check_int(axis_dim, "axis_dim", minimum=2)
+    top = checks.check_number(max_freq, "max_freq", positive=True) / 2
+    n = axis_dim // 2
+    step = _CTX.divide(decimal.Decimal(top) - 1, n - 1) if n > 1 else decimal.Decimal(0)
+    return RopeFrequencies(tuple(_CTX.multiply(_CTX.add(1, k * step), PI) for k in range(n)))
+
+
+def axial_grid(
+    *sizes: int,
+    normalized: bool = False,
+    offsets: Sequence[float] | None = None,
+    device: Any = None,
+) -> torch.Tensor:
+    """Coordinates of every cell of a ``sizes`` grid, ``(*sizes, len(sizes))``.
+
+    As rotary-embedding-torch's ``get_axial_freqs`` numbers them: ``arange(n)``
+    per axis (int64), or ``linspace(-1, 1, n)`` (float64) when ``normalized``
+    (its ``freqs_for="pixel"``), plus ``offsets`` per axis.
+    """
+    if not sizes:
+        raise ValueError("axial_grid needs at least one size")
+    sizes = tuple(checks.check_int(n, "sizes", minimum=1) for n in sizes)
+    if offsets is not None and len(offsets) != len(sizes):
+        raise ValueError(f"offsets must give one value per axis ({len(sizes)}); got {offsets}")
+    axes = []
+    for i, n in enumerate(sizes):
+        if normalized:
+            pos = torch.linspace(-1.0, 1.0, n, dtype=torch.float64, device=device)
+        else:
+            pos = torch.arange(n, device=device)
+        if offsets is not None:
+            pos = pos + offsets[i]
+        axes.append(pos)
+    return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
+
+
+def axial_cos_sin(
+    coords: Any,
+    freqs: RopeFrequencies | Sequence[RopeFrequencies],
+    *,
+    layout: Layout = "interleaved",
+    dtype: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact axial ``cos`` and ``sin``: one channel block per coordinate axis.
+
+    Matches rotary-embedding-torch's ``get_axial_freqs`` (``cos``/``sin`` of
+    its angles): block ``a`` holds ``coords[..., a] * omega`` in ``layout``
+    order, blocks concatenated in axis order.
+
+    Args:
+        coords: ``(..., axes)`` int or float coordinates (:func:`axial_grid`,
+            or the patch coordinates of a flattened ``(seq, axes)`` sequence).
+        freqs: the frequencies of every axis, or one per axis.
+        layout: order within each block (rotary-embedding-torch:
+            ``"interleaved"``).
+        dtype: result dtype; float32 by default.
+
+    Returns:
+        ``(cos, sin)``, ``coords.shape[:-1] + (sum of the blocks' channels,)``.
+    """
+    coords = checks.check_position_tensor(coords, "coords", exact=True)
+    checks.check_choice(layout, "layout", LAYOUTS)
+    if coords.ndim < 1:
+        raise ValueError("coords must be (..., axes); got a 0-d tensor")
+    axes = coords.shape[-1]
+    per_axis = [freqs] * axes if isinstance(freqs, RopeFrequencies) else list(freqs)
+    if len(per_axis) != axes:
+        raise ValueError(
+            f"freqs must be one RopeFrequencies or one per axis ({axes}); got {len(per_axis)}"
+        )
+    blocks = [
+        cos_sin(coords[..., a], f, layout=layout, dtype=dtype) for a, f in enumerate(per_axis)
+    ]
+    return torch.cat([b[0] for b in blocks], -1), torch.cat([b[1] for b in blocks], -1)
+
+
+class AxialRotary(nn.Module):
+    """Axial 2-D/3-D rotary embedding of patch grids, exact.
+
+    rotary-embedding-torch's ``RotaryEmbedding(dim=axis_dim).get_axial_freqs``
+    followed by ``apply_rotary_emb``: the first ``axes * axis_dim`` channels of
+    each head are cut into one block per axis, each rotated by its coordinate
+    (interleaved pairs by default); the rest pass through.
+
+    Args:
+        head_dim: channels per head.
+        axes: coordinate axes (2 for images, 3 for video).
+        axis_dim: channels per axis (even); ``head_dim // axes`` rounded down
+            to even by default.
+        base: the frequency base (``omega_k = base ** (-2k / axis_dim)``, its
+            ``freqs_for="lang"``); ignored when ``freqs`` is given.
+        freqs: explicit frequencies, e.g. :func:`pixel_frequencies` (its
+            ``freqs_for="pixel"``, with ``axial_grid(normalized=True)``).
+        layout: pair order within each block.
+
+    Shapes: ``q`` and ``k`` ``(..., head_dim)``; ``coords`` ``(..., axes)``
+    whose leading dims broadcast against theirs: ``(H, W, 2)`` for ``q`` of
+    ``(batch, heads, H, W, head_dim)``, or ``(seq, 2)`` for ``(batch, heads,
+    seq, head_dim)``.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        axes: int = 2,
+        *,
+        axis_dim: int | None = None,
+        base: float = 10000.0,
+        freqs: RopeFrequencies | None = None,
+        layout: Layout = "interleaved",
+    ) -> None:
+        super().__init__()
+        head_dim = checks.check_int(head_dim, "head_dim", minimum=2)
+        axes = checks.check_int(axes, "axes", minimum=1)
+        checks.check_choice(layout, "layout", LAYOUTS)
+        if axis_dim is None:
+            axis_dim = head_dim // axes // 2 * 2
+        axis_dim = checks.check_int(axis_dim, "axis_dim", minimum=2)
+        if axis_dim % 2 or axes * axis_dim > head_dim:
+            raise ValueError(
+                f"axis_dim must be even with axes * axis_dim <= head_dim ({head_dim}); "
+                f"got axis_dim={axis_dim}, axes={axes}"
+            )
+        if freqs is None:
+            base = checks.check_number(base, "base", positive=True)
+            freqs = RopeFrequencies(tuple(base_exponents(axis_dim, base)))
+        if 2 * freqs.turns.size != axis_dim:
+            raise ValueError(
+                f"freqs must hold axis_dim / 2 = {axis_dim // 2} frequencies; "
+                f"got {freqs.turns.size}"
+            )
+        self.head_dim, self.axes, self.axis_dim, self.layout = head_dim, axes, axis_dim, layout
+        self.rotary_dim = axes * axis_dim
+        self.freqs = freqs
+        self.register_buffer(
+            "inv_freq", torch.tensor(freqs.inv_freq, dtype=torch.float32), persistent=False
+        )
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, axes={self.axes}, axis_dim={self.axis_dim}"
+
+    def cos_sin(
+        self, coords: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` of ``coords`` (``(..., axes)``), ``(..., axes * axis_dim)``."""
+        if coords.shape[-1:] != (self.axes,):
+            raise ValueError(f"coords must be (..., {self.axes}); got shape {tuple(coords.shape)}")
+        return axial_cos_sin(coords, self.freqs, layout=self.layout, dtype=dtype)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, coords: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k`` by the coordinates of their tokens."""
+        work = checks.work_dtype(q.dtype)
+        c, s = self.cos_sin(coords.to(q.device), dtype=work)
+        kw: dict[str, Any] = {"layout": self.layout, "rotary_dim": self.rotary_dim}
+        return apply_rotary(q, c, s, **kw), apply_rotary(k, c, s, **kw)

@@ -1,0 +1,129 @@
+"""M-RoPE (Wang et al. 2024, Qwen2-VL): one position axis per frequency section.
+
+Positions are ``(3, batch, seq)`` (temporal, height, width). transformers'
+``Qwen2VLRotaryEmbedding`` cuts the ``rotary_dim / 2`` frequencies into contiguous
+chunks of ``mrope_section`` sizes (e.g. ``[16, 24, 24]``), chunk ``i`` reading axis
+``i % 3``, and repeats the result as ``cat(theta, theta)`` (half layout), so the
+sections apply to both halves. Qwen3-VL (``Qwen3VLTextRotaryEmbedding``) interleaves
+instead: frequency ``k`` reads axis ``a`` in ``1, 2`` when ``k % 3 == a`` and
+``k < 3 * mrope_section[a]``, and axis 0 (temporal) otherwise (sections ``[24, 20, 20]``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from posenc.core import checks
+from posenc.families.rotary.schedules import RopeFrequencies
+from posenc.families.rotary.tables import cos_sin
+
+__all__ = ["mrope_axes", "mrope_cos_sin"]
+
+
+@functools.lru_cache(maxsize=64)
+def mrope_axes(
+    mrope_section: tuple[int, ...], pairs: int, axes: int = 3, interleaved: bool = False
+) -> tuple[int, ...]:
+    """The position axis that each of the ``pairs`` frequencies reads.
+
+    Args:
+        mrope_section: frequencies per section (transformers' ``mrope_section``).
+        pairs: ``rotary_dim / 2``; the sections must sum to it.
+        axes: number of position axes (3: temporal, height, width).
+        interleaved: Qwen3-VL's order (one section per axis) instead of
+            Qwen2-VL's contiguous chunks.
+
+    Returns:
+        ``axis[k]`` for ``k < pairs``.
+
+    Raises:
+        ValueError: sections that are not non-negative ints summing to
+            ``pairs``; for ``interleaved``, not one section per axis, or
+            sections too long to interleave.
+    """
+    sections = tuple(mrope_section)
+    if not sections or any(
+        isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sections
+    ):
+        raise ValueError(
+            f"mrope_section must be a non-empty list of non-negative ints; got {list(sections)}"
+        )
+    if sum(sections) != pairs:
+        raise ValueError(
+            f"mrope_section must sum to rotary_dim / 2 = {pairs}; got {list(sections)} "
+            f"(sum {sum(sections)})"
+        )
+    if not interleaved:
+        # transformers Qwen2-VL: freq.split(mrope_section)[i] from axis i % 3
+        return tuple(i % axes for i, s in enumerate(sections) for _ in range(s))
+    if len(sections) != axes:
+        raise ValueError(
+            f"interleaved mrope_section needs one section per axis ({axes}); got {list(sections)}"
+        )
+    # transformers Qwen3-VL: axis a >= 1 takes slice(a, 3 * section[a], 3); the rest is axis 0
+    axis = [0] * pairs
+    for a in range(1, axes):
+        for k in range(a, min(axes * sections[a], pairs), axes):
+            axis[k] = a
+    counts = [axis.count(a) for a in range(axes)]
+    if counts != list(sections):
+        raise ValueError(
+            f"interleaved mrope_section {list(sections)} does not fit rotary_dim / 2 = {pairs}: "
+            f"axes would get {counts} frequencies"
+        )
+    return tuple(axis)
+
+
+def mrope_cos_sin(
+    position_ids: Any,
+    freqs: RopeFrequencies,
+    mrope_section: Sequence[int],
+    *,
+    interleaved: bool = False,
+    dtype: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact M-RoPE ``cos`` and ``sin`` in HF's half layout.
+
+    Matches transformers' ``Qwen2VLRotaryEmbedding.forward`` (``interleaved=False``;
+    Qwen2.5-VL too) and ``Qwen3VLTextRotaryEmbedding.forward``
+    (``interleaved=True``), with exact angles instead of float32 ones.
+
+    Args:
+        position_ids: ``(3, batch, seq)`` int (or float) positions, one row per
+            axis (temporal, height, width); more generally ``(axes, ...)``.
+        freqs: the schedule's frequencies (``rotary_dim / 2`` of them).
+        mrope_section: frequencies per section, summing to ``rotary_dim / 2``.
+        interleaved: Qwen3-VL's T/H/W interleave instead of Qwen2-VL's chunks.
+        dtype: result dtype; float32 by default.
+
+    Returns:
+        ``(cos, sin)`` of shape ``position_ids.shape[1:] + (rotary_dim,)``,
+        times the attention scaling.
+
+    Raises:
+        TypeError: ``position_ids`` not an int or float tensor.
+        ValueError: ``position_ids`` with no axis dim, positions beyond
+            ``2**31``; bad ``mrope_section`` (see :func:`mrope_axes`).
+    """
+    position_ids = checks.check_position_tensor(position_ids, "position_ids", exact=True)
+    if position_ids.ndim < 2:
+        raise ValueError(
+            f"position_ids must be (axes, batch, seq) (3 axes for M-RoPE); got shape "
+            f"{tuple(position_ids.shape)}"
+        )
+    pairs = freqs.turns.size
+    axis = mrope_axes(
+        tuple(mrope_section), pairs, axes=position_ids.shape[0], interleaved=bool(interleaved)
+    )
+    # every axis at every frequency (exact), then each frequency's own axis: 3x the
+    # angles of one table, but one engine call and no per-axis frequency subsets
+    c, s = cos_sin(position_ids, freqs, layout="half", dtype=torch.float64)
+    half = torch.tensor(axis, device=c.device)
+    index = torch.cat([half, half]).expand(1, *c.shape[1:])
+    c, s = c.gather(0, index).squeeze(0), s.gather(0, index).squeeze(0)
+    out = torch.float32 if dtype is None else dtype
+    return c.to(out), s.to(out)

@@ -1,0 +1,125 @@
+"""xPos (Sun et al. 2022, arXiv:2212.10554): RoPE whose scores decay with distance.
+
+As rotary-embedding-torch's ``RotaryEmbedding(use_xpos=True).rotate_queries_and_keys``:
+the rotated channels of ``q`` are also scaled by ``zeta_k ** ((t - T // 2) /
+scale_base)`` with ``zeta_k = (2k + 0.4 d) / (1.4 d)``, and those of ``k`` by the
+inverse, so ``q_m . k_n`` decays with ``m - n``. Causal attention only: the factor
+grows without bound for ``n > m``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from posenc.core import checks
+from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.schedules import RopeFrequencies
+from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
+
+__all__ = ["xpos_rotate", "xpos_scale"]
+
+
+def xpos_scale(
+    positions: Any,
+    rotary_dim: int,
+    *,
+    center: float,
+    scale_base: float = 512.0,
+    layout: Layout = "interleaved",
+    dtype: Any = None,
+) -> torch.Tensor:
+    """xPos's per-channel scale of the queries: ``zeta_k ** ((t - center) / scale_base)``.
+
+    ``zeta_k = (2k + 0.4 d) / (1.4 d)`` with ``d = rotary_dim`` (Sun et al.
+    2022; rotary-embedding-torch ``get_scale``, where ``center = len(t) // 2``).
+    The keys take the reciprocal. Computed in float64 before one rounding.
+
+    Returns:
+        ``positions.shape + (rotary_dim,)``, each ``zeta_k`` twice in ``layout``
+        order; float32 by default.
+    """
+    positions = checks.check_position_tensor(positions, "positions", exact=True)
+    rotary_dim = checks.check_int(rotary_dim, "rotary_dim", minimum=2)
+    if rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
+    scale_base = checks.check_number(scale_base, "scale_base", positive=True)
+    center = checks.check_number(center, "center")
+    checks.check_choice(layout, "layout", LAYOUTS)
+    d = rotary_dim
+    log_zeta = torch.tensor(
+        [math.log((2 * k + 0.4 * d) / (1.4 * d)) for k in range(d // 2)],
+        dtype=torch.float64,
+        device=positions.device,
+    )
+    power = (positions.to(torch.float64) - center) / scale_base
+    scale = torch.exp(power[..., None] * log_zeta)
+    if layout == "half":
+        scale = torch.cat([scale, scale], -1)
+    else:
+        scale = scale.repeat_interleave(2, -1)
+    return scale.to(torch.float32 if dtype is None else dtype)
+
+
+def xpos_rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    freqs: RopeFrequencies,
+    *,
+    scale_base: float = 512.0,
+    layout: Layout = "interleaved",
+    seq_dim: int = -2,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate and xPos-scale ``q`` and ``k`` of one whole causal sequence.
+
+    rotary-embedding-torch's ``RotaryEmbedding(use_xpos=True)
+    .rotate_queries_and_keys(q, k)``: positions ``0 .. T - 1``, ``q``'s
+    rotated channels times :func:`xpos_scale` (``center = T // 2``), ``k``'s
+    divided by it; channels past ``rotary_dim`` untouched. Causal only (the
+    scale of a key after its query grows without bound); no KV-cache offsets.
+
+    Args:
+        q: ``(..., seq, head_dim)`` (``seq_dim=-2``) or ``(..., seq, heads,
+            head_dim)`` (``seq_dim=-3``).
+        k: like ``q`` (same length).
+        freqs: the rotary frequencies (``rotary_dim / 2`` of them).
+        scale_base: xPos's ``scale_base`` (512 in the paper).
+        layout: pair order (rotary-embedding-torch: ``"interleaved"``).
+        seq_dim: ``-2`` or ``-3``.
+
+    Returns:
+        ``(q', k')``, shaped and typed like ``q`` and ``k``.
+    """
+    if seq_dim not in (-2, -3):
+        raise ValueError(f"seq_dim must be -2 or -3; got {seq_dim}")
+    for name, t in (("q", q), ("k", k)):
+        checks.check_float_tensor(t, name)
+        if t.ndim < -seq_dim:
+            raise ValueError(f"{name} must have at least {-seq_dim} dims; got {tuple(t.shape)}")
+    seq = q.shape[seq_dim]
+    if k.shape[seq_dim] != seq:
+        raise ValueError(
+            f"q and k must have the same length (dim {seq_dim}); got {seq} and {k.shape[seq_dim]}"
+        )
+    rotary_dim = 2 * freqs.turns.size
+    work = checks.work_dtype(q.dtype)
+    positions = torch.arange(seq, device=q.device)
+    c, s = cos_sin(positions, freqs, layout=layout, dtype=torch.float64)
+    scale = xpos_scale(
+        positions,
+        rotary_dim,
+        center=seq // 2,
+        scale_base=scale_base,
+        layout=layout,
+        dtype=torch.float64,
+    )
+    if seq_dim == -3:
+        c, s, scale = c.unsqueeze(-2), s.unsqueeze(-2), scale.unsqueeze(-2)
+    # a rotation times a positive per-pair scale is still linear with transpose
+    # (same cos, negated sin): apply_rotary's inverse-rotation backward stays right
+    cq, sq = (c * scale).to(work), (s * scale).to(work)
+    ck, sk = (c / scale).to(work), (s / scale).to(work)
+    kw: dict[str, Any] = {"layout": layout, "rotary_dim": rotary_dim}
+    return apply_rotary(q, cq, sq, **kw), apply_rotary(k, ck, sk, **kw)
