@@ -32,7 +32,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from posenc import hf  # noqa: E402
+from posenc import Rotary, hf  # noqa: E402
 from posenc.families.rotary.schedules import SCHEDULES, RopeFrequencies  # noqa: E402
 
 TINY = {
@@ -720,3 +720,49 @@ def test_rope_spec_on_config_objects_matches_hf_init(case: str) -> None:
 def test_rope_spec_reads_text_config_of_composite_configs() -> None:
     spec = hf.rope_spec({"model_type": "x", "text_config": {**BASE_DICT, "rope_theta": 5e5}})
     assert spec.base == 5e5
+
+
+def test_dynamic_keeps_the_grown_base_as_hf_does() -> None:
+    # one policy for Rotary and the patched module: HF's dynamic_rope_update keeps the
+    # base it grew to until a call falls below max_position_embeddings
+    _need("dynamic")
+    torch.manual_seed(0)
+    model = _llama(
+        {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+        max_position_embeddings=64,
+    )
+    hf_rotary = _rotary(model)
+    hf.patch_model(model)
+    ours = _rotary(model)
+    rope = Rotary.from_hf_config(model.config)
+    reference = hf.rope_spec(model.config)
+    x = torch.zeros(1)
+    grown = reference.frequencies(seq_len=200)
+    for n in (200, 150, 100):
+        positions = torch.arange(n)[None]
+        hf_cos, _ = hf_rotary(x, positions)
+        cos, _ = ours(x, positions)
+        rope_cos, _ = rope.cos_sin(positions)
+        tol = _table_tol(n, grown, _hf_delta(hf_rotary.inv_freq, grown, 10000.0, 2.0))
+        assert (cos - hf_cos).abs().max() <= tol, n
+        assert torch.equal(rope_cos, cos), n  # Rotary follows the same policy
+        truth, _ = _truth(positions, grown)  # still the frequencies grown for 200
+        assert np.abs(cos.numpy() - truth).max() <= 2.0**-24 * 1.01
+
+
+def test_longrope_first_call_past_the_original_length_uses_the_long_factors() -> None:
+    _need("longrope")
+    torch.manual_seed(0)
+    model = MODELS["phi3-longrope"][0]()
+    hf_rotary = _rotary(model)
+    rope = Rotary.from_hf_config(model.config)
+    reference = hf.rope_spec(model.config)
+    long = reference.frequencies(seq_len=reference.original_max_position_embeddings + 1)
+    x = torch.zeros(1)
+    positions = torch.arange(300)[None]  # the first call is already longer than 128
+    hf_cos, _ = hf_rotary(x, positions)
+    cos, _ = rope.cos_sin(positions)
+    tol = _table_tol(300, long, _hf_delta(hf_rotary.inv_freq, long, reference.base, 1.0))
+    assert (cos - hf_cos).abs().max() <= tol
+    truth, _ = _truth(positions, long)
+    assert np.abs(cos.numpy() - truth).max() <= long.attention_scaling * 2.0**-24 * 1.01

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 import posenc
-from posenc import modules
 from posenc.core.positions import fairseq_positions, opt_positions
 from posenc.families.absolute.modules import LearnedPositionalEmbedding, SinusoidalEmbedding
 from posenc.families.absolute.sinusoidal import resolve
@@ -260,9 +259,9 @@ def test_gradient_reaches_learned_rows_and_not_the_pad_row():
 # ------------------------------------------------------------------ module behaviour
 
 
-def test_table_is_a_non_persistent_buffer():
+def test_table_is_a_cache_not_state():
     m = SinusoidalEmbedding(8, max_len=16)
-    assert "table" in dict(m.named_buffers())
+    assert dict(m.named_buffers()) == {}  # nothing for a cast or to_empty() to round or drop
     assert m.state_dict() == {}
     m.load_state_dict({})  # strict: nothing missing
     assert torch.equal(m.table, table(16, 8))
@@ -283,8 +282,9 @@ def test_casting_the_model_keeps_the_table_exact(cast):
     elif cast == "to_empty":
         m.to_empty(device="cpu")
     elif cast == "meta_then_to_empty":  # deferred initialisation: values rebuilt, not garbage
+        with torch.device("meta"):
+            m = SinusoidalEmbedding(dim, max_len=n)
         m.to("meta")
-        assert m.table.is_meta
         m.to_empty(device="cpu")
     else:
         nn.Sequential(nn.Linear(dim, dim), m).to(dtype=torch.bfloat16)
@@ -315,9 +315,10 @@ def test_cast_cache_is_keyed_on_dtype_and_follows_growth():
         out = m(x.to(dtype))
         assert out.dtype == dtype
         assert torch.equal(out, x.to(dtype) + table(8, 16)[:6].to(dtype))
-    assert set(m._casts) == {(torch.device("cpu"), torch.bfloat16), (x.device, torch.float16)}
+    cpu = torch.device("cpu")
+    assert set(m._tables) == {(cpu, torch.float32), (cpu, torch.bfloat16), (cpu, torch.float16)}
     m(x.to(torch.bfloat16), offset=20)  # grows: the bfloat16 cast must follow
-    assert m._casts[(x.device, torch.bfloat16)][0] is m.table
+    assert torch.equal(m._tables[(cpu, torch.bfloat16)][0], m.table.bfloat16())
     out = m(x.to(torch.bfloat16), offset=10)
     assert torch.equal(out, x.bfloat16() + table(32, 16)[10:16].bfloat16())
 
@@ -326,7 +327,9 @@ def test_growth_doubles_once_and_matches_a_fresh_table(monkeypatch):
     m = SinusoidalEmbedding(12, preset="fairseq", padding_idx=1, max_len=8)
     builds = []
     build = m._build
-    monkeypatch.setattr(m, "_build", lambda n, device: builds.append(n) or build(n, device))
+    monkeypatch.setattr(
+        m, "_build", lambda n, device, dtype: builds.append(n) or build(n, device, dtype)
+    )
     got = m.encode(torch.arange(100))
     assert builds == [128]  # 8 -> 128 in one build, not one row or one call at a time
     fresh = SinusoidalEmbedding(12, preset="fairseq", padding_idx=1, max_len=128)
@@ -340,7 +343,7 @@ def test_growth_doubles_once_and_matches_a_fresh_table(monkeypatch):
 
 
 def test_huge_positions_are_computed_directly(monkeypatch):
-    monkeypatch.setattr(modules, "MAX_TABLE_ELEMENTS", 64 * 16)
+    monkeypatch.setattr(SinusoidalEmbedding, "max_table_elements", 64 * 16)
     m = SinusoidalEmbedding(16, max_len=8)
     positions = torch.tensor([0, 5, 10**6, 2**31 - 1])
     got = m.encode(positions)

@@ -782,3 +782,37 @@ def test_kernel_equals_unfused_float32_formula_bit_for_bit(
     want = torch.cat([y.to(dtype), x[..., rotary_dim:]], -1)
     got = apply_rotary(x, cos, sin, layout=layout)
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------- copies
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0}],
+)
+def test_a_used_module_survives_deepcopy_pickle_and_torch_save(scaling) -> None:
+    import copy
+    import io
+    import pickle
+
+    extra = {"original_max_position_embeddings": 8} if scaling and "yarn" in str(scaling) else {}
+    rope = Rotary(
+        32,
+        scaling=None if scaling is None else {**scaling, **extra},
+        max_position_embeddings=8,
+    )
+    q = torch.randn(1, 2, 40, 32)
+    want = rope(q, q)  # used: tables built, frequencies' device tensors cached, grown
+    buffer = io.BytesIO()
+    torch.save(rope, buffer)
+    buffer.seek(0)
+    copies = (
+        copy.deepcopy(rope),
+        pickle.loads(pickle.dumps(rope)),
+        torch.load(buffer, weights_only=False),
+    )
+    for clone in copies:
+        assert clone._tables == {}  # a cache: every copy drops it, rebuilt on demand
+        for got, expected in zip(clone(q, q), want, strict=True):
+            assert torch.equal(got, expected)

@@ -17,64 +17,19 @@ Shapes: ``x`` is ``(batch, seq, dim)`` (or unbatched ``(seq, dim)``);
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from posenc.core import checks
+from posenc.core.tables import ExactTables, Tables
 from posenc.families.absolute.sinusoidal import Sinusoid, resolve, sinusoidal
 
-# Guards growth, device/dtype moves and the cast cache of every SinusoidalEmbedding.
-# These are rare events; one module-level lock keeps the modules picklable.
-_LOCK = threading.Lock()
 
-# Beyond this many table entries (256 MiB of float32) positions are computed
-# directly (exact, per call) instead of growing the table to reach them.
-MAX_TABLE_ELEMENTS = 1 << 26
-
-
-def _check_index(value: Any, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= {minimum}; got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value}")
-    return int(value)
-
-
-def _int_offset(offset: Any, name: str = "offset") -> bool:
-    """True for a Python/numpy int or (under torch.compile) a SymInt; False for a tensor."""
-    if isinstance(offset, torch.Tensor):
-        bad = offset.dtype == torch.bool or offset.is_floating_point() or offset.is_complex()
-        if offset.ndim != 0 or bad:
-            raise TypeError(
-                f"{name} as a tensor must be a 0-d int tensor; got {offset.dtype} "
-                f"of shape {tuple(offset.shape)}"
-            )
-        return False
-    if isinstance(offset, torch.SymInt):
-        return True
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-        raise TypeError(
-            f"{name} must be an int or a 0-d int tensor; got {type(offset).__name__} {offset!r}"
-        )
-    return True
-
-
-def _check_position_tensor(positions: Any, *, floats: bool) -> torch.Tensor:
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(
-            f"positions must be a torch tensor (torch.as_tensor converts); got "
-            f"{type(positions).__name__}"
-        )
-    bad = positions.dtype == torch.bool or positions.is_complex()
-    if bad or (positions.is_floating_point() and not floats):
-        kind = "int or float" if floats else "int"
-        raise TypeError(f"positions must hold {kind} values; got {positions.dtype}")
+def _check_positions(positions: Any, *, floats: bool) -> torch.Tensor:
+    checks.check_position_tensor(positions, floats=floats)
     if positions.ndim not in (1, 2):
         raise ValueError(
             f"positions must be (seq,) or (batch, seq); got shape {tuple(positions.shape)}"
@@ -82,11 +37,7 @@ def _check_position_tensor(positions: Any, *, floats: bool) -> torch.Tensor:
     return positions
 
 
-def _is_zero(offset: Any) -> bool:
-    return isinstance(offset, (int, np.integer)) and not isinstance(offset, bool) and offset == 0
-
-
-class SinusoidalEmbedding(nn.Module):
+class SinusoidalEmbedding(ExactTables):
     """Adds a fixed sinusoidal encoding to token embeddings, exact in any model dtype.
 
     ``forward(x)`` returns ``dropout(x * input_scale + pe)``, with ``pe`` the
@@ -97,14 +48,14 @@ class SinusoidalEmbedding(nn.Module):
     (fairseq's ``embed_scale``), and the paper's encoding with the default preset.
 
     The table of integer positions ``0 .. max_len - 1`` is float32, exact to
-    float32 rounding, and a non-persistent buffer (not in the state dict). It
-    stays float32 when the model is cast (``model.to(torch.bfloat16)``,
-    ``.half()``: transformers #25681 and #30709 lost ``inv_freq`` that way);
-    the rows are cast to ``x.dtype`` at use, through a cache keyed on device
-    *and* dtype. Asking for a position past its end doubles it once (built
-    whole, then swapped in under a lock, so concurrent callers never see a
-    partial table; fairseq #5555), rather than refilling it per call.
-    Positions beyond :data:`MAX_TABLE_ELEMENTS` entries, negative positions,
+    float32 rounding, and a cache, not state (:class:`posenc.core.tables.ExactTables`:
+    not in the state dict, untouched by ``model.to(torch.bfloat16)`` or ``.half()``,
+    which lost transformers' ``inv_freq`` in #25681 and #30709). Other devices and
+    dtypes get that table cast once, cached per device *and* dtype. Asking for a
+    position past its end doubles it once (built whole, then swapped in under a
+    lock, so concurrent callers never see a partial table; fairseq #5555), rather
+    than refilling it per call.
+    Positions beyond ``max_table_elements`` entries (256 MiB), negative positions,
     float positions (diffusion timesteps) and float64 ``x`` (which deserves
     more than the float32 table) are computed directly, exactly.
 
@@ -133,7 +84,7 @@ class SinusoidalEmbedding(nn.Module):
             ``dropout`` outside [0, 1], unknown preset or override.
     """
 
-    table: torch.Tensor
+    max_table_elements = 1 << 26  # 256 MiB of float32
 
     def __init__(
         self,
@@ -152,7 +103,9 @@ class SinusoidalEmbedding(nn.Module):
         self.spec = resolve(preset, **overrides)
         self.spec.slots(self.dim)  # reject an odd dim the convention refuses, now
         self.preset = preset if isinstance(preset, str) else "custom"
-        self.padding_idx = None if padding_idx is None else _check_index(padding_idx, "padding_idx")
+        self.padding_idx = (
+            None if padding_idx is None else checks.check_int(padding_idx, "padding_idx")
+        )
         self.input_scale = (
             None if input_scale is None else checks.check_number(input_scale, "input_scale")
         )
@@ -160,10 +113,8 @@ class SinusoidalEmbedding(nn.Module):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout must lie in [0, 1]; got {dropout!r}")
         self.dropout = nn.Dropout(p)
-        self._casts: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.register_buffer(
-            "table", self._build(self.max_len, torch.device("cpu")), persistent=False
-        )
+        self.width, self.initial_length = self.dim, self.max_len
+        self._table_for(self.max_len, torch.device("cpu"), torch.float32)
 
     def extra_repr(self) -> str:
         parts = [f"{self.dim}", f"preset={self.preset!r}", f"max_len={self.max_len}"]
@@ -173,69 +124,30 @@ class SinusoidalEmbedding(nn.Module):
             parts.append(f"input_scale={self.input_scale:g}")
         return ", ".join(parts)
 
-    # ------------------------------------------------------------------ the table
+    # ------------------------------------------------------------------ the tables
 
-    def _build(self, n: int, device: torch.device) -> torch.Tensor:
-        table = torch.from_numpy(sinusoidal(n, self.dim, preset=self.spec)).to(device)
+    @property
+    def table(self) -> torch.Tensor:
+        """The exact float32 table on the CPU, ``(n, dim)`` with ``n >= max_len``."""
+        cpu = torch.device("cpu")
+        table = self._table_for(self.max_len, cpu, torch.float32)
+        return (table or self._build(self.max_len, cpu, torch.float32))[0]
+
+    def _build(self, n: int, device: torch.device, dtype: torch.dtype) -> Tables:
+        if device.type != "cpu" or dtype != torch.float32:
+            # every other table is the float32 one, cast: rows identical on every device
+            master = self._table_for(n, torch.device("cpu"), torch.float32)
+            assert master is not None  # the same size cap
+            return (master[0].to(device=device, dtype=dtype),)
+        table = torch.from_numpy(sinusoidal(n, self.dim, preset=self.spec))
         if self.padding_idx is not None and self.padding_idx < n:
             table[self.padding_idx] = 0
-        return table
+        return (table,)
 
-    def _table_for(self, length: int) -> torch.Tensor | None:
-        """A table with at least ``length`` rows, grown if needed; None if too large."""
-        table = self.table
-        if table.shape[0] >= length:
-            return table
-        if length * self.dim > MAX_TABLE_ELEMENTS:
-            return None
-        with _LOCK:
-            table = self.table  # another thread may have grown it meanwhile
-            if table.shape[0] < length:
-                n = table.shape[0]
-                while n < length:
-                    n *= 2
-                n = max(length, min(n, MAX_TABLE_ELEMENTS // self.dim))
-                # built whole before it is published: readers see the old or the new table
-                table = self._build(n, table.device)
-                self.table = table
-            return table
+    def _tabled(self, dtype: torch.dtype) -> bool:
+        return dtype != torch.float64  # float64-exact values: the table holds float32 ones
 
-    def _cast(self, table: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        if table.device == device and table.dtype == dtype:
-            return table
-        key = (device, dtype)
-        entry = self._casts.get(key)
-        # keyed on device and dtype, and valid only for the table it was cast from
-        if entry is not None and entry[0] is table:
-            return entry[1]
-        cast = table.to(device=device, dtype=dtype)
-        with _LOCK:
-            self._casts[key] = (table, cast)
-        return cast
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        with _LOCK:
-            exact = self.table
-            super()._apply(fn, recurse)
-            moved = self.table
-            if moved is not exact:
-                # .to(bfloat16), .half(), to_empty() would round or drop the exact
-                # values (transformers #25681, #30709): keep them, on the new device
-                if exact.is_meta and not moved.is_meta:
-                    self.table = self._build(exact.shape[0], moved.device)
-                else:
-                    self.table = exact.to(device=moved.device)
-            self._casts.clear()
-        return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
-        state["_casts"] = {}
-        return state
-
-    # ------------------------------------------------------------------ encodings
-
-    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
         """Exact encodings of any positions, computed without the table."""
         flat = positions.reshape(-1)
         if flat.shape[0] == 0:
@@ -245,47 +157,7 @@ class SinusoidalEmbedding(nn.Module):
         out = out.reshape(*positions.shape, self.dim)
         if self.padding_idx is not None:
             out = out.masked_fill((positions == self.padding_idx)[..., None], 0.0)
-        return out
-
-    def _lookup(
-        self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype
-    ) -> torch.Tensor:
-        positions = positions.to(device)
-        if positions.is_floating_point():
-            return self._direct(positions, dtype)
-        if torch.compiler.is_compiling():
-            # no value checks while tracing: the table must already cover the positions
-            return F.embedding(positions, self.table.to(device)).to(dtype)
-        if dtype == torch.float64:  # float64-exact values: the table holds float32 ones
-            return self._direct(positions, dtype)
-        if positions.numel() == 0:
-            return torch.zeros((*positions.shape, self.dim), device=device, dtype=dtype)
-        lo, hi = torch.aminmax(positions)
-        low, high = torch.stack([lo, hi]).tolist()  # one device sync
-        table = self._table_for(high + 1) if low >= 0 else None
-        if table is None:
-            return self._direct(positions, dtype)
-        return F.embedding(positions, self._cast(table, device, dtype))
-
-    def _range(
-        self, offset: Any, seq: int, device: torch.device, dtype: torch.dtype
-    ) -> torch.Tensor:
-        """Encodings of ``offset .. offset + seq - 1``, ``(seq, dim)``."""
-        if not _int_offset(offset):
-            return self._lookup(torch.arange(seq, device=device) + offset.to(device), device, dtype)
-        end = offset + seq
-        if torch.compiler.is_compiling():
-            if offset < 0 or end > self.table.shape[0]:
-                # a constant message: offset may be symbolic, and dynamo cannot format it
-                raise ValueError(
-                    "offset .. offset + seq - 1 lies outside the table, which cannot grow "
-                    "inside torch.compile; raise max_len or run one eager call first"
-                )
-            return self.table[offset:end].to(device=device, dtype=dtype)
-        table = self._table_for(end) if offset >= 0 and dtype != torch.float64 else None
-        if table is None:
-            return self._direct(torch.arange(offset, end, device=device), dtype)
-        return self._cast(table, device, dtype)[offset:end]
+        return (out,)
 
     def encode(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -305,8 +177,8 @@ class SinusoidalEmbedding(nn.Module):
             TypeError: ``positions`` not an int or float tensor.
             ValueError: ``positions`` of another rank, or beyond ``2**31``.
         """
-        positions = _check_position_tensor(positions, floats=True)
-        return self._lookup(positions, positions.device, dtype)
+        positions = _check_positions(positions, floats=True)
+        return self._lookup(positions, positions.device, dtype)[0]
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: Any = 0
@@ -330,9 +202,7 @@ class SinusoidalEmbedding(nn.Module):
             ValueError: ``x.shape[-1] != dim``, ``positions`` of the wrong shape,
                 both ``positions`` and a non-zero ``offset``.
         """
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            shown = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-            raise TypeError(f"x must be a float tensor (batch, seq, dim); got {shown}")
+        checks.check_float_tensor(x, "x")
         if x.ndim not in (2, 3) or x.shape[-1] != self.dim:
             raise ValueError(
                 f"x must be (batch, seq, dim) or (seq, dim) with dim={self.dim}; "
@@ -340,11 +210,11 @@ class SinusoidalEmbedding(nn.Module):
             )
         seq = x.shape[-2]
         if positions is None:
-            pe = self._range(offset, seq, x.device, x.dtype)
+            (pe,) = self._range(offset, seq, x.device, x.dtype)
         else:
-            if not _is_zero(offset):
+            if not checks.is_zero(offset):
                 raise ValueError("pass positions or offset, not both: positions are absolute")
-            positions = _check_position_tensor(positions, floats=True)
+            positions = _check_positions(positions, floats=True)
             batch_ok = positions.ndim == 1 or (
                 x.ndim == 3 and positions.shape[0] in (1, x.shape[0])
             )
@@ -353,7 +223,7 @@ class SinusoidalEmbedding(nn.Module):
                     f"positions must be (seq,) or (batch, seq) matching x {tuple(x.shape)}; "
                     f"got shape {tuple(positions.shape)}"
                 )
-            pe = self._lookup(positions, x.device, x.dtype)
+            (pe,) = self._lookup(positions, x.device, x.dtype)
         if self.input_scale is not None:
             x = x * self.input_scale
         return self.dropout(x + pe)
@@ -395,9 +265,9 @@ class LearnedPositionalEmbedding(nn.Embedding):
     ) -> None:
         num_positions = checks.check_int(num_positions, "num_positions", minimum=1)
         dim = checks.check_int(dim, "dim", minimum=1)
-        offset = _check_index(offset, "offset")
+        offset = checks.check_int(offset, "offset")
         if padding_idx is not None:
-            padding_idx = _check_index(padding_idx, "padding_idx")
+            padding_idx = checks.check_int(padding_idx, "padding_idx")
             if offset:
                 raise ValueError(
                     "pass offset (BART/OPT convention) or padding_idx (fairseq convention), "
@@ -448,23 +318,26 @@ class LearnedPositionalEmbedding(nn.Embedding):
             raise ValueError("pass exactly one of positions and shape")
         if positions is None:
             if isinstance(shape, int):
-                batch, seq = None, _check_index(shape, "shape")
+                batch, seq = None, checks.check_int(shape, "shape")
             elif isinstance(shape, Sequence) and len(shape) == 2:
-                batch, seq = _check_index(shape[0], "shape[0]"), _check_index(shape[1], "shape[1]")
+                batch, seq = (
+                    checks.check_int(shape[0], "shape[0]"),
+                    checks.check_int(shape[1], "shape[1]"),
+                )
             else:
                 raise ValueError(f"shape must be seq or (batch, seq); got {shape!r}")
             if isinstance(past_length, torch.Tensor):
-                _int_offset(past_length, "past_length")
+                checks.is_int_offset(past_length, "past_length")
                 start: Any = past_length.to(self.weight.device) + self.first_position
             else:
-                start = self.first_position + _check_index(past_length, "past_length")
+                start = self.first_position + checks.check_int(past_length, "past_length")
             positions = torch.arange(seq, device=self.weight.device) + start
             if batch is not None:
                 positions = positions.expand(batch, seq)
         else:
-            if not _is_zero(past_length):
+            if not checks.is_zero(past_length):
                 raise ValueError("past_length applies to shape only: positions are absolute")
-            positions = _check_position_tensor(positions, floats=False)
+            positions = _check_positions(positions, floats=False)
         index = positions + self.offset if self.offset else positions
         if not torch.compiler.is_compiling() and index.numel():
             lo, hi = torch.stack(list(torch.aminmax(index))).tolist()  # one device sync

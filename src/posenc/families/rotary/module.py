@@ -16,54 +16,23 @@ rotation itself is :func:`posenc.rotary.apply.apply_rotary`.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from posenc.core import checks
-from posenc.core.angles import EXACT_LIMIT
+from posenc.core.tables import LOCK, ExactTables, Tables
 from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.config import parse_rope_type, rope_spec
+from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
 __all__ = ["Rotary"]
 
-# Guards growth of the tables and swaps of the frequencies of every Rotary.
-_LOCK = threading.Lock()
-
 # Tables start with this many positions and double when a longer one is needed.
 INITIAL_LENGTH = 2048
-# Beyond this many table entries (per cos or sin: 64 MiB of float32) positions are
-# computed directly.
-MAX_TABLE_ELEMENTS = 1 << 24
-
-_TableKey = tuple[torch.device, torch.dtype]
-_Table = tuple[torch.Tensor, torch.Tensor]
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check_float_tensor(t: Any, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-        shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-        raise TypeError(f"{name} must be a float tensor; got {shown}")
-    return t
-
-
-def _check_int_tensor(t: Any, name: str, *, floats: bool = False) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch tensor; got {type(t).__name__}")
-    if t.dtype == torch.bool or t.is_complex() or (t.is_floating_point() and not floats):
-        kind = "int or float" if floats else "int"
-        raise TypeError(f"{name} must hold {kind} values; got {t.dtype}")
-    return t
 
 
 def _resolve_scaling(
@@ -77,17 +46,9 @@ def _resolve_scaling(
     params = dict(scaling)
     if "rope_theta" in params:
         raise ValueError("scaling must not hold rope_theta: pass it as base")
-    rope_type = params.pop("rope_type", None)
-    alias = params.pop("type", None)  # the old HF name of rope_type
-    if rope_type is not None and alias is not None and alias != rope_type:
-        raise ValueError(
-            f"scaling has rope_type={rope_type!r} and its old alias type={alias!r}; keep one"
-        )
-    rope_type = rope_type if rope_type is not None else alias
-    if rope_type is None:
-        raise ValueError("scaling needs rope_type (or its old alias type)")
-    if not isinstance(rope_type, str):
-        raise TypeError(f"scaling['rope_type'] must be a str; got {rope_type!r}")
+    rope_type = parse_rope_type(params, "scaling", default=None)
+    params.pop("rope_type", None)
+    params.pop("type", None)
     if (
         rope_type in ("dynamic", "longrope")
         and "max_position_embeddings" not in params
@@ -98,7 +59,7 @@ def _resolve_scaling(
     return rope_type, params
 
 
-class Rotary(nn.Module):
+class Rotary(ExactTables):
     """Rotary position embeddings for queries and keys (Su et al. 2021, RoFormer).
 
     ``rope(q, k)`` returns ``q`` and ``k`` with channel pairs rotated by
@@ -169,7 +130,7 @@ class Rotary(nn.Module):
         Args:
             config: a transformers config object or a plain ``config.json`` dict,
                 in the v5 ``rope_parameters`` form (per layer type too) or the v4
-                ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.hf.rope_spec`).
+                ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.rotary.config.rope_spec`).
             layer_type: which layer type's RoPE, for per-layer-type configs.
             layout, seq_dim: as in the constructor (HF models use ``"half"``).
 
@@ -177,8 +138,6 @@ class Rotary(nn.Module):
             ValueError: unknown rope type, missing or extra keys (named), no
                 head dim information, M-RoPE configs.
         """
-        from posenc.integration.hf import rope_spec
-
         spec = rope_spec(config, layer_type)
         scaling = None
         if spec.rope_type != "default":
@@ -229,11 +188,13 @@ class Rotary(nn.Module):
             else checks.check_int(max_position_embeddings, "max_position_embeddings", minimum=1)
         )
         self.rope_type, self.params = _resolve_scaling(scaling, self.max_position_embeddings)
-        self._original = self._frequencies(None)
-        self._freqs = self._original
-        # HF's max_seq_len_cached: the length the current frequencies were made for
-        self._dynamic_length = int(self.params.get("max_position_embeddings") or 0)
-        self._tables: dict[_TableKey, _Table] = {}
+        self._policy = LengthPolicy(
+            self.rope_type,
+            self._frequencies,
+            max_position_embeddings=self.params.get("max_position_embeddings"),
+            original_max_position_embeddings=self.params.get("original_max_position_embeddings"),
+        )
+        self.width, self.initial_length = self.rotary_dim, INITIAL_LENGTH
         self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")), persistent=False)
         self._table_for(INITIAL_LENGTH, torch.device("cpu"), torch.float32)
 
@@ -260,6 +221,11 @@ class Rotary(nn.Module):
         )
 
     @property
+    def _freqs(self) -> RopeFrequencies:
+        """The frequencies in use (a length-dependent schedule changes them per call)."""
+        return self._policy.current
+
+    @property
     def attention_scaling(self) -> float:
         """The factor on cos and sin of the current frequencies."""
         return self._freqs.attention_scaling
@@ -267,124 +233,24 @@ class Rotary(nn.Module):
     def _inv_freq(self, device: torch.device) -> torch.Tensor:
         return torch.tensor(self._freqs.inv_freq, dtype=torch.float32, device=device)
 
-    def _swap(self, freqs: RopeFrequencies, length: int) -> None:
-        with _LOCK:
-            if freqs is not self._freqs:
-                self._freqs = freqs
-                self._tables = {}
-                self.inv_freq = self._inv_freq(self.inv_freq.device)
-            self._dynamic_length = length
-
-    def _update(self, needed: int) -> None:
-        """Follow HF's ``dynamic_rope_update`` for a call that needs ``needed`` positions."""
-        if self.rope_type == "dynamic":
-            max_pos = int(self.params["max_position_embeddings"])
-            if needed > self._dynamic_length:
-                self._swap(self._frequencies(needed), needed)
-            elif needed < max_pos < self._dynamic_length:
-                self._swap(self._original, max_pos)
-        elif self.rope_type == "longrope":
-            original = int(self.params["original_max_position_embeddings"])
-            if (needed > original) != (self._dynamic_length > original):
-                freqs = self._frequencies(needed) if needed > original else self._original
-                self._swap(freqs, needed)
+    def _prepare(self, needed: int) -> None:
+        """HF's ``dynamic_rope_update`` for a call that needs ``needed`` positions."""
+        if self.rope_type in LENGTH_DEPENDENT:
+            with LOCK:  # tables are built under the same lock: never from stale frequencies
+                if self._policy.update(needed):
+                    self._tables = {}
+                    self.inv_freq = self._inv_freq(self.inv_freq.device)
 
     # ------------------------------------------------------------------ tables
 
-    def _table_for(self, length: int, device: torch.device, dtype: torch.dtype) -> _Table | None:
-        """Exact tables of at least ``length`` positions, grown if needed; None if too large."""
-        key = (device, dtype)
-        table = self._tables.get(key)
-        if table is not None and table[0].shape[0] >= length:
-            return table
-        if length * self.rotary_dim > MAX_TABLE_ELEMENTS:
-            return None
-        with _LOCK:
-            freqs, tables = self._freqs, self._tables
-            table = tables.get(key)  # another thread may have grown it meanwhile
-            if table is None or table[0].shape[0] < length:
-                n = INITIAL_LENGTH if table is None else table[0].shape[0]
-                while n < length:
-                    n *= 2
-                n = max(length, min(n, MAX_TABLE_ELEMENTS // self.rotary_dim))
-                positions = torch.arange(n, device=device)
-                # built whole before it is published: readers see the old or the new table
-                table = cos_sin(positions, freqs, layout=self.layout, dtype=dtype)
-                tables[key] = table
-            return table
+    def _build(self, n: int, device: torch.device, dtype: torch.dtype) -> Tables:
+        positions = torch.arange(n, device=device)
+        return cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
 
-    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> _Table:
+    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
         if positions.numel() == 0:
-            empty = torch.zeros(
-                (*positions.shape, self.rotary_dim), device=positions.device, dtype=dtype
-            )
-            return empty, empty
-        c, s = cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
-        return c, s
-
-    def _lookup(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype) -> _Table:
-        """cos and sin of any positions, ``positions.shape + (rotary_dim,)``."""
-        positions = positions.to(device)
-        if torch.compiler.is_compiling():
-            if positions.is_floating_point():
-                return cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
-            table = self._tables.get((device, dtype))
-            if table is None:
-                raise ValueError(
-                    "no cos/sin table for this device and dtype yet: run one eager call "
-                    "before torch.compile"
-                )
-            return F.embedding(positions, table[0]), F.embedding(positions, table[1])
-        if positions.numel() == 0:
-            return self._direct(positions, dtype)
-        lo, hi = torch.stack([p.double() for p in torch.aminmax(positions.detach())]).tolist()
-        if not max(abs(lo), abs(hi)) < EXACT_LIMIT:
-            raise ValueError(
-                f"positions must lie in (-2**31, 2**31), the range in which posenc is exact; "
-                f"got values in [{lo:.6g}, {hi:.6g}]"
-            )
-        self._update(int(hi) + 1)
-        if positions.is_floating_point() or lo < 0:
-            return self._direct(positions, dtype)
-        table = self._table_for(int(hi) + 1, device, dtype)
-        if table is None:
-            return self._direct(positions, dtype)
-        return F.embedding(positions, table[0]), F.embedding(positions, table[1])
-
-    def _range(self, offset: Any, seq: int, device: torch.device, dtype: torch.dtype) -> _Table:
-        """cos and sin of ``offset .. offset + seq - 1``, ``(seq, rotary_dim)``."""
-        if isinstance(offset, torch.Tensor):
-            if offset.ndim != 0 or offset.dtype == torch.bool or offset.is_floating_point():
-                raise TypeError(
-                    f"offset as a tensor must be a 0-d int tensor; got {offset.dtype} "
-                    f"of shape {tuple(offset.shape)}"
-                )
-            return self._lookup(torch.arange(seq, device=device) + offset.to(device), device, dtype)
-        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer, torch.SymInt)):
-            raise TypeError(
-                f"offset must be an int or a 0-d int tensor; got {type(offset).__name__} {offset!r}"
-            )
-        end = offset + seq
-        if torch.compiler.is_compiling():
-            table = self._tables.get((device, dtype))
-            if table is None or offset < 0 or end > table[0].shape[0]:
-                # a constant message: offset may be symbolic, and dynamo cannot format it
-                raise ValueError(
-                    "offset .. offset + seq - 1 lies outside the cos/sin table, which cannot "
-                    "grow inside torch.compile; run one eager call with the longest length first"
-                )
-            return table[0][offset:end], table[1][offset:end]
-        offset, end = int(offset), int(end)
-        if not (-EXACT_LIMIT < offset and end <= EXACT_LIMIT):
-            raise ValueError(
-                f"offset .. offset + seq - 1 must lie in (-2**31, 2**31), the range in which "
-                f"posenc is exact; got offset={offset}, seq={seq}"
-            )
-        self._update(end)
-        table = self._table_for(end, device, dtype) if offset >= 0 else None
-        if table is None:
-            return self._direct(torch.arange(offset, end, device=device), dtype)
-        return table[0][offset:end], table[1][offset:end]
+            return self._empty(positions, dtype, 2)
+        return cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
 
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -403,8 +269,8 @@ class Rotary(nn.Module):
             TypeError: ``positions`` not an int or float tensor.
             ValueError: positions beyond ``2**31`` in magnitude.
         """
-        positions = _check_int_tensor(positions, "positions", floats=True)
-        c, s = self._lookup(positions, positions.device, _work_dtype(dtype))
+        positions = checks.check_position_tensor(positions, "positions")
+        c, s = self._lookup(positions, positions.device, checks.work_dtype(dtype))
         return c.to(dtype), s.to(dtype)
 
     # ------------------------------------------------------------------ rotation
@@ -443,8 +309,8 @@ class Rotary(nn.Module):
             ValueError: wrong ``head_dim``, shapes, devices; ``positions`` and a
                 non-zero ``offset``; positions beyond ``2**31``.
         """
-        q = _check_float_tensor(q, "q")
-        k = _check_float_tensor(k, "k")
+        q = checks.check_float_tensor(q, "q")
+        k = checks.check_float_tensor(k, "k")
         if q.dtype != k.dtype:
             raise TypeError(f"q and k must have the same dtype; got {q.dtype} and {k.dtype}")
         if q.device != k.device:
@@ -455,9 +321,8 @@ class Rotary(nn.Module):
                     f"{name} must have head_dim={self.head_dim} channels; got shape "
                     f"{tuple(t.shape)}"
                 )
-        device, work = q.device, _work_dtype(q.dtype)
-        offset_zero = isinstance(offset, (int, np.integer)) and not isinstance(offset, bool)
-        offset_zero = offset_zero and offset == 0
+        device, work = q.device, checks.work_dtype(q.dtype)
+        offset_zero = checks.is_zero(offset)
         if cu_seqlens is not None:
             if positions is not None or not offset_zero:
                 raise ValueError("cu_seqlens numbers positions itself: pass no positions or offset")
@@ -493,7 +358,7 @@ class Rotary(nn.Module):
             else:
                 if not offset_zero:
                     raise ValueError("pass positions or offset, not both: positions are absolute")
-                positions = _check_int_tensor(positions, "positions", floats=True)
+                positions = checks.check_position_tensor(positions, "positions")
                 batched = positions.ndim == 2
                 ok = positions.ndim in (1, 2) and positions.shape[-1] == seq
                 if batched:
@@ -519,7 +384,7 @@ class Rotary(nn.Module):
     @staticmethod
     def _packed_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
         """``i - cu_seqlens[j]`` for token ``i`` of sequence ``j`` (no data-dependent shapes)."""
-        cu = _check_int_tensor(cu_seqlens, "cu_seqlens")
+        cu = checks.check_position_tensor(cu_seqlens, "cu_seqlens", floats=False)
         if cu.ndim != 1 or cu.shape[0] < 2:
             raise ValueError(
                 f"cu_seqlens must be 1-D (n + 1,) cumulative lengths; got shape {tuple(cu.shape)}"
@@ -539,7 +404,7 @@ class Rotary(nn.Module):
     # ------------------------------------------------------------------ module plumbing
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        with _LOCK:
+        with LOCK:
             super()._apply(fn, recurse)
             moved = self.inv_freq
             if not moved.is_meta:
@@ -550,8 +415,3 @@ class Rotary(nn.Module):
                     self._freqs.inv_freq, dtype=torch.float32, device=moved.device
                 )
         return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(super().__getstate__())
-        state["_tables"] = {}
-        return state

@@ -1,0 +1,368 @@
+"""Reading the RoPE settings of a transformers config: the schedules' input, beside them.
+
+:func:`rope_spec` reads the rotary settings of a transformers config object or a
+plain ``config.json`` dict, in either form transformers has used, as HF keeps
+``modeling_rope_utils`` beside ``ROPE_INIT_FUNCTIONS``:
+
+- v5: ``rope_parameters = {"rope_type": ..., "rope_theta": ..., ...}``, or, for
+  models whose layer types use different RoPE (Gemma 3: sliding and full
+  attention), one such dict per layer type (``rope_parameters =
+  {"sliding_attention": {...}, "full_attention": {...}}`` with ``layer_types``
+  naming them);
+- v4: ``rope_scaling = {"rope_type" or "type": ..., "factor": ...}`` next to a
+  top-level ``rope_theta`` (and ``partial_rotary_factor``).
+
+It returns a frozen :class:`RopeSpec` whose :meth:`RopeSpec.frequencies` calls
+:func:`posenc.rotary.schedules.frequencies`. :func:`parse_rope_type` is the one
+reader of ``rope_type`` and its old alias ``type`` (``Rotary(scaling=...)`` uses
+it too). Importable without torch. ``posenc.hf`` re-exports these names.
+
+How each config attribute reaches the schedules (HF ``modeling_rope_utils``,
+transformers 5.x, ``standardize_rope_params`` and the ``_compute_*``
+functions):
+
+- ``base`` is ``rope_theta`` (inside ``rope_parameters``, else top level, else
+  GPT-NeoX's ``rotary_emb_base``, else HF's ``default_theta`` 10000).
+- ``head_dim = config.head_dim or hidden_size // num_attention_heads``;
+  ``rotary_dim = int(head_dim * partial_rotary_factor)`` (GPT-NeoX spells the
+  factor ``rotary_pct``), except for ``proportional``, which covers the whole
+  head and reads the factor itself.
+- ``max_position_embeddings`` (a config attribute) is passed to the schedules
+  that take it (``dynamic``, ``longrope``); ``original_max_position_embeddings``
+  defaults to ``max_position_embeddings`` for ``llama3``, ``yarn`` and
+  ``longrope``, and a top-level ``original_max_position_embeddings`` wins over
+  the one in ``rope_parameters`` (Phi-3, as HF does). A ``yarn`` ``factor`` of
+  ``None`` means ``max_position_embeddings / original_max_position_embeddings``
+  (DeepSeek-V3, as HF does).
+- Every other key goes to the schedule unchanged, which rejects unknown and
+  missing keys with a ``ValueError`` (HF only logs a warning).
+
+Multi-axis RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL): ``mrope_section``
+(and Qwen3-VL's ``mrope_interleaved``) in ``rope_parameters`` are read into
+:attr:`RopeSpec.mrope_section` and :attr:`RopeSpec.mrope_interleaved` (``None``
+when the config does not say: transformers decides it by model class).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from posenc.core import checks
+from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies, frequencies
+
+__all__ = [
+    "DEFAULT_THETA",
+    "RopeSpec",
+    "parse_rope_type",
+    "raw_parameters",
+    "rope_layer_types",
+    "rope_spec",
+]
+
+#: HF's ``RotaryEmbeddingConfigMixin.default_theta``: the base when a config names none.
+DEFAULT_THETA = 10_000.0
+#: Old names of rope types: ``su`` is Phi-3's first name for ``longrope``.
+TYPE_ALIASES = {"su": "longrope"}
+#: Types that read ``original_max_position_embeddings`` (HF ``standardize_rope_params``).
+_ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
+#: Keys of ``rope_parameters`` that are not schedule parameters.
+_GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+#: Keys that mark a multi-axis RoPE.
+MULTI_AXIS_KEYS = ("mrope_section", "mrope_interleaved")
+#: M-RoPE position axes: temporal, height, width.
+MROPE_AXES = 3
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """The rotary settings of one model (or one layer type), ready for the schedules.
+
+    Attributes:
+        rope_type: a key of :data:`posenc.rotary.schedules.SCHEDULES`.
+        base: ``rope_theta``.
+        params: the schedule's parameters (HF key names, without ``rope_type``
+            and ``rope_theta``), including the config attributes the schedule
+            reads (``max_position_embeddings`` ...); lists are stored as tuples.
+        head_dim: channels per attention head.
+        rotary_dim: channels that rotate (``head_dim`` for ``proportional``,
+            whose partial factor is in ``params``).
+        partial_rotary_factor: the fraction of ``head_dim`` that rotates.
+        max_position_embeddings: the config's value, ``None`` if it has none.
+        original_max_position_embeddings: the pretraining length, for the types
+            that use one (``llama3``, ``yarn``, ``longrope``), else ``None``.
+        layer_type: the layer type the spec was read for, ``None`` for models
+            with one RoPE.
+        mrope_section: M-RoPE's frequencies per section (summing to
+            ``rotary_dim / 2``), ``None`` for one-axis RoPE.
+        mrope_interleaved: Qwen3-VL's interleaved M-RoPE (``True``),
+            Qwen2-VL's contiguous sections (``False``), or ``None`` when the
+            config does not say (transformers decides by model class;
+            :func:`patch_model` reads it from the module).
+    """
+
+    rope_type: str
+    base: float
+    params: Mapping[str, Any] = field(hash=False)
+    head_dim: int
+    rotary_dim: int
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int | None = None
+    original_max_position_embeddings: int | None = None
+    layer_type: str | None = None
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool | None = None
+
+    def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
+        """The schedule's frequencies, for a sequence of ``seq_len`` positions.
+
+        ``seq_len`` matters to ``dynamic`` (NTK base grows past
+        ``max_position_embeddings``) and ``longrope`` (long factors past
+        ``original_max_position_embeddings``); HF's value is ``max(position_ids) + 1``.
+        """
+        return frequencies(
+            self.rope_type,
+            self.rotary_dim,
+            self.base,
+            dict(self.params),
+            head_dim=self.head_dim,
+            seq_len=seq_len,
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Reading configs.
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    """``config[key]`` for a dict, ``config.key`` for a config object; ``None`` means absent."""
+    if isinstance(config, Mapping):
+        value = config.get(key, default)
+    else:
+        value = getattr(config, key, default)
+    return default if value is None else value
+
+
+def _has(config: Any, key: str) -> bool:
+    if isinstance(config, Mapping):
+        return config.get(key) is not None
+    return getattr(config, key, None) is not None
+
+
+def _text_config(config: Any) -> Any:
+    """The part of a composite config (``text_config``) that holds the RoPE settings."""
+    if any(_has(config, k) for k in ("rope_parameters", "rope_scaling", "rope_theta")):
+        return config
+    text = _get(config, "text_config")
+    return config if text is None else text
+
+
+def raw_parameters(config: Any) -> dict[str, Any]:
+    """``rope_parameters`` (v5) or ``rope_scaling`` (v4), copied; ``{}`` if neither."""
+    v5 = _get(config, "rope_parameters")
+    v4 = _get(config, "rope_scaling")
+    if v5 is not None and not isinstance(v5, Mapping):
+        raise TypeError(f"rope_parameters must be a dict; got {v5!r}")
+    if v4 is not None and not isinstance(v4, Mapping):
+        raise TypeError(f"rope_scaling must be a dict; got {v4!r}")
+    if v5 and v4 and dict(v5) != dict(v4):
+        # transformers copies rope_scaling into rope_parameters: both set and different is ambiguous
+        raise ValueError(
+            "config has both rope_parameters (v5) and rope_scaling (v4) and they differ; "
+            "keep one of them"
+        )
+    return dict(v5 or v4 or {})
+
+
+def _nested_keys(config: Any, raw: Mapping[str, Any]) -> list[str]:
+    """The layer types ``raw`` is nested under (HF ``nested_rope_parameter_keys``)."""
+    labels = _get(config, "_rope_type_labels") or _get(config, "layer_types") or ()
+    keys = [k for k in raw if k in set(labels)]
+    if not keys and raw and all(v is None or isinstance(v, Mapping) for v in raw.values()):
+        keys = list(raw)  # a plain dict without layer_types: nested if every value is a dict
+    return keys
+
+
+def rope_layer_types(config: Any) -> tuple[str, ...]:
+    """The layer types with their own RoPE settings; ``()`` for a model with one RoPE.
+
+    Layer types whose entry is ``None`` (layers without RoPE) are left out.
+    """
+    config = _text_config(config)
+    raw = raw_parameters(config)
+    return tuple(k for k in _nested_keys(config, raw) if raw[k] is not None)
+
+
+def _config_int(value: Any, name: str) -> int:
+    return checks.check_int(value, name, minimum=1)
+
+
+def _head_dim(config: Any) -> int:
+    head_dim = _get(config, "head_dim")
+    if head_dim is not None:
+        return _config_int(head_dim, "head_dim")
+    hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+    if hidden is None or heads is None:
+        raise ValueError(
+            "config gives no head dim: it needs head_dim, or hidden_size and num_attention_heads"
+        )
+    return _config_int(hidden, "hidden_size") // _config_int(heads, "num_attention_heads")
+
+
+def parse_rope_type(
+    parameters: Mapping[str, Any], where: str, default: str | None = "default"
+) -> str:
+    """The rope type a ``rope_parameters``-style dict names, old aliases resolved.
+
+    Reads ``rope_type`` and its old name ``type`` (both may be present if equal) and
+    maps old type names to current ones (``"su"``, Phi-3's first name for
+    ``longrope``).
+
+    Args:
+        parameters: the dict.
+        where: how the error messages name it (``"rope_parameters"``, ``"scaling"``).
+        default: the type when neither key is present; ``None`` makes one required.
+
+    Raises:
+        ValueError: two different names, or none when one is required.
+        TypeError: a name that is not a str.
+    """
+    rope_type = parameters.get("rope_type")
+    alias = parameters.get("type")
+    if rope_type is not None and alias is not None and rope_type != alias:
+        raise ValueError(
+            f"{where} names two rope types: rope_type={rope_type!r} and its old alias "
+            f"type={alias!r}; keep one"
+        )
+    name = rope_type if rope_type is not None else alias if alias is not None else default
+    if name is None:
+        raise ValueError(f"{where} needs rope_type (or its old alias type)")
+    if not isinstance(name, str):
+        raise TypeError(f"{where}['rope_type'] must be a str; got {name!r}")
+    return TYPE_ALIASES.get(name, name)
+
+
+def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
+    """Read the RoPE settings of a transformers config or a ``config.json`` dict.
+
+    Args:
+        config: a ``transformers.PretrainedConfig`` (its ``text_config`` for
+            composite models) or a plain dict as in ``config.json``, v5
+            (``rope_parameters``) or v4 (``rope_scaling`` + ``rope_theta``).
+        layer_type: for configs with one RoPE per layer type (see
+            :func:`rope_layer_types`), which one to read: required for those,
+            rejected for the others.
+
+    Returns:
+        The spec; its parameters have been checked by computing the
+        frequencies once.
+
+    Raises:
+        ValueError: no head dim, unknown rope type (the valid ones are listed),
+            missing or unknown parameters (as the schedule reports them),
+            a missing or unknown ``layer_type``, an ``mrope_section`` that
+            does not sum to ``rotary_dim / 2``.
+        TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
+    """
+    config = _text_config(config)
+    raw = raw_parameters(config)
+    nested = _nested_keys(config, raw)
+    if nested:
+        if layer_type is None:
+            raise ValueError(
+                "config has one RoPE per layer type; pass layer_type= one of "
+                f"{', '.join(repr(k) for k in nested)}"
+            )
+        if layer_type not in nested:
+            raise ValueError(
+                f"unknown layer_type {layer_type!r}; this config's layer types with RoPE "
+                f"settings: {', '.join(repr(k) for k in nested)}"
+            )
+        if raw[layer_type] is None:
+            raise ValueError(f"layer type {layer_type!r} has no RoPE (its rope_parameters is None)")
+        parameters = dict(raw[layer_type])
+        where = f"rope_parameters[{layer_type!r}]"
+    else:
+        if layer_type is not None:
+            raise ValueError(
+                f"layer_type={layer_type!r} given, but this config has one RoPE for all layers"
+            )
+        parameters = raw
+        where = "rope_parameters" if _has(config, "rope_parameters") else "rope_scaling"
+
+    section = parameters.pop("mrope_section", None)
+    interleaved = parameters.pop("mrope_interleaved", None)
+    if interleaved is not None:
+        checks.check_bool(interleaved, f"{where}['mrope_interleaved']")
+    if interleaved is not None and section is None:
+        raise ValueError(f"{where} has mrope_interleaved but no mrope_section")
+    if section is not None and not isinstance(section, (list, tuple)):
+        raise TypeError(f"{where}['mrope_section'] must be a list of ints; got {section!r}")
+
+    rope_type = parse_rope_type(parameters, where)
+    if _get(config, "model_type") == "phi3" and rope_type == "yarn":
+        rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
+
+    base = parameters.get("rope_theta")
+    if base is None:
+        base = _get(config, "rope_theta", _get(config, "rotary_emb_base", DEFAULT_THETA))
+    partial = parameters.get("partial_rotary_factor")
+    if partial is None:
+        partial = _get(config, "partial_rotary_factor", _get(config, "rotary_pct", 1.0))
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ValueError(f"partial_rotary_factor must lie in (0, 1]; got {partial!r}")
+
+    head_dim = _head_dim(config)
+    max_pos = _get(config, "max_position_embeddings")
+    params = {k: v for k, v in parameters.items() if k not in _GENERAL_KEYS}
+    known = PARAMETERS.get(rope_type)
+    takes = set(known[0] | known[1]) if known is not None else set()
+
+    original = None
+    if rope_type in _ORIGINAL_MAX_TYPES:
+        top = None if nested else _get(config, "original_max_position_embeddings")
+        original = top if top is not None else params.get("original_max_position_embeddings")
+        if original is None:
+            original = max_pos
+        if original is not None:
+            params["original_max_position_embeddings"] = original
+    if rope_type == "yarn" and params.get("factor") is None and max_pos and original:
+        params["factor"] = max_pos / original
+    if "max_position_embeddings" in takes and max_pos is not None:
+        params.setdefault("max_position_embeddings", max_pos)
+    if rope_type == "proportional":
+        params["partial_rotary_factor"] = partial
+        rotary_dim = head_dim
+    else:
+        rotary_dim = int(head_dim * partial)
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    if section is not None:
+        section = tuple(section)
+        _check_mrope(section, rotary_dim, interleaved)
+
+    spec = RopeSpec(
+        rope_type=rope_type,
+        base=float(base),
+        params=types.MappingProxyType(params),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        partial_rotary_factor=float(partial),
+        max_position_embeddings=max_pos,
+        original_max_position_embeddings=original,
+        layer_type=layer_type,
+        mrope_section=section,
+        mrope_interleaved=interleaved,
+    )
+    spec.frequencies()  # the schedule reports unknown types, missing and unknown keys
+    return spec
+
+
+def _check_mrope(section: tuple[int, ...], rotary_dim: int, interleaved: bool | None) -> None:
+    """Raise unless ``section`` splits the ``rotary_dim / 2`` frequencies (either order if None)."""
+    from posenc.families.rotary.multiaxis import mrope_axes
+
+    modes = (False,) if interleaved is None else (interleaved,)
+    for mode in modes:
+        mrope_axes(section, rotary_dim // 2, MROPE_AXES, mode)
