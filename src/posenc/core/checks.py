@@ -156,14 +156,18 @@ def check_range(arr: Any, offset: float, name: str) -> tuple[float, float]:
         lo, hi = float(arr.min()), float(arr.max())
     if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min and max
         raise ValueError(f"{name} must be finite; got NaN or infinite values")
-    extreme = max(abs(lo + offset), abs(hi + offset))
+    check_exact(lo + offset, hi + offset, f"{name} (plus offset {offset:g})" if offset else name)
+    return lo, hi
+
+
+def check_exact(lo: float, hi: float, name: str) -> None:
+    """Reject values from ``lo`` to ``hi`` that leave ``(-2**31, 2**31)``, where posenc is exact."""
+    extreme = max(abs(lo), abs(hi))
     if not extreme < EXACT_LIMIT:
-        plus = f" (plus offset {offset:g})" if offset else ""
         raise ValueError(
-            f"{name}{plus} must lie in (-2**31, 2**31), the range in which posenc is exact; "
+            f"{name} must lie in (-2**31, 2**31), the range in which posenc is exact; "
             f"got values up to {extreme:.6g} in magnitude"
         )
-    return lo, hi
 
 
 def check_choice(value: Any, name: str, accepted: tuple[str, ...]) -> None:

@@ -101,15 +101,11 @@ class ExactTables(nn.Module):
                 tables[key] = table
             return table
 
-    def _empty(self, positions: torch.Tensor, dtype: torch.dtype, count: int) -> Tables:
-        shape = (*positions.shape, self.width)
-        return tuple(torch.zeros(shape, device=positions.device, dtype=dtype) for _ in range(count))
-
     def _lookup(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Tables:
         """The values at any int or float ``positions``, ``positions.shape + (width,)``."""
         positions = positions.to(device)
         if torch.compiler.is_compiling():
-            if positions.is_floating_point() or not self._tabled(dtype):
+            if positions.is_floating_point():
                 return self._direct(positions, dtype)
             compiled = self._compiled_table(device, dtype)
             return tuple(F.embedding(positions, t) for t in compiled)
@@ -133,8 +129,6 @@ class ExactTables(nn.Module):
             return self._lookup(torch.arange(seq, device=device) + offset.to(device), device, dtype)
         end = offset + seq
         if torch.compiler.is_compiling():
-            if not self._tabled(dtype):
-                return self._direct(torch.arange(seq, device=device) + offset, dtype)
             compiled = self._compiled_table(device, dtype)
             if offset < 0 or end > compiled[0].shape[0]:
                 # a constant message: offset may be symbolic, and dynamo cannot format it
@@ -144,11 +138,7 @@ class ExactTables(nn.Module):
                 )
             return tuple(t[offset:end] for t in compiled)
         offset, end = int(offset), int(end)
-        if not (-checks.EXACT_LIMIT < offset and end <= checks.EXACT_LIMIT):
-            raise ValueError(
-                f"offset .. offset + seq - 1 must lie in (-2**31, 2**31), the range in which "
-                f"posenc is exact; got offset={offset}, seq={seq}"
-            )
+        checks.check_exact(offset, end - 1, "offset .. offset + seq - 1")
         self._prepare(end)
         table = None
         if offset >= 0 and self._tabled(dtype):
@@ -158,6 +148,7 @@ class ExactTables(nn.Module):
         return tuple(t[offset:end] for t in table)
 
     def _compiled_table(self, device: torch.device, dtype: torch.dtype) -> Tables:
+        """The table a traced call reads: it must exist already (nothing is built in a graph)."""
         table = self._tables.get((device, dtype))
         if table is None:
             raise ValueError(

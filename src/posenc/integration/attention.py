@@ -1,4 +1,4 @@
-"""``posenc.attention`` (in ``posenc.attend``): attention with RoPE and/or bias, linear memory.
+"""``posenc.attention``: attention with RoPE and/or bias, in linear memory.
 
 Shapes::
 

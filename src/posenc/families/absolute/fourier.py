@@ -33,7 +33,6 @@ import numpy.typing as npt
 
 from posenc.core import checks
 from posenc.core.angles import (  # the engine's pi: pi * f / 2 pi == f / 2
-    EXACT_LIMIT,
     PI,
     Turns,
     decimal_context,
@@ -202,11 +201,7 @@ def nerf(
         raise ValueError("num_freqs=0 with include_input=False leaves no channels")
     name = _out_dtype(arr, dtype)
     biggest = _max_abs(arr, "x")
-    if not biggest < EXACT_LIMIT:
-        raise ValueError(
-            f"x must lie in (-2**31, 2**31), the range in which posenc is exact; got values "
-            f"up to {biggest:.6g} in magnitude"
-        )
+    checks.check_exact(biggest, biggest, "x")
     if num_freqs and not biggest * float(np.abs(turns.hi).max()) < _MAX_TURNS:
         raise ValueError(
             f"max |x| * f = {biggest * float(turns.radians.max()):.3g} radians exceeds "

@@ -60,9 +60,11 @@ class SinusoidalEmbedding(ExactTables):
     more than the float32 table) are computed directly, exactly.
 
     ``torch.compile(fullgraph=True)`` traces ``forward`` with integer
-    ``offset`` (or with explicit positions) as long as the table is already
-    long enough: no values are inspected while compiling, and a table that is
-    too short raises instead of growing.
+    ``offset`` (or with explicit positions) as long as the table for ``x``'s
+    device and dtype is already long enough (the float32 one on the CPU is made
+    at construction; one eager call makes the others): no values are inspected
+    while compiling, and a table that is missing or too short raises instead of
+    growing.
 
     Args:
         dim: channels (a positive int).
@@ -146,6 +148,14 @@ class SinusoidalEmbedding(ExactTables):
 
     def _tabled(self, dtype: torch.dtype) -> bool:
         return dtype != torch.float64  # float64-exact values: the table holds float32 ones
+
+    def _compiled_table(self, device: torch.device, dtype: torch.dtype) -> Tables:
+        # inside a graph every dtype reads the float32 table, cast in the graph
+        cpu = torch.device("cpu")
+        for key in ((device, dtype), (device, torch.float32), (cpu, torch.float32)):
+            if key in self._tables:
+                return tuple(t.to(device=device, dtype=dtype) for t in self._tables[key])
+        return super()._compiled_table(device, dtype)
 
     def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
         """Exact encodings of any positions, computed without the table."""

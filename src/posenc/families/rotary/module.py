@@ -66,13 +66,13 @@ class Rotary(ExactTables):
     ``position * omega_k``, as HF's ``LlamaRotaryEmbedding`` plus
     ``apply_rotary_pos_emb`` do (``layout="half"``) or Meta's llama and
     rotary-embedding-torch (``layout="interleaved"``), with the angles exact
-    (:mod:`posenc._angles`) instead of float32 products, and bf16/fp16 inputs
+    (:mod:`posenc.core.angles`) instead of float32 products, and bf16/fp16 inputs
     rotated in float32.
 
     Tables of integer positions ``0 .. n - 1`` are cached per (device, dtype)
     and doubled when a longer one is needed, built whole before they are
     published (fairseq #5555). Negative or float positions, and tables beyond
-    :data:`MAX_TABLE_ELEMENTS`, are computed directly.
+    ``max_table_elements`` (64 MiB of float32 per table), are computed directly.
 
     ``dynamic`` scaling follows HF's ``dynamic_rope_update``: when a call needs
     more than the longest length seen so far (initially
@@ -238,7 +238,7 @@ class Rotary(ExactTables):
         if self.rope_type in LENGTH_DEPENDENT:
             with LOCK:  # tables are built under the same lock: never from stale frequencies
                 if self._policy.update(needed):
-                    self._tables = {}
+                    self.clear_tables()
                     self.inv_freq = self._inv_freq(self.inv_freq.device)
 
     # ------------------------------------------------------------------ tables
@@ -249,7 +249,8 @@ class Rotary(ExactTables):
 
     def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
         if positions.numel() == 0:
-            return self._empty(positions, dtype, 2)
+            empty = positions.new_zeros((*positions.shape, self.rotary_dim), dtype=dtype)
+            return empty, empty
         return cos_sin(positions, self._freqs, layout=self.layout, dtype=dtype)
 
     def cos_sin(

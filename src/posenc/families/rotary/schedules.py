@@ -4,7 +4,7 @@ Every schedule maps ``(rotary_dim, base, params)`` to the angular frequencies
 ``omega_k`` (``k < rotary_dim / 2``) and the attention scaling that multiplies
 cos and sin, as HF transformers' ``ROPE_INIT_FUNCTIONS`` do. posenc computes
 the frequencies in 40-digit decimal arithmetic, so that the exact angle
-engine (:mod:`posenc._angles`) can evaluate ``position * omega_k`` exactly;
+engine (:mod:`posenc.core.angles`) can evaluate ``position * omega_k`` exactly;
 HF computes them in float32.
 
 Base rule (Su et al. 2021; HF ``_compute_default_rope_parameters``):

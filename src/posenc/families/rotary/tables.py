@@ -30,7 +30,7 @@ def cos_sin(
             HF: pairs ``(i, i + rotary_dim / 2)``); ``"interleaved"`` as
             ``theta0, theta0, theta1, theta1 ...`` (GPT-J, Meta, torchtune).
         dtype: result dtype (torch float dtype); float32 by default.
-        arithmetic: as in :func:`posenc._angles.sincos_torch`.
+        arithmetic: as in :func:`posenc.core.angles.sincos_torch`.
 
     Returns:
         ``(cos, sin)`` of shape ``positions.shape + (rotary_dim,)``, each value
