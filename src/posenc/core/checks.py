@@ -85,6 +85,42 @@ def check_int(value: Any, name: str, minimum: int = 0) -> int:
     return int(value)
 
 
+#: Channel counts above this are refused before any work: every channel pair costs one
+#: 40-digit frequency (about 40 us), and no model has this many channels.
+MAX_CHANNELS = 1 << 16
+#: Results of more elements (8 GiB of float32) are refused before any work.
+MAX_ELEMENTS = 1 << 31
+
+
+def check_channels(value: Any, name: str = "dim", minimum: int = 1) -> int:
+    """A channel count: an int from ``minimum`` to :data:`MAX_CHANNELS`, checked before any work.
+
+    Raises:
+        TypeError: not an int.
+        ValueError: below ``minimum`` or above :data:`MAX_CHANNELS`.
+    """
+    value = check_int(value, name, minimum)
+    if value > MAX_CHANNELS:
+        raise ValueError(
+            f"{name} must be at most {MAX_CHANNELS} channels; got {value} (each channel pair "
+            "costs an exact 40-digit frequency, so posenc refuses before computing any)"
+        )
+    return value
+
+
+def check_elements(count: int, what: str) -> None:
+    """Refuse a result of more than :data:`MAX_ELEMENTS` elements, before any work.
+
+    Raises:
+        ValueError: naming ``what`` and its size.
+    """
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"{what} would hold {count} elements ({count * 4 / 2**30:.3g} GiB as float32); "
+            f"posenc refuses more than {MAX_ELEMENTS} before computing anything"
+        )
+
+
 def check_bool(value: Any, name: str) -> bool:
     """Reject anything but ``True`` or ``False`` (1, 0 and None included)."""
     if not isinstance(value, bool):
