@@ -102,8 +102,9 @@ def check_channels(value: Any, name: str = "dim", minimum: int = 1) -> int:
     value = check_int(value, name, minimum)
     if value > MAX_CHANNELS:
         raise ValueError(
-            f"{name} must be at most {MAX_CHANNELS} channels; got {value} (each channel pair "
-            "costs an exact 40-digit frequency, so posenc refuses before computing any)"
+            f"{name} must be at most {MAX_CHANNELS} channels; got {value} (no model has this "
+            "many, and each channel pair of an exact encoding costs a 40-digit frequency: "
+            "posenc refuses before any work)"
         )
     return value
 
@@ -182,18 +183,33 @@ def check_range(arr: Any, offset: float, name: str) -> tuple[float, float]:
     Returns:
         ``(min, max)`` of ``arr`` (before the offset).
     """
-    if is_torch(arr):
-        import torch
-
-        a = arr.detach()
-        a = a.double() if a.is_floating_point() else a
-        lo, hi = torch.stack(list(torch.aminmax(a))).tolist()  # one device sync
-    else:
-        lo, hi = float(arr.min()), float(arr.max())
+    lo, hi = tensor_bounds(arr) if is_torch(arr) else (float(arr.min()), float(arr.max()))
     if not (math.isfinite(lo) and math.isfinite(hi)):  # NaN propagates through min and max
         raise ValueError(f"{name} must be finite; got NaN or infinite values")
     check_exact(lo + offset, hi + offset, f"{name} (plus offset {offset:g})" if offset else name)
     return lo, hi
+
+
+def tensor_bounds(t: Any) -> tuple[float, float]:
+    """``(min, max)`` of a non-empty int or float torch tensor, in one device sync.
+
+    Every int dtype is read whole: int64 values exactly; uint16, uint32 and uint64,
+    for which torch has no ``aminmax``, through float64 (exact below ``2**53``, so a
+    uint64 value from ``2**63`` on does not wrap to a negative one).
+    """
+    import torch
+
+    a = t.detach()
+    if a.is_floating_point() or a.dtype in _wide_unsigned():
+        a = a.double()
+    lo, hi = torch.stack(list(torch.aminmax(a))).tolist()
+    return lo, hi
+
+
+def _wide_unsigned() -> tuple[Any, ...]:
+    import torch
+
+    return tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
 
 
 def check_exact(lo: float, hi: float, name: str) -> None:
@@ -250,6 +266,26 @@ def canonical_overrides(
 
 # --------------------------------------------------------------------------------------
 # torch tensors (torch is imported only when these are called)
+
+
+def check_device(device: Any, name: str = "device") -> Any:
+    """A torch device: a ``torch.device``, a str (``"cpu"``, ``"cuda:0"``) or a device index.
+
+    Raises:
+        TypeError: anything else (None and bools included).
+        ValueError: a str or index that names no torch device.
+    """
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    accepted = "a torch.device, a str such as 'cpu' or 'cuda:0', or a device index"
+    if isinstance(device, bool) or not isinstance(device, (str, int, np.integer)):
+        raise TypeError(f"{name} must be {accepted}; got {type(device).__name__} {device!r}")
+    try:
+        return torch.device(device if isinstance(device, str) else int(device))
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name} must be {accepted}; got {device!r} ({exc})") from None
 
 
 def work_dtype(dtype: Any) -> Any:

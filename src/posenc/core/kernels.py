@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
 
@@ -33,5 +34,14 @@ def max_workers() -> int:
 
 def workers_for(elements: int) -> int:
     """Threads for a loop over ``elements`` values: one below 2**18, where starting
-    more costs more than it saves."""
-    return max_workers() if elements >= 1 << 18 else 1
+    more costs more than it saves, and never more than torch is set to use.
+
+    The kernels run on torch's OpenMP team; a process forked after that team ran
+    cannot use it (neither can torch: its own parallel ops hang there), and such a
+    worker sets ``torch.set_num_threads(1)`` (DataLoader does): with one thread the
+    kernels run inline and never touch the team.
+    """
+    if elements < 1 << 18:
+        return 1
+    torch = sys.modules.get("torch")
+    return min(max_workers(), torch.get_num_threads()) if torch is not None else max_workers()

@@ -38,6 +38,17 @@ LOCK = threading.RLock()
 Tables = tuple[torch.Tensor, ...]
 
 
+def _index(positions: torch.Tensor) -> torch.Tensor:
+    """Int positions as an index ``F.embedding`` takes (int32 or int64); floats unchanged.
+
+    int8, int16 and the unsigned dtypes become int64: embedding refuses them, and
+    sums such as ``int8 + offset`` would wrap in them.
+    """
+    if positions.is_floating_point() or positions.dtype in (torch.int32, torch.int64):
+        return positions
+    return positions.to(torch.int64)
+
+
 class ExactTables(nn.Module):
     """Base of the torch modules that serve exact values of positions from cached tables.
 
@@ -102,16 +113,22 @@ class ExactTables(nn.Module):
             return table
 
     def _lookup(self, positions: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Tables:
-        """The values at any int or float ``positions``, ``positions.shape + (width,)``."""
+        """The values at any int or float ``positions``, ``positions.shape + (width,)``.
+
+        Positions of every int dtype (int8 to uint64) are read: their range is
+        checked first (no uint64 value wraps), then they index as int64.
+        """
         positions = positions.to(device)
         if torch.compiler.is_compiling():
             if positions.is_floating_point():
                 return self._direct(positions, dtype)
             compiled = self._compiled_table(device, dtype)
-            return tuple(F.embedding(positions, t) for t in compiled)
+            return tuple(F.embedding(_index(positions), t) for t in compiled)
         if positions.numel() == 0:
-            return self._direct(positions, dtype)
+            return self._direct(_index(positions), dtype)
         lo, hi = checks.check_range(positions, 0.0, "positions")
+        if not positions.is_floating_point():
+            positions = _index(positions)  # in range now: no uint64 value wraps
         self._prepare(int(hi) + 1)
         table = None
         if not positions.is_floating_point() and lo >= 0 and self._tabled(dtype):

@@ -22,7 +22,9 @@
    AVX-512, or DV not a multiple of 16. Work units (b, h, block of queries) go
    to the threads in turn, which balances causal blocks. exp is a Cephes-style
    polynomial (within 2 ulp); masked scores, and scores more than 87 below the
-   query's maximum, weigh exactly 0. */
+   query's maximum, weigh exactly 0. A NaN score weighs NaN, as does a +inf one
+   (inf - inf), so the query's output row and lse are NaN, as softmax gives (a
+   -inf score weighs 0); only a query that sees no key gets 0. */
 
 #include "common.h"
 
@@ -46,12 +48,14 @@ typedef struct {
 #define AVX512 __attribute__((target("avx512f")))
 
 AVX512 static inline __m512 exp512(__m512 x) {
-    /* x <= 0 or -inf. Lanes below -87 give exactly 0 rather than a subnormal: a
+    /* x <= 0, -inf or NaN. Lanes below -87 give exactly 0 rather than a subnormal: a
        weight below 2**-125 of the row's largest changes nothing in float32, and
        subnormal operands slow every later multiply-add down by two orders of
-       magnitude (measured: ALiBi, whose far scores are all there, ran 3x slower) */
-    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GT_OQ);
-    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+       magnitude (measured: ALiBi, whose far scores are all there, ran 3x slower).
+       NaN lanes stay live and NaN: unordered compares true (NLE_UQ), and max_ps
+       returns its second operand when either is NaN */
+    __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLE_UQ);
+    __m512 xc = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -220,11 +224,13 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
     float *ob = a->out + ((b * a->H + h) * LQ + i0) * DV;
     float *lb = a->lse + (b * a->H + h) * LQ + i0;
     for (Py_ssize_t ii = 0; ii < nq; ++ii) {
-        float inv = l[ii] > 0.0f ? 1.0f / l[ii] : 0.0f;
-        __m512 iv = _mm512_set1_ps(inv);
+        /* l is 0 only for a query that sees no key (a live key's weight is at least
+           exp(0) = 1 against the maximum); a NaN l stays NaN */
+        int none = l[ii] == 0.0f;
+        __m512 iv = _mm512_set1_ps(none ? 0.0f : 1.0f / l[ii]);
         for (Py_ssize_t c = 0; c < DV; c += 16)
             _mm512_storeu_ps(ob + ii * DV + c, _mm512_mul_ps(_mm512_loadu_ps(O + ii * DV + c), iv));
-        lb[ii] = l[ii] > 0.0f ? m[ii] + logf(l[ii]) : -INFINITY;
+        lb[ii] = none ? -INFINITY : m[ii] + logf(l[ii]);
     }
 }
 

@@ -38,10 +38,14 @@
 #define MAX_LEAD 8
 
 /* Runs fn(jobs[0]), ..., fn(jobs[n - 1]) (each `size` bytes) in parallel, the GIL
-   already released: torch's OpenMP team where it is loaded, else POSIX threads
-   (team.c). */
+   already released: torch's OpenMP team where it is loaded (in the process that
+   imported the module, never in a forked child), else POSIX threads (team.c). */
 typedef void *(*work_fn)(void *);
 void posenc_run_jobs(work_fn fn, void *jobs, int n, size_t size);
+
+/* Records the importing process, the only one that may join an OpenMP team (team.c);
+   called once, by the module's init. */
+void posenc_team_init(void);
 
 /* Maps in fresh pages of [p, p + n) with one system call (team.c). */
 void posenc_prefault(char *p, Py_ssize_t n);

@@ -41,4 +41,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
                                     "Optional compiled loops of posenc.core.angles, posenc.rotary.apply and posenc.attention.", -1, methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    posenc_team_init();
+    return PyModule_Create(&module);
+}

@@ -22,7 +22,14 @@ typedef struct {
 static void (*gomp_parallel)(void (*)(void *), void *, unsigned, unsigned);
 static int (*omp_thread_num)(void);
 static int (*omp_num_threads)(void);
-static pid_t openmp_pid; /* the process that found it: a forked child has no team */
+/* The process that imported the module. Only it may join an OpenMP team: a forked
+   child (a DataLoader worker) inherits the parent's team in name only, its threads
+   are gone, and joining it waits for them forever. Recorded at import, not at the
+   first parallel call: the parent may have run torch's parallel ops and forked
+   before posenc ever ran a kernel. */
+static pid_t owner_pid;
+
+void posenc_team_init(void) { owner_pid = getpid(); }
 
 static void find_openmp(void) {
 #ifdef __linux__
@@ -34,7 +41,6 @@ static void find_openmp(void) {
     void *par = dlsym(lib, "GOMP_parallel"), *num = dlsym(lib, "omp_get_thread_num");
     void *team = dlsym(lib, "omp_get_num_threads");
     if (par && num && team) {
-        openmp_pid = getpid();
         *(void **)&gomp_parallel = par;
         *(void **)&omp_thread_num = num;
         *(void **)&omp_num_threads = team;
@@ -50,9 +56,10 @@ static void team_body(void *arg) {
 
 void posenc_run_jobs(work_fn fn, void *jobs, int n, size_t size) {
     char *base = (char *)jobs;
-    if (n > 1) find_openmp();
     /* libgomp's team does not survive fork (a DataLoader worker): threads of our own there */
-    if (n > 1 && gomp_parallel != NULL && getpid() == openmp_pid) {
+    int owner = n > 1 && getpid() == owner_pid;
+    if (owner) find_openmp();
+    if (owner && gomp_parallel != NULL) {
         team_t team = {fn, base, size, n};
         gomp_parallel(team_body, &team, (unsigned)n, 0);
         return;
