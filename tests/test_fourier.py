@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posenc.families.absolute import fourier as fourier_module
 from posenc.families.absolute.fourier import (
     fourier_features,
     gaussian_fourier_features,
@@ -182,6 +183,67 @@ def test_nerf_bands_are_octaves():
 def test_nerf_bad_input(args, kwargs, error, match):
     with pytest.raises(error, match=match):
         nerf(*args, **kwargs)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0, 3)])
+def test_nerf_of_no_points_is_empty(shape):
+    # no points, no rows: the band reshape cannot infer its width from zero values
+    for include_input, channels in ((True, 27), (False, 24)):
+        out = nerf(np.zeros(shape, np.float32), 4, include_input=include_input)
+        assert out.shape == (*shape[:-1], channels) and out.dtype == np.float32
+        t = nerf(torch.zeros(shape, dtype=torch.float64), 4, include_input=include_input)
+        assert isinstance(t, torch.Tensor)
+        assert t.shape == (*shape[:-1], channels) and t.dtype == torch.float64
+    assert nerf(np.zeros(shape, np.int64), 0).shape == shape
+
+
+@pytest.fixture
+def no_frequencies(monkeypatch):
+    """Fail any call that gets as far as computing NeRF bands or reading x: sizes first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work done before the size was checked")
+
+    monkeypatch.setattr(fourier_module, "_nerf_turns", refuse)
+    monkeypatch.setattr(fourier_module, "_max_abs", refuse)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: nerf(np.zeros((1, 3)), 2000), r"num_freqs must be at most 128: .* got 2000"),
+        (lambda: nerf(np.zeros((1, 3)), 2**40), r"num_freqs must be at most 128"),
+        (lambda: nerf(torch.zeros(1, 3), 129), r"num_freqs must be at most 128"),
+        (lambda: nerf_frequencies(2000), r"num_freqs must be at most 128"),
+        (
+            lambda: nerf(np.broadcast_to(np.zeros(3), (2**24, 3)), 40),
+            r"NeRF encoding of x \(16777216, 3\), num_freqs=40 would hold",
+        ),
+        (
+            lambda: fourier_features(
+                np.broadcast_to(np.zeros(3), (2**20, 3)), np.zeros((2**11, 3))
+            ),
+            r"Fourier features of x \(1048576, 3\) with B \(2048, 3\) would hold",
+        ),
+        (lambda: gaussian_fourier_matrix(2**40, 3), r"B \(num_features=1099511627776 x in_"),
+        (lambda: gaussian_fourier_features(np.zeros((1, 3)), 2**40), r"num_features=1099511627776"),
+    ],
+)
+def test_huge_sizes_are_refused_before_any_work(no_frequencies, call, match):
+    # num_freqs=2000 used to raise OverflowError after computing 2000 exact frequencies
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_the_most_bands_stay_finite():
+    # at num_freqs=128 the top band 2**127 (times pi) still fits every arithmetic
+    x = np.array([[0.0], [2.0**-100]])
+    for pi in (False, True):
+        out = nerf(x, 128, pi=pi)
+        assert out.shape == (2, 257) and np.isfinite(out).all()
+        np.testing.assert_array_equal(out[0, 1::2], 0.0)  # sin 0
+        np.testing.assert_array_equal(out[0, 2::2], 1.0)  # cos 0
+        assert np.isfinite(nerf(torch.from_numpy(x), 128, pi=pi).numpy()).all()
 
 
 @settings(max_examples=40, deadline=None)

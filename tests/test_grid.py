@@ -579,3 +579,67 @@ def test_never_nan_and_shape_is_exact(preset, sizes, mult):
         for ch in range(dim)[sl]
     ]
     assert sorted(covered) == list(range(dim))
+
+
+# ------------------------------------------------------------------ aliases with a meaning
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("preset", ["mae", "diffusers", "big-vision"])
+def test_interleave_sin_cos_is_refused_where_the_column_comes_first(preset, interleave):
+    # timm's knob means timm's layout, row block first; on MAE's column-first axes it
+    # used to give neither timm's layout nor the preset's
+    with pytest.raises(ValueError, match=r"interleave_sin_cos is timm's .*preset='timm'"):
+        grid((3, 5), 16, preset=preset, interleave_sin_cos=interleave)
+    with pytest.raises(ValueError, match=r"interleave_sin_cos is timm's"):
+        grid((2, 3, 5), 32, preset="diffusers", interleave_sin_cos=interleave)
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_interleave_sin_cos_where_the_row_comes_first(timm_sincos, interleave):
+    anchor = timm_sincos.build_sincos2d_pos_embed([3, 5], 16, interleave_sin_cos=interleave)
+    timm = grid((3, 5), 16, preset="timm", interleave_sin_cos=interleave)
+    check(timm, anchor.numpy(), timm_oracle(3, 5, 16, interleave=interleave), "pow32")
+    for preset in ("moco-v3", "mae"):
+        axes = {"axes": ("row", "col")} if preset == "mae" else {}
+        same = grid((3, 5), 16, preset=preset, interleave_sin_cos=interleave, **axes)
+        np.testing.assert_array_equal(same, timm)
+
+
+def test_temperature_means_the_base_everywhere():
+    for preset in ("mae", "timm", "big-vision"):
+        np.testing.assert_array_equal(
+            grid((3, 5), 16, preset=preset, temperature=100.0),
+            grid((3, 5), 16, preset=preset, base=100.0),
+        )
+
+
+# ------------------------------------------------------------------------ size limits
+
+
+@pytest.fixture
+def no_frequencies(monkeypatch):
+    """Fail any call that gets as far as computing frequencies: sizes are checked first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("frequencies computed before the size was checked")
+
+    monkeypatch.setattr(grid_module, "geometric_turns", refuse)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: grid((4, 4), 2**40), r"dim must be at most 65536 channels; got 1099511627776"),
+        (lambda: grid((2, 2, 2), 65552, preset="diffusers"), r"dim must be at most 65536"),
+        (lambda: grid_frequencies((4, 4), 2**40), r"dim must be at most 65536 channels"),
+        (
+            lambda: grid((2**16, 2**16), 4),
+            r"grid encoding of 4294967296 rows \(shape \(65536, 65536\)\) x dim=4 would hold",
+        ),
+        (lambda: grid((2**10, 2**10, 2**10), 16, preset="diffusers"), r"would hold"),
+    ],
+)
+def test_huge_sizes_are_refused_before_any_work(no_frequencies, call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -196,7 +196,7 @@ def test_learned_offset_2_is_bart():
         assert torch.equal(ours(shape=ids.shape, past_length=past), anchor(ids, past))
     position_ids = torch.tensor([5, 0, 39])
     assert torch.equal(ours(position_ids[None]), anchor(ids, position_ids=position_ids))
-    with pytest.raises(IndexError, match=r"positions must lie in \[-2, 39\]"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[-2, 39\]"):
         ours(shape=ids.shape, past_length=34)
 
 
@@ -234,7 +234,7 @@ def test_learned_padding_idx_is_roberta():
     hf_ids = RobertaEmbeddings.create_position_ids_from_input_ids(ids, 1)
     assert torch.equal(ours(fairseq_positions(ids, 1)), anchor(hf_ids))
     assert torch.equal(ours(shape=(3, 20)), anchor(torch.arange(2, 22).expand(3, 20)))
-    with pytest.raises(IndexError, match=r"positions must lie in \[0, 21\]"):
+    with pytest.raises(ValueError, match=r"positions must lie in \[0, 21\]"):
         ours(shape=(3, 21))
 
 
@@ -552,8 +552,21 @@ def test_bad_forward_input(call, error, match):
             ValueError,
             "positions must be",
         ),
-        (lambda: LearnedPositionalEmbedding(4, 4)(torch.tensor([4])), IndexError, r"\[0, 3\]"),
-        (lambda: LearnedPositionalEmbedding(4, 4)(torch.tensor([-1])), IndexError, r"\[0, 3\]"),
+        (lambda: LearnedPositionalEmbedding(4, 4)(torch.tensor([4])), ValueError, r"\[0, 3\]"),
+        (lambda: LearnedPositionalEmbedding(4, 4)(torch.tensor([-1])), ValueError, r"\[0, 3\]"),
+        (lambda: LearnedPositionalEmbedding(4, 4)(shape=5), ValueError, r"\[0, 3\]"),
+        (
+            lambda: LearnedPositionalEmbedding(4, 4)(torch.tensor([2**63 + 3], dtype=torch.uint64)),
+            ValueError,
+            r"positions must lie in \[0, 3\] .* got values in \[9223372036854775808, ",
+        ),
+        (
+            lambda: LearnedPositionalEmbedding(126, 4, offset=2)(
+                torch.tensor([127], dtype=torch.int8)
+            ),
+            ValueError,
+            r"positions must lie in \[-2, 125\] .* got values in \[127, 127\]",
+        ),
         (lambda: LearnedPositionalEmbedding(4, 4)(shape=(1, 2, 3)), ValueError, "shape"),
         (lambda: LearnedPositionalEmbedding(4, 4)(shape=2, past_length=-1), ValueError, "past"),
         (
@@ -566,3 +579,85 @@ def test_bad_forward_input(call, error, match):
 def test_bad_learned_input(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+# ------------------------------------------------------------------ small int positions
+
+SMALL_INTS = [torch.int8, torch.int16, torch.int32, torch.uint8, torch.uint16, torch.uint32]
+
+
+@pytest.mark.parametrize("dtype", [*SMALL_INTS, torch.uint64])
+def test_sinusoidal_reads_every_int_dtype(dtype):
+    # int8, int16 and the unsigned dtypes passed validation, then failed in F.embedding
+    m = SinusoidalEmbedding(8, max_len=16, padding_idx=3)
+    p = torch.tensor([[0, 3, 5, 100], [1, 2, 127, 4]])  # 100 and 127 grow the table
+    expected = m.encode(p)
+    assert torch.equal(m.encode(p.to(dtype)), expected)
+    x = torch.randn(2, 4, 8)
+    assert torch.equal(m(x, positions=p.to(dtype)), m(x, positions=p))
+    assert torch.equal(m.encode(p.to(dtype), dtype=torch.float64), m.encode(p, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [*SMALL_INTS, torch.uint64])
+def test_learned_reads_every_int_dtype(dtype):
+    emb = LearnedPositionalEmbedding(126, 4, offset=2)
+    p = torch.tensor([[0, 5, 125], [1, 2, 3]])  # 125 + 2 leaves int8
+    assert torch.equal(emb(p.to(dtype)), emb.weight[p + 2])
+    fairseq = LearnedPositionalEmbedding(100, 4, padding_idx=1)
+    assert torch.equal(fairseq(p.clamp(max=100).to(dtype)), fairseq(p.clamp(max=100)))
+
+
+@pytest.mark.parametrize("dtype", [*SMALL_INTS, torch.uint64])
+def test_rotary_reads_every_int_dtype(dtype):
+    # Rotary looks positions up through the same exact-table cache
+    rope = posenc.Rotary(16)
+    p = torch.tensor([0, 7, 100, 3])
+    cos, sin = rope.cos_sin(p)
+    got = rope.cos_sin(p.to(dtype))
+    assert torch.equal(got[0], cos) and torch.equal(got[1], sin)
+    q, k = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16)
+    want = rope(q, k, positions=p)
+    got = rope(q, k, positions=p.to(dtype))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_uint64_positions_beyond_the_exact_range_are_refused():
+    # read whole, not wrapped to negative int64 values
+    big = torch.tensor([2**63 + 5], dtype=torch.uint64)
+    with pytest.raises(ValueError, match=r"positions must lie in \(-2\*\*31, 2\*\*31\)"):
+        SinusoidalEmbedding(8).encode(big)
+    with pytest.raises(ValueError, match=r"positions must lie in \(-2\*\*31, 2\*\*31\)"):
+        posenc.Rotary(16).cos_sin(big)
+
+
+# ------------------------------------------------------------------ sizes and aliases
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: SinusoidalEmbedding(2**40), r"dim must be at most 65536 channels"),
+        (lambda: SinusoidalEmbedding(70000, max_len=1), r"dim must be at most 65536 channels"),
+        (lambda: LearnedPositionalEmbedding(4, 10**6), r"dim must be at most 65536 channels"),
+        (lambda: LearnedPositionalEmbedding(10**12, 10**6), r"dim must be at most 65536"),
+        (
+            lambda: LearnedPositionalEmbedding(10**12, 16, offset=2),
+            r"table of 1000000000002 rows \(num_positions plus the rows before the first\) "
+            r"x dim=16 would hold",
+        ),
+        (
+            lambda: LearnedPositionalEmbedding(1, 16, padding_idx=10**12),
+            r"table of 1000000000002 rows .* would hold",
+        ),
+    ],
+)
+def test_huge_sizes_are_refused_before_allocating(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_diffusers_knobs_need_diffusers_layout():
+    with pytest.raises(ValueError, match=r"flip_sin_to_cos is diffusers' .*preset='ldm'"):
+        SinusoidalEmbedding(64, flip_sin_to_cos=True, downscale_freq_shift=0)
+    ldm = SinusoidalEmbedding(64, preset="ddpm", flip_sin_to_cos=True, downscale_freq_shift=0)
+    assert torch.equal(ldm.table, SinusoidalEmbedding(64, preset="ldm").table)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import PRESETS, Sinusoid, shift_matrix, sinusoidal
+from posenc.families.absolute import sinusoidal as sinusoidal_module
 from posenc.families.absolute.sinusoidal import resolve
 
 F32_ROUNDING = 2.0**-24  # one float32 ulp of values in [0.5, 1)
@@ -293,6 +294,136 @@ def test_overrides_and_aliases():
     c = sinusoidal(10, 8, theta=500.0)
     np.testing.assert_array_equal(c, sinusoidal(10, 8, base=500.0))
     assert posenc.PRESETS["vaswani"].anchor
+
+
+@pytest.mark.parametrize("dim", [5, 320])
+@pytest.mark.parametrize("shift", [0, 1])
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("preset", ["ddpm", "ldm"])
+def test_diffusers_knobs_on_diffusers_layouts_are_diffusers(preset, flip, shift, dim):
+    # with both knobs given, either diffusion preset is diffusers' get_timestep_embedding
+    from diffusers.models.embeddings import get_timestep_embedding
+
+    t = np.array([0.0, 1.0, 10.0, 500.0, 999.0], dtype=np.float32)
+    knobs = {"flip_sin_to_cos": flip, "downscale_freq_shift": shift}
+    anchor = get_timestep_embedding(torch.from_numpy(t), dim, **knobs).numpy()
+    ours = sinusoidal(t, dim, preset=preset, **knobs)
+    assert_matches_anchor(ours, anchor, t, dim, preset, **knobs)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"flip_sin_to_cos": True, "downscale_freq_shift": 0},
+        {"flip_sin_to_cos": False},
+        {"downscale_freq_shift": 1},
+        {"downscale_freq_shift": 0, "layout": "half"},  # half, but odd dims extend
+    ],
+)
+@pytest.mark.parametrize("preset", ["vaswani", "positional-encodings", "marian"])
+def test_diffusers_knobs_are_refused_on_other_layouts(preset, knobs):
+    # on the interleaved default they used to give Vaswani's layout, 2.0 away from
+    # diffusers' at dim 320: the knob's name promises diffusers' layout
+    alias = next(k for k in knobs if k != "layout")
+    with pytest.raises(ValueError, match=rf"{alias} is diffusers' .*preset='ddpm'.*preset='ldm'"):
+        sinusoidal(np.array([0.0, 999.0]), 320, preset=preset, **knobs)
+    with pytest.raises(ValueError, match=alias):
+        resolve(preset).replace(**knobs)
+
+
+def test_diffusers_knobs_with_diffusers_layout_spelt_out():
+    # layout='half', odd='zero' is diffusers' layout on any preset: then the knobs apply
+    from diffusers.models.embeddings import get_timestep_embedding
+
+    t = np.array([0.0, 3.0, 999.0], dtype=np.float32)
+    knobs = {"flip_sin_to_cos": True, "downscale_freq_shift": 0}
+    for dim in (6, 7):
+        ours = sinusoidal(t, dim, layout="half", odd="zero", **knobs)
+        np.testing.assert_array_equal(ours, sinusoidal(t, dim, preset="ldm"))
+        anchor = get_timestep_embedding(torch.from_numpy(t), dim, **knobs).numpy()
+        assert_matches_anchor(ours, anchor, t, dim, "ldm")
+
+
+def test_knobs_that_mean_the_same_everywhere_stay_accepted():
+    # max_period is the base and scale multiplies the angles on every preset
+    a = sinusoidal(10, 8, max_period=500.0, scale=2.0)
+    np.testing.assert_array_equal(a, sinusoidal(10, 8, base=500.0, scale=2.0))
+
+
+# ---------------------------------------------------------------------------- device
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_device_gives_a_torch_tensor_there(device):
+    for positions in (np.arange(300), list(range(300)), torch.arange(300)):
+        got = sinusoidal(positions, 8, device=device)
+        assert isinstance(got, torch.Tensor) and got.device == torch.device("cpu")
+        assert torch.equal(got, sinusoidal(torch.as_tensor(positions), 8))
+    table = sinusoidal(300, 8, device=device)  # an int: the table, moved there
+    assert isinstance(table, torch.Tensor) and table.dtype == torch.float32
+    assert torch.equal(table, torch.from_numpy(sinusoidal(300, 8)))
+    for dtype in ("bfloat16", torch.float64, np.float16):
+        as_torch = getattr(torch, posenc.core.checks.dtype_name(dtype))
+        got = sinusoidal(300, 8, device=device, dtype=dtype)
+        assert got.dtype == as_torch
+        assert torch.equal(got, sinusoidal(300, 8, dtype=as_torch))  # the CPU table, cast
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_device_moves_to_cuda():
+    cpu = sinusoidal(torch.arange(300), 8)
+    for positions in (300, np.arange(300), torch.arange(300)):
+        got = sinusoidal(positions, 8, device="cuda")
+        assert got.device.type == "cuda"
+        torch.testing.assert_close(got.cpu(), cpu, rtol=0, atol=2.0**-24)
+
+
+@pytest.mark.parametrize(
+    ("device", "error"), [("nowhere", ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_bad_device(device, error):
+    with pytest.raises(error, match=r"device must be a torch\.device"):
+        sinusoidal(4, 8, device=device)
+
+
+# ------------------------------------------------------------------------ size limits
+
+
+@pytest.fixture
+def no_frequencies(monkeypatch):
+    """Fail any call that gets as far as computing frequencies: sizes are checked first.
+
+    A regression then fails at once instead of computing for minutes (2**39
+    frequencies for dim 2**40) or touching gigabytes.
+    """
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("frequencies computed before the size was checked")
+
+    monkeypatch.setattr(sinusoidal_module, "geometric_turns", refuse)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: sinusoidal(4, 2**40), r"dim must be at most 65536 channels; got 1099511627776"),
+        (lambda: sinusoidal(np.arange(4), 65537), r"dim must be at most 65536 channels"),
+        (lambda: shift_matrix(1, 2**20), r"dim must be at most 65536 channels"),
+        (lambda: resolve("ldm").inv_freq(2**40), r"dim must be at most 65536 channels"),
+        (
+            lambda: sinusoidal(2**31 - 1, 2),
+            r"encoding of 2147483647 positions x dim=2 would hold 4294967294 elements",
+        ),
+        (
+            lambda: sinusoidal(2**27, 64, device="cpu"),
+            r"encoding of 134217728 positions x dim=64 would hold",
+        ),
+        (lambda: shift_matrix(1, 65536), r"shift_matrix's \(dim, dim\) matrix, dim=65536"),
+    ],
+)
+def test_huge_sizes_are_refused_before_any_work(no_frequencies, call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 # ------------------------------------------------------------------------ bad input

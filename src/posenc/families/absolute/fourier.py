@@ -46,6 +46,9 @@ Order = Literal["sin_cos", "cos_sin"]
 _ORDERS = ("sin_cos", "cos_sin")
 #: Largest ``|x| * f`` (in turns) at which the engine keeps NeRF angles to ~1e-12 turn.
 _MAX_TURNS = float(2**40)
+#: Most NeRF bands: the engine holds each frequency in float32 pieces (for devices without
+#: fast float64), so the top band ``2**(L - 1)``, times pi, must stay below ``2**128``.
+MAX_NUM_FREQS = 128
 
 
 # --------------------------------------------------------------------------------------
@@ -124,7 +127,20 @@ def nerf_frequencies(
 
 
 def _check_num_freqs(num_freqs: Any) -> int:
-    return checks.check_int(num_freqs, "num_freqs", minimum=0)
+    """``L``, from 0 to :data:`MAX_NUM_FREQS`, checked before any frequency is computed."""
+    num_freqs = checks.check_int(num_freqs, "num_freqs", minimum=0)
+    if num_freqs > MAX_NUM_FREQS:
+        raise ValueError(
+            f"num_freqs must be at most {MAX_NUM_FREQS}: the top band 2**(num_freqs - 1) "
+            f"(times pi) must stay within float32 range, where the engine holds frequencies; "
+            f"got {num_freqs}"
+        )
+    return num_freqs
+
+
+def _points(arr: Any) -> int:
+    """The number of points of ``x`` ``(..., C)``: every axis but the last."""
+    return math.prod(int(n) for n in arr.shape[:-1])
 
 
 @functools.lru_cache(maxsize=64)
@@ -165,7 +181,8 @@ def nerf(
         x: coordinates ``(..., C)``: numpy array, sequence or torch tensor.
             Float values are taken as given (no rounding of ``x`` happens).
         num_freqs: ``L``, the number of frequency bands (``multires``): 10 for
-            positions and 4 for view directions in NeRF.
+            positions and 4 for view directions in NeRF; at most
+            :data:`MAX_NUM_FREQS`.
         include_input: put ``x`` itself first, as NeRF does.
         pi: multiply every frequency by ``pi``, as the paper and tiny-cuda-nn
             do (``sin(2**j pi x)``); the original NeRF code has no ``pi``.
@@ -177,12 +194,15 @@ def nerf(
     Returns:
         ``(..., C * (include_input + 2 * num_freqs))``: 63 channels for
         ``L = 10`` on 3-D input. numpy for numpy input, torch on ``x``'s
-        device for torch input.
+        device for torch input; no points (``x`` of shape ``(0, C)``) give
+        no rows.
 
     Raises:
         TypeError: ``x`` not numeric, ``num_freqs`` not an int, flags not bool.
         ValueError: ``x`` a scalar, NaN/inf or ``|x| >= 2**31``; ``num_freqs``
-            negative; no channels at all (``num_freqs=0`` without the input);
+            negative or above :data:`MAX_NUM_FREQS`, or a result of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (both refused before
+            any work); no channels at all (``num_freqs=0`` without the input);
             ``|x| * f / (2 pi)`` beyond ``2**40`` turns (angles not exact).
 
     Example:
@@ -194,11 +214,15 @@ def nerf(
     arr = _check_x(x)
     num_freqs = _check_num_freqs(num_freqs)
     include_input = checks.check_bool(include_input, "include_input")
-    turns = _nerf_turns(
-        num_freqs, checks.check_bool(pi, "pi"), checks.check_bool(log_sampling, "log_sampling")
-    )
+    pi = checks.check_bool(pi, "pi")
+    log_sampling = checks.check_bool(log_sampling, "log_sampling")
     if not include_input and not num_freqs:
         raise ValueError("num_freqs=0 with include_input=False leaves no channels")
+    channels = int(arr.shape[-1]) * (include_input + 2 * num_freqs)
+    checks.check_elements(
+        _points(arr) * channels, f"the NeRF encoding of x {tuple(arr.shape)}, num_freqs={num_freqs}"
+    )
+    turns = _nerf_turns(num_freqs, pi, log_sampling)
     name = _out_dtype(arr, dtype)
     biggest = _max_abs(arr, "x")
     checks.check_exact(biggest, biggest, "x")
@@ -211,8 +235,10 @@ def nerf(
         return _nerf_torch(arr, turns, include_input, name)
     if num_freqs:
         s, c = sincos_numpy(arr, turns)  # (..., C, L)
-        # (..., C, L, 2) -> (..., L, 2, C): NeRF's band-major order
-        bands = np.moveaxis(np.stack([s, c], axis=-1), -3, -1).reshape((*arr.shape[:-1], -1))
+        # (..., C, L, 2) -> (..., L, 2, C): NeRF's band-major order; the width is spelt
+        # out, since -1 cannot be inferred where there are no points
+        width = 2 * num_freqs * arr.shape[-1]
+        bands = np.moveaxis(np.stack([s, c], axis=-1), -3, -1).reshape((*arr.shape[:-1], width))
     else:
         bands = np.empty((*arr.shape[:-1], 0))
     np_dtype = checks.numpy_dtype(name)
@@ -228,7 +254,8 @@ def _nerf_torch(x: Any, turns: Turns, include_input: bool, name: str) -> Any:
     parts = [x.to(out_dtype)] if include_input else []
     if turns.size:
         s, c = sincos_torch(x, turns)
-        bands = torch.stack([s, c], dim=-1).movedim(-3, -1).reshape((*x.shape[:-1], -1))
+        width = 2 * turns.size * x.shape[-1]  # spelt out: no points, no -1
+        bands = torch.stack([s, c], dim=-1).movedim(-3, -1).reshape((*x.shape[:-1], width))
         parts.append(bands.to(out_dtype))
     return torch.cat(parts, dim=-1)
 
@@ -253,9 +280,16 @@ def gaussian_fourier_matrix(
 
     Returns:
         ``(num_features, in_features)`` float64 numpy array, in cycles per unit.
+
+    Raises:
+        TypeError: non-int sizes or seed, non-numeric ``sigma``.
+        ValueError: sizes below 1, a negative seed, ``sigma <= 0``, or a matrix
+            of more than :data:`posenc.core.checks.MAX_ELEMENTS` entries
+            (refused before drawing).
     """
     m = checks.check_int(num_features, "num_features", minimum=1)
     c = checks.check_int(in_features, "in_features", minimum=1)
+    checks.check_elements(m * c, f"B (num_features={m} x in_features={c})")
     s = checks.check_number(sigma, "sigma", positive=True)
     seed = checks.check_int(seed, "seed", minimum=0)
     return s * np.random.default_rng(seed).standard_normal((m, c))
@@ -282,7 +316,8 @@ def fourier_features(x: Any, B: Any, *, order: Order = "sin_cos", dtype: Any = N
     Raises:
         TypeError: non-numeric ``x`` or ``B``.
         ValueError: ``B`` not 2-D, ``B.shape[1] != x.shape[-1]``, NaN/inf values,
-            unknown ``order``.
+            unknown ``order``, a result of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
     """
     arr = _check_x(x)
     _check_order(order)
@@ -292,6 +327,10 @@ def fourier_features(x: Any, B: Any, *, order: Order = "sin_cos", dtype: Any = N
             f"B must have shape (num_features, C) with C = x.shape[-1] = {arr.shape[-1]}; "
             f"got {tuple(b.shape)}"
         )
+    checks.check_elements(
+        _points(arr) * 2 * int(b.shape[0]),
+        f"the Fourier features of x {tuple(arr.shape)} with B {tuple(b.shape)}",
+    )
     _max_abs(arr, "x")
     _max_abs(b, "B")
     name = _out_dtype(arr, dtype)

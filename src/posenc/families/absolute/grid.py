@@ -145,8 +145,21 @@ class GridSpec:
         return len(self.axes)
 
     def replace(self, **overrides: Any) -> GridSpec:
-        """A copy with some fields changed (names and aliases as in :func:`grid`)."""
-        return dataclasses.replace(self, **_canonical_overrides(overrides))
+        """A copy with some fields changed (names and aliases as in :func:`grid`).
+
+        Raises:
+            ValueError: an unknown name, or timm's ``interleave_sin_cos`` on a
+                convention whose axes are not timm's (:data:`TIMM_ONLY`).
+        """
+        spec = dataclasses.replace(self, **_canonical_overrides(overrides))
+        if TIMM_ONLY in overrides and spec.axes != _TIMM_AXES:
+            raise ValueError(
+                f"{TIMM_ONLY} is timm's build_sincos2d_pos_embed knob and means its axis "
+                f"order: the row (y) block first, axes={_TIMM_AXES!r}; this convention has "
+                f"axes={spec.axes!r}. Pass preset='timm' (or axes={_TIMM_AXES!r} with it); "
+                "layout= changes the layout without implying an axis order"
+            )
+        return spec
 
     def _fractions(self) -> tuple[Fraction, ...]:
         if self.shares is None:
@@ -173,11 +186,13 @@ class GridSpec:
 
         Raises:
             TypeError: ``dim`` is not an int.
-            ValueError: ``dim`` is not positive, does not split into whole
-                sin/cos blocks (``fit="exact"``), or leaves an axis whose
-                exponent denominator ``K - shift`` is not positive.
+            ValueError: ``dim`` is not positive or above
+                :data:`posenc.core.checks.MAX_CHANNELS` (refused before any
+                frequency is computed), does not split into whole sin/cos blocks
+                (``fit="exact"``), or leaves an axis whose exponent denominator
+                ``K - shift`` is not positive.
         """
-        dim = checks.check_int(dim, "dim", minimum=1)
+        dim = checks.check_channels(dim, "dim")
         shares = self._fractions()
         halves = [share * dim / 2 for share in shares]
         if self.fit == "exact":
@@ -322,13 +337,25 @@ PRESETS: dict[str, dict[int, GridSpec]] = {
 }
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(GridSpec) if f.name != "anchor")
-#: Names users know from the anchors, mapped to posenc's.
+#: Names users know from the anchors, mapped to posenc's fields. ``temperature``
+#: (big_vision, timm, MoCo v3) and ``max_period`` are ``base``, and
+#: ``spatial_interpolation_scale`` (diffusers 3-D) is ``interpolation_scale``, on every
+#: preset; timm's ``interleave_sin_cos`` (``layout``) only where the axes are timm's
+#: (:data:`TIMM_ONLY`).
 ALIASES = {
     "temperature": "base",
     "max_period": "base",
     "spatial_interpolation_scale": "interpolation_scale",
     "interleave_sin_cos": "layout",
 }
+
+
+#: timm's ``build_sincos2d_pos_embed`` knob. Its meaning includes timm's axis order, the
+#: row (y) block first: on the default MAE convention (column first) it would silently
+#: give another layout than timm's, so it is accepted only where ``axes`` is
+#: ``("row", "col")``: ``preset="timm"`` (and MoCo v3, positional-encodings).
+TIMM_ONLY = "interleave_sin_cos"
+_TIMM_AXES = ("row", "col")
 
 
 def _canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -414,7 +441,10 @@ def grid(
             ``layout``, ``axes``, ``shares``, ``fit``, ``base_size``,
             ``interpolation_scale``, ``temporal_interpolation_scale``) or an
             alias from :data:`ALIASES` (``temperature``, ``interleave_sin_cos``,
-            ``spatial_interpolation_scale``).
+            ``spatial_interpolation_scale``). timm's ``interleave_sin_cos``
+            brings timm's axis order (row first) with it: it is refused on a
+            convention with another one, such as the default MAE one (use
+            ``preset="timm"``, see :data:`TIMM_ONLY`).
 
     Returns:
         ``(zero_rows + prod(shape), dim)``; row ``zero_rows + ((t * H) + h) * W + w``
@@ -424,7 +454,11 @@ def grid(
     Raises:
         TypeError: ``shape`` or ``dim`` not made of ints, bad ``dtype``.
         ValueError: ``shape`` of the wrong rank or with values < 1, ``dim``
-            not a multiple the preset needs; unknown preset or override.
+            not a multiple the preset needs; ``dim`` above
+            :data:`posenc.core.checks.MAX_CHANNELS` or a result of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
+            work); unknown preset or override; ``interleave_sin_cos`` where the
+            axes are not timm's.
 
     Example:
         >>> import posenc
@@ -438,11 +472,15 @@ def grid(
     spec = resolve(preset, len(shape), **overrides)
     axes = spec.channels(dim)
     zero_rows = _zero_rows(cls_token, extra_tokens)
+    rows = zero_rows + math.prod(shape)
+    checks.check_elements(
+        rows * dim, f"the grid encoding of {rows} rows (shape {shape}) x dim={dim}"
+    )
     name = checks.dtype_name("float32" if dtype is None else dtype)
     to_torch = checks.is_torch_dtype(dtype)
     # bfloat16 has no numpy type: round the float64 table once, in torch
     table_dtype = "float64" if to_torch and name == "bfloat16" else name
-    out = np.empty((zero_rows + math.prod(shape), dim), dtype=checks.numpy_dtype(table_dtype))
+    out = np.empty((rows, dim), dtype=checks.numpy_dtype(table_dtype))
     out[:zero_rows] = 0
     # every channel below dim belongs to exactly one (axis, sin|cos) slice: no gaps to zero
     body = out[zero_rows:].reshape((*shape, dim))

@@ -77,13 +77,17 @@ class SinusoidalEmbedding(ExactTables):
             ``math.sqrt(dim)``; ``None`` leaves ``x`` as is.
         dropout: dropout probability applied to the sum.
         **overrides: :class:`posenc.Sinusoid` fields or their aliases
-            (``max_period``, ``flip_sin_to_cos`` ...), as in :func:`posenc.sinusoidal`.
+            (``max_period``, ``flip_sin_to_cos`` ...), as in :func:`posenc.sinusoidal`
+            (diffusers' knobs only with diffusers' layout: ``preset="ddpm"`` or ``"ldm"``).
 
     Raises:
         TypeError: ``dim``, ``max_len``, ``padding_idx`` not ints; non-numeric
             ``input_scale`` or ``dropout``.
-        ValueError: non-positive ``dim``/``max_len``, negative ``padding_idx``,
-            ``dropout`` outside [0, 1], unknown preset or override.
+        ValueError: non-positive ``dim``/``max_len``, ``dim`` above
+            :data:`posenc.core.checks.MAX_CHANNELS` (refused before any frequency
+            is computed), negative ``padding_idx``, ``dropout`` outside [0, 1],
+            unknown preset or override, a diffusers-only alias on a layout that
+            is not diffusers'.
     """
 
     max_table_elements = 1 << 26  # 256 MiB of float32
@@ -267,14 +271,17 @@ class LearnedPositionalEmbedding(nn.Embedding):
     Raises:
         TypeError: non-int arguments.
         ValueError: non-positive sizes, negative ``offset``/``padding_idx``, or
-            both ``offset`` and ``padding_idx``.
+            both ``offset`` and ``padding_idx``; ``dim`` above
+            :data:`posenc.core.checks.MAX_CHANNELS` or a table of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before
+            anything is allocated).
     """
 
     def __init__(
         self, num_positions: int, dim: int, *, offset: int = 0, padding_idx: int | None = None
     ) -> None:
         num_positions = checks.check_int(num_positions, "num_positions", minimum=1)
-        dim = checks.check_int(dim, "dim", minimum=1)
+        dim = checks.check_channels(dim, "dim")
         offset = checks.check_int(offset, "offset")
         if padding_idx is not None:
             padding_idx = checks.check_int(padding_idx, "padding_idx")
@@ -286,6 +293,10 @@ class LearnedPositionalEmbedding(nn.Embedding):
             rows = num_positions + padding_idx + 1
         else:
             rows = num_positions + offset
+        checks.check_elements(
+            rows * dim,
+            f"the table of {rows} rows (num_positions plus the rows before the first) x dim={dim}",
+        )
         super().__init__(rows, dim, padding_idx=padding_idx)
         self.num_positions = num_positions
         self.offset = offset
@@ -319,7 +330,8 @@ class LearnedPositionalEmbedding(nn.Embedding):
                 an int or a 0-d int tensor.
 
         Raises:
-            TypeError: ``positions`` not an int tensor.
+            TypeError: ``positions`` not an int tensor (any int dtype, int8 to
+                uint64, is accepted).
             ValueError: both or neither of ``positions``/``shape``; positions
                 outside the table (naming its limit) instead of an index error
                 or a CUDA device assert.
@@ -348,16 +360,17 @@ class LearnedPositionalEmbedding(nn.Embedding):
             if not checks.is_zero(past_length):
                 raise ValueError("past_length applies to shape only: positions are absolute")
             positions = _check_positions(positions, floats=False)
-        index = positions + self.offset if self.offset else positions
-        if not torch.compiler.is_compiling() and index.numel():
-            lo, hi = torch.stack(list(torch.aminmax(index))).tolist()  # one device sync
-            rows = self.num_embeddings
-            if lo < 0 or hi >= rows:
-                first = -self.offset
-                last = rows - 1 - self.offset
-                raise IndexError(
+        if not torch.compiler.is_compiling() and positions.numel():
+            # read in the positions' own dtype, before an offset could wrap them
+            lo, hi = checks.tensor_bounds(positions)
+            first, last = -self.offset, self.num_embeddings - 1 - self.offset
+            if lo < first or hi > last:
+                raise ValueError(
                     f"positions must lie in [{first}, {last}] (num_positions="
                     f"{self.num_positions}, offset={self.offset}, padding_idx="
-                    f"{self.padding_idx}); got values in [{lo - self.offset}, {hi - self.offset}]"
+                    f"{self.padding_idx}); got values in [{int(lo)}, {int(hi)}]"
                 )
-        return super().forward(index)
+        # int64 indices: embedding takes no int8, int16 or unsigned ones, and int8 + offset
+        # could wrap
+        index = positions.to(torch.int64)
+        return super().forward(index + self.offset if self.offset else index)

@@ -123,12 +123,27 @@ class Sinusoid:
             checks.check_number(self.amplitude, "amplitude")
 
     def replace(self, **overrides: Any) -> Sinusoid:
-        """A copy with some fields changed (names and aliases as in :func:`sinusoidal`)."""
-        return dataclasses.replace(self, **_canonical_overrides(overrides))
+        """A copy with some fields changed (names and aliases as in :func:`sinusoidal`).
+
+        Raises:
+            ValueError: an unknown name, or a diffusers-only alias
+                (:data:`DIFFUSERS_ONLY`) on a convention that does not lay channels
+                out as diffusers does.
+        """
+        spec = dataclasses.replace(self, **_canonical_overrides(overrides))
+        _check_diffusers_layout(spec, overrides)
+        return spec
 
     def slots(self, dim: int) -> Slots:
-        """The channel placement and exponent denominator for ``dim`` channels."""
-        dim = checks.check_int(dim, "dim", minimum=1)
+        """The channel placement and exponent denominator for ``dim`` channels.
+
+        Raises:
+            TypeError: ``dim`` not an int.
+            ValueError: ``dim`` below 1 or above
+                :data:`posenc.core.checks.MAX_CHANNELS` (refused before any
+                frequency is computed), or odd where the convention refuses it.
+        """
+        dim = checks.check_channels(dim, "dim")
         h, odd = divmod(dim, 2)
         if odd and self.odd == "error":
             raise ValueError(
@@ -242,7 +257,12 @@ PRESETS: dict[str, Sinusoid] = {
 }
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Sinusoid) if f.name != "anchor")
-#: Names users know from the anchors, mapped to posenc's.
+#: Names users know from the anchors, mapped to posenc's fields. ``max_period``
+#: (diffusers), ``max_timescale`` (tensor2tensor) and ``theta`` are ``base``, and
+#: ``start_index`` (tensor2tensor) is ``offset``, on every preset; diffusers' ``scale``
+#: is posenc's field of that name. diffusers' ``flip_sin_to_cos`` (``order``) and
+#: ``downscale_freq_shift`` (``shift``) are accepted only where the layout is
+#: diffusers' (:data:`DIFFUSERS_ONLY`).
 ALIASES = {
     "max_period": "base",
     "max_timescale": "base",
@@ -251,12 +271,34 @@ ALIASES = {
     "start_index": "offset",
     "flip_sin_to_cos": "order",
 }
+#: diffusers' ``get_timestep_embedding`` knobs. Their meaning includes diffusers' layout,
+#: ``[sin, cos]`` halves with a zero channel for odd dim; on the default interleaved
+#: convention ``flip_sin_to_cos=True, downscale_freq_shift=0`` would silently give
+#: Vaswani's layout instead, so they are accepted only where the layout is ``"half"``
+#: and an odd dim gets a zero channel (or is refused): ``preset="ddpm"`` (diffusers'
+#: defaults) and ``preset="ldm"`` (``flip_sin_to_cos=True, downscale_freq_shift=0``),
+#: among others.
+DIFFUSERS_ONLY = ("flip_sin_to_cos", "downscale_freq_shift")
 
 
 def _canonical_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     return checks.canonical_overrides(
         overrides, _FIELDS, ALIASES, {"flip_sin_to_cos": ("cos_sin", "sin_cos")}
     )
+
+
+def _check_diffusers_layout(spec: Sinusoid, overrides: dict[str, Any]) -> None:
+    """Refuse a diffusers-only alias where the layout is not diffusers' (:data:`DIFFUSERS_ONLY`)."""
+    given = [name for name in DIFFUSERS_ONLY if name in overrides]
+    if given and (spec.layout != "half" or spec.odd not in ("zero", "error")):
+        raise ValueError(
+            f"{given[0]} is diffusers' get_timestep_embedding knob and means its layout: "
+            "[sin, cos] halves, a zero channel for odd dim; this convention has "
+            f"layout={spec.layout!r}, odd={spec.odd!r}. Pass preset='ddpm' (diffusers' "
+            "defaults) or preset='ldm' (flip_sin_to_cos=True, downscale_freq_shift=0), or "
+            "layout='half', odd='zero' with it; order= and shift= change the convention "
+            "without implying a layout"
+        )
 
 
 def resolve(preset: str | Sinusoid = "vaswani", **overrides: Any) -> Sinusoid:
@@ -282,6 +324,7 @@ def sinusoidal(
     *,
     preset: str | Sinusoid = "vaswani",
     dtype: Any = None,
+    device: Any = None,
     **overrides: Any,
 ) -> Any:
     """Sinusoidal positional encodings, exact at any position below 2**31.
@@ -290,25 +333,39 @@ def sinusoidal(
         positions: an int ``n`` (positions ``0 .. n-1``), or a 1-D array,
             sequence or tensor of int or float positions (negative values are
             offsets and valid; float values are e.g. diffusion timesteps).
-        dim: number of channels (a positive int).
+        dim: number of channels (a positive int, at most
+            :data:`posenc.core.checks.MAX_CHANNELS`).
         preset: a name from :data:`PRESETS` or a :class:`Sinusoid`.
         dtype: output dtype (float16, bfloat16 for torch, float32, float64);
             float32 by default. A torch dtype with int or numpy positions gives
             a CPU torch tensor.
+        device: a torch device (``torch.device``, ``"cuda:0"`` ...): the result
+            is a torch tensor there, as if torch positions on that device had
+            been passed (torch positions elsewhere are moved there). ``None``
+            keeps the rule of the Returns section.
         **overrides: any :class:`Sinusoid` field (``layout``, ``order``,
             ``base``, ``min_timescale``, ``shift``, ``scale``, ``amplitude``,
             ``offset``, ``odd``) or an alias from :data:`ALIASES`
             (``max_period``, ``flip_sin_to_cos``, ``downscale_freq_shift`` ...).
+            diffusers' ``flip_sin_to_cos`` and ``downscale_freq_shift`` bring
+            diffusers' layout with them: they are refused on a convention that
+            lays channels out otherwise, such as the default interleaved one
+            (use ``preset="ddpm"`` or ``"ldm"``, see :data:`DIFFUSERS_ONLY`).
 
     Returns:
         ``(len(positions), dim)``: numpy for numpy, list or int input, torch on
-        the positions' device for torch input. Each value is the float64-exact
-        encoding rounded once to ``dtype``.
+        the positions' device for torch input (or on ``device``). Each value is
+        the float64-exact encoding rounded once to ``dtype``.
 
     Raises:
-        TypeError: ``dim`` not an int, ``positions`` not numeric, bad ``dtype``.
-        ValueError: ``positions`` not 1-D, NaN/inf, beyond ``2**31``; unknown
-            preset or override; invalid override values.
+        TypeError: ``dim`` not an int, ``positions`` not numeric, bad ``dtype``
+            or ``device``.
+        ValueError: ``positions`` not 1-D, NaN/inf, beyond ``2**31``; ``dim``
+            above :data:`posenc.core.checks.MAX_CHANNELS` or a result of more
+            than :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before
+            any work); unknown preset or override; invalid override values; a
+            diffusers-only alias on a layout that is not diffusers'; a ``device``
+            that names no torch device.
 
     Example:
         >>> import posenc
@@ -320,6 +377,7 @@ def sinusoidal(
     spec = resolve(preset, **overrides)
     slots = spec.slots(dim)
     name = checks.dtype_name("float32" if dtype is None else dtype)
+    where = None if device is None else checks.check_device(device)
     if isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
         n = int(positions)
         if n < 0:
@@ -329,7 +387,13 @@ def sinusoidal(
                 f"positions 0..{n - 1} plus offset {spec.offset:g} reach beyond 2**31, "
                 "the range in which posenc is exact"
             )
-        as_torch = checks.is_torch_dtype(dtype)
+        arr, rows = None, n
+    else:
+        arr = checks.check_positions(positions, spec.offset)
+        rows = int(arr.shape[0])
+    checks.check_elements(rows * slots.dim, f"the encoding of {rows} positions x dim={dim}")
+    if arr is None:
+        as_torch = checks.is_torch_dtype(dtype) or where is not None
         if not as_torch:
             checks.numpy_dtype(name)  # bfloat16 needs torch output
         # bfloat16 has no numpy type: round the float64 table once, in torch
@@ -337,14 +401,15 @@ def sinusoidal(
         if as_torch:
             import torch
 
-            return torch.from_numpy(table).to(checks.torch_dtype(name))
+            return torch.from_numpy(table).to(device=where, dtype=checks.torch_dtype(name))
         return table
-    arr = checks.check_positions(positions, spec.offset)
-    if checks.wants_torch(arr, dtype):
+    if checks.wants_torch(arr, dtype) or where is not None:
         if not checks.is_torch(arr):
             import torch
 
             arr = torch.from_numpy(np.ascontiguousarray(arr))
+        if where is not None:
+            arr = arr.to(where)
         return _direct_torch(arr, spec, slots, name)
     return _direct_numpy(arr, spec, slots, checks.numpy_dtype(name))
 
@@ -482,10 +547,13 @@ def shift_matrix(
 
     Raises:
         ValueError: for odd ``dim`` with a lone channel (``odd="extend"`` or
-            ``"truncate"``): its partner is missing, so no such matrix exists.
+            ``"truncate"``): its partner is missing, so no such matrix exists;
+            a matrix of more than :data:`posenc.core.checks.MAX_ELEMENTS`
+            entries (refused before any work).
     """
     spec = resolve(preset, **overrides)
     slots = spec.slots(dim)
+    checks.check_elements(slots.dim * slots.dim, f"shift_matrix's (dim, dim) matrix, dim={dim}")
     k = checks.check_number(offset, "offset")
     if slots.n_first != slots.n_second:
         raise ValueError(
