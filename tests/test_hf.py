@@ -299,11 +299,11 @@ def test_dynamic_restores_below_max_position_embeddings() -> None:
     assert torch.equal(at_max[:, :20], first)  # seq_len == max_position_embeddings: unscaled
 
 
-def test_gemma3_per_layer_type() -> None:
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+def _gemma3_config() -> Any:
+    """Gemma 3: default RoPE on sliding-window layers, linear on full-attention ones."""
+    from transformers import Gemma3TextConfig
 
-    _need("linear")
-    config = Gemma3TextConfig(
+    return Gemma3TextConfig(
         **{**TINY, "head_dim": 16},
         sliding_window=16,
         max_position_embeddings=256,
@@ -314,6 +314,13 @@ def test_gemma3_per_layer_type() -> None:
         },
         query_pre_attn_scalar=16,
     )
+
+
+def test_gemma3_per_layer_type() -> None:
+    from transformers import Gemma3ForCausalLM
+
+    _need("linear")
+    config = _gemma3_config()
     assert hf.rope_layer_types(config) == ("sliding_attention", "full_attention")
     full = hf.rope_spec(config, layer_type="full_attention")
     assert (full.rope_type, full.base, dict(full.params)) == ("linear", 1e6, {"factor": 8.0})
@@ -766,3 +773,225 @@ def test_longrope_first_call_past_the_original_length_uses_the_long_factors() ->
     assert (cos - hf_cos).abs().max() <= tol
     truth, _ = _truth(positions, long)
     assert np.abs(cos.numpy() - truth).max() <= long.attention_scaling * 2.0**-24 * 1.01
+
+
+# --------------------------------------------------------------------------------------
+# Copies, saving and deferred (meta-device) initialisation of patched models.
+
+
+def _causal(build: Any) -> Any:
+    """A causal LM builder and its logits function, for :data:`SAVED_MODELS`."""
+
+    def logits(model: Any, ids: Any) -> Any:
+        return model(ids).logits
+
+    return build, logits
+
+
+def _mrope(name: str) -> Any:
+    """A text-only M-RoPE model and its tied-embedding logits on M-RoPE positions."""
+
+    def logits(model: Any, ids: Any) -> Any:
+        return _logits(model, ids, _mrope_positions(ids.shape[1], ids.shape[0]))
+
+    return (lambda: _mrope_model(name)), logits
+
+
+def _gemma3() -> Any:
+    from transformers import Gemma3ForCausalLM
+
+    return Gemma3ForCausalLM(_gemma3_config())
+
+
+SAVED_MODELS: dict[str, tuple[Any, Any]] = {
+    # name: (build, logits(model, ids)); lengths reach past every model's switch points
+    "llama-default": _causal(
+        lambda: _llama({"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=64)
+    ),
+    "llama-llama3": _causal(MODELS["llama-llama3"][0]),
+    "qwen2-yarn": _causal(MODELS["qwen2-yarn"][0]),
+    "phi3-longrope": _causal(MODELS["phi3-longrope"][0]),
+    "llama-dynamic": _causal(MODELS["llama-dynamic"][0]),
+    "gemma3-per-layer-type": _causal(_gemma3),
+    "qwen2-vl-mrope": _mrope("qwen2-vl"),
+    "qwen3-vl-mrope": _mrope("qwen3-vl"),
+}
+
+
+def _patched(name: str) -> Any:
+    torch.manual_seed(0)
+    return hf.patch_model(SAVED_MODELS[name][0]().eval())
+
+
+def _ids(n: int = 150) -> Any:
+    return torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+
+
+def _patched_rotaries(model: Any) -> list[Any]:
+    found = [m for m in model.modules() if isinstance(m, hf.HFRotaryEmbedding)]
+    assert len(found) == 1
+    return found
+
+
+@pytest.mark.parametrize("name", list(SAVED_MODELS))
+def test_patched_model_survives_copies_and_a_state_dict_round_trip(name: str) -> None:
+    import copy
+    import io
+    import pickle
+
+    model = _patched(name)
+    logits = SAVED_MODELS[name][1]
+    ids = _ids()
+    with torch.no_grad():
+        logits(model, ids)  # used: tables and device tensors cached, dynamic grown
+        want = logits(model, ids)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    fresh = _patched(name)
+    fresh.load_state_dict(model.state_dict())  # strict: the patched module adds no state
+    clones = {
+        "deepcopy": copy.deepcopy(model),
+        "pickle": pickle.loads(pickle.dumps(model)),
+        "torch.save": torch.load(buffer, weights_only=False),
+        "state_dict": fresh,
+    }
+    for how, clone in clones.items():
+        with torch.no_grad():
+            assert torch.equal(logits(clone, ids), want), how
+        (rotary,) = _patched_rotaries(clone)
+        for spec in rotary.specs.values():
+            with pytest.raises(TypeError):
+                spec.params["factor"] = 3.0  # still read-only
+        for (n1, b1), (n2, b2) in zip(
+            rotary.named_buffers(), _patched_rotaries(model)[0].named_buffers(), strict=True
+        ):
+            assert n1 == n2 and torch.equal(b1, b2), how
+
+
+@pytest.mark.parametrize("name", list(SAVED_MODELS))
+def test_patched_model_built_on_the_meta_device(name: str) -> None:
+    """Deferred initialisation: build on meta, patch, to_empty, then load the weights."""
+    build, logits = SAVED_MODELS[name]
+    reference = _patched(name)
+    with torch.device("meta"):
+        model = build().eval()
+    hf.patch_model(model)  # checked against CPU twins of the meta modules
+    (rotary,) = _patched_rotaries(model)
+    assert all(b.is_meta for b in rotary.buffers())
+    model.to_empty(device="cpu")
+    model.load_state_dict(reference.state_dict())
+    (want,) = _patched_rotaries(reference)
+    for (n1, b1), (n2, b2) in zip(rotary.named_buffers(), want.named_buffers(), strict=True):
+        assert n1 == n2 and b1.dtype == torch.float32 and torch.equal(b1, b2)  # rebuilt
+    ids = _ids()
+    with torch.no_grad():
+        if name.startswith("gemma3"):
+            # Gemma 3's own non-persistent embed_scale is HF's loader's to restore
+            position_ids = torch.arange(ids.shape[1])[None]
+            for layer_type in rotary.layer_types:
+                got = rotary(torch.zeros(1), position_ids, layer_type)
+                expected = want(torch.zeros(1), position_ids, layer_type)
+                assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+        else:
+            assert torch.equal(logits(model, ids), logits(reference, ids))
+
+
+def test_patched_module_built_on_the_meta_device_per_layer_type() -> None:
+    config = _gemma3_config()
+    specs = {lt: hf.rope_spec(config, layer_type=lt) for lt in hf.rope_layer_types(config)}
+    fresh = hf.HFRotaryEmbedding(specs, config=config)
+    with torch.device("meta"):
+        module = hf.HFRotaryEmbedding(specs, config=config)
+    assert all(b.is_meta for b in module.buffers())
+    module.to_empty(device="cpu")
+    module.load_state_dict(fresh.state_dict())
+    names = sorted(n for n, _ in module.named_buffers())
+    assert names == ["full_attention_inv_freq", "sliding_attention_inv_freq"]
+    for n in names:
+        assert torch.equal(getattr(module, n), getattr(fresh, n))
+    getattr(module, names[0]).fill_(0.0)
+    module.reset_parameters()  # FSDP's param_init_fn convention
+    assert torch.equal(getattr(module, names[0]), getattr(fresh, names[0]))
+
+
+def test_patch_refuses_a_meta_module_it_cannot_rebuild() -> None:
+    model = _patched("llama-default")
+    (rotary,) = _patched_rotaries(model)
+
+    class BrokenRotaryEmbedding(torch.nn.Module):
+        def __init__(self) -> None:  # takes no config: cannot be rebuilt on the CPU
+            super().__init__()
+            self.config, self.rope_type = rotary.config, "default"
+            self.register_buffer("inv_freq", torch.empty(8, device="meta"), persistent=False)
+
+    model.model.rotary_emb = BrokenRotaryEmbedding()
+    with pytest.raises(ValueError, match="meta device"):
+        hf.patch_model(model)
+
+
+def test_hf_module_class_lives_at_module_level_and_needs_no_torch_import() -> None:
+    import pickle
+    import subprocess
+    import sys
+
+    assert hf.HFRotaryEmbedding.__module__ == "posenc.integration.hf_module"
+    assert pickle.loads(pickle.dumps(hf.HFRotaryEmbedding)) is hf.HFRotaryEmbedding
+    code = "import sys, posenc.hf; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_rope_spec_pickles_and_copies() -> None:
+    import copy
+    import pickle
+
+    spec = hf.rope_spec(MODELS["phi3-longrope"][0]().config)
+    for clone in (copy.deepcopy(spec), pickle.loads(pickle.dumps(spec))):
+        assert clone == spec and hash(clone) == hash(spec)
+        assert clone.frequencies(seq_len=300) == spec.frequencies(seq_len=300)
+        with pytest.raises(TypeError):
+            clone.params["factor"] = 2.0  # type: ignore[index]
+    # a spec built from a plain dict is read-only too
+    direct = hf.RopeSpec("linear", 1e4, {"factor": 2.0}, head_dim=16, rotary_dim=16)
+    with pytest.raises(TypeError):
+        direct.params["factor"] = 4.0  # type: ignore[index]
+    assert pickle.loads(pickle.dumps(direct)) == direct
+
+
+@pytest.mark.parametrize(
+    ("config", "exc", "named"),
+    [
+        ({"rope_theta": "fast"}, TypeError, "rope_theta must be a real number"),
+        ({"rope_theta": True}, TypeError, "rope_theta must be a real number"),
+        ({"rope_theta": float("nan")}, ValueError, "rope_theta must be finite"),
+        ({"rope_theta": -1.0}, ValueError, "rope_theta must be > 0"),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": "fast"}},
+            TypeError,
+            r"rope_parameters\['rope_theta'\] must be a real number",
+        ),
+        ({"rotary_emb_base": "fast"}, TypeError, "rotary_emb_base must be a real number"),
+        ({"partial_rotary_factor": "half"}, TypeError, "partial_rotary_factor must be a real"),
+        ({"partial_rotary_factor": float("nan")}, ValueError, "partial_rotary_factor must be"),
+        ({"rotary_pct": 1.5}, ValueError, r"rotary_pct must lie in \(0, 1\]"),
+        ({"max_position_embeddings": 2.5}, TypeError, "max_position_embeddings must be an int"),
+    ],
+)
+def test_rope_spec_names_bad_values(config: dict[str, Any], exc: type, named: str) -> None:
+    with pytest.raises(exc, match=named):
+        hf.rope_spec({**BASE_DICT, **config})
+    with pytest.raises(exc, match=named):
+        Rotary.from_hf_config({**BASE_DICT, **config})
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_patched_module_takes_small_int_position_ids(dtype: torch.dtype) -> None:
+    for name in ("llama-dynamic", "qwen2-vl-mrope"):
+        (rotary,) = _patched_rotaries(_patched(name))
+        position_ids = torch.arange(100, 128)[None]
+        if name.endswith("mrope"):
+            position_ids = torch.stack([position_ids, position_ids // 4, position_ids % 4])
+        got = rotary(torch.zeros(1), position_ids.to(dtype))
+        for a, b in zip(got, rotary(torch.zeros(1), position_ids), strict=True):
+            assert torch.equal(a, b)

@@ -816,3 +816,175 @@ def test_a_used_module_survives_deepcopy_pickle_and_torch_save(scaling) -> None:
         assert clone._tables == {}  # a cache: every copy drops it, rebuilt on demand
         for got, expected in zip(clone(q, q), want, strict=True):
             assert torch.equal(got, expected)
+
+
+# Every schedule a Rotary takes, with the parameters it needs for a 16-channel head.
+SCALINGS = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "ntk": {"rope_type": "ntk", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.1 * i for i in range(8)],
+        "long_factor": [2.0 + 0.2 * i for i in range(8)],
+        "original_max_position_embeddings": 8,
+    },
+}
+
+
+def _save_and_load(module: torch.nn.Module) -> torch.nn.Module:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def _copies(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The module through deepcopy, pickle and torch.save / torch.load."""
+    import copy
+    import pickle
+
+    return {
+        "deepcopy": copy.deepcopy(module),
+        "pickle": pickle.loads(pickle.dumps(module)),
+        "torch.save": _save_and_load(module),
+    }
+
+
+@pytest.mark.parametrize("used", [False, True])
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_every_schedule_survives_copies_and_a_state_dict_round_trip(name: str, used: bool) -> None:
+    def build() -> Rotary:
+        return Rotary(16, scaling=SCALINGS[name], max_position_embeddings=8)
+
+    rope = build()
+    q, k = torch.randn(1, 2, 40, 16), torch.randn(1, 1, 40, 16)
+    if used:  # tables built, frequencies' device tensors cached, length-dependent ones switched
+        rope(q, k)
+    want = rope(q, k)
+    clones = _copies(rope)
+    fresh = build()
+    fresh.load_state_dict(rope.state_dict())  # strict: nothing missing, nothing unexpected
+    clones["state_dict"] = fresh
+    for how, clone in clones.items():
+        for got, expected in zip(clone(q, k), want, strict=True):
+            assert torch.equal(got, expected), how
+        # after the same call: a state dict does not carry the length a schedule grew to
+        assert torch.equal(clone.inv_freq, rope.inv_freq), how
+
+
+@pytest.mark.parametrize("name", ["default", "dynamic", "longrope"])
+def test_meta_device_init_then_to_empty_rebuilds_the_buffers(name: str) -> None:
+    """FSDP's and HF's deferred initialisation: meta, to_empty, then the state dict."""
+
+    def build() -> Rotary:
+        return Rotary(16, scaling=SCALINGS[name], max_position_embeddings=8)
+
+    with torch.device("meta"):
+        rope = build()
+    assert rope.inv_freq.is_meta  # built where every other tensor of the model is
+    rope.to_empty(device="cpu")
+    fresh = build()
+    rope.load_state_dict(fresh.state_dict())
+    assert rope.inv_freq.dtype == torch.float32
+    assert torch.equal(rope.inv_freq, fresh.inv_freq)  # not the uninitialised memory
+    q = torch.randn(1, 2, 40, 16)
+    for got, expected in zip(rope(q, q), fresh(q, q), strict=True):
+        assert torch.equal(got, expected)
+    # FSDP's param_init_fn convention: reset_parameters rebuilds them too
+    rope.inv_freq.fill_(0.0)
+    rope.reset_parameters()
+    assert torch.equal(rope.inv_freq, fresh.inv_freq)
+
+
+# Calls whose sizes would take minutes of 40-digit frequencies (or all memory), and the
+# parameter each refusal must name.
+ABSURD_CALLS = {
+    "Rotary(2**40)": "head_dim",
+    "Rotary(2**40, rotary_dim=64)": "head_dim",
+    "Rotary(2**18, rotary_dim=2**18)": "head_dim",
+    "frequencies('default', 2**40, 1e4)": "rotary_dim",
+    "AxialRotary(2**40)": "head_dim",
+    "AxialRotary(2**17, 1, axis_dim=2**17)": "head_dim",
+    "pixel_frequencies(2**40)": "axis_dim",
+    "xpos_scale(torch.arange(4), 2**40, center=0)": "rotary_dim",
+    "rope_spec({'head_dim': 2**40})": "head_dim",
+    "Rotary.from_hf_config({'hidden_size': 2**40, 'num_attention_heads': 1})": "head_dim",
+}
+
+
+def test_absurd_channel_counts_are_refused_before_any_frequency() -> None:
+    """Every entry point refuses with a ValueError naming the size, in one fresh
+    interpreter with a time limit: a regression that computes the frequencies again
+    fails the test instead of hanging the suite."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, torch\n"
+        "from posenc.families.rotary.config import rope_spec\n"
+        "from posenc.families.rotary.module import Rotary\n"
+        "from posenc.families.rotary.multiaxis import AxialRotary, pixel_frequencies, xpos_scale\n"
+        "from posenc.families.rotary.schedules import frequencies\n"
+        f"for call in {list(ABSURD_CALLS)!r}:\n"
+        "    try:\n"
+        "        eval(call)\n"
+        "        print(json.dumps([call, 'accepted', '']))\n"
+        "    except Exception as exc:\n"
+        "        print(json.dumps([call, type(exc).__name__, str(exc)]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [call for call, _, _ in results] == list(ABSURD_CALLS)
+    for call, kind, message in results:
+        named = ABSURD_CALLS[call]
+        assert kind == "ValueError" and named in message and "65536" in message, (call, message)
+
+
+def test_apply_rotary_names_the_shapes_that_do_not_broadcast() -> None:
+    x = torch.randn(1, 2, 5, 16)
+    for shape in [(7, 16), (3, 5, 16), (2, 1, 2, 5, 16)]:
+        cos = torch.ones(shape)
+        shown = str(shape).replace("(", r"\(").replace(")", r"\)")
+        with pytest.raises(ValueError, match=rf"cos and sin of shape {shown} do not broadcast"):
+            apply_rotary(x, cos, cos)
+    # the shapes Rotary hands it still pass: (seq, r), (batch, 1, seq, r), (seq, 1, r)
+    c = torch.ones(5, 16)
+    for cos, target in [(c, x), (c[None, None], x), (c[:, None], x.transpose(1, 2))]:
+        assert torch.equal(apply_rotary(target, cos, cos * 0), target)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_small_int_positions_give_the_int64_results(dtype: torch.dtype) -> None:
+    rope = Rotary(16)
+    q, k = torch.randn(2, 2, 6, 16), torch.randn(2, 1, 6, 16)
+    positions = torch.tensor([0, 3, 100, 127, 5, 9])
+    small = positions.to(dtype)
+    for got, want in zip(rope.cos_sin(small), rope.cos_sin(positions), strict=True):
+        assert torch.equal(got, want)
+    for shaped in (lambda p: p, lambda p: p[None].expand(2, -1)):
+        got = rope(q, k, positions=shaped(small))
+        for a, b in zip(got, rope(q, k, positions=shaped(positions)), strict=True):
+            assert torch.equal(a, b)
+    packed_q, packed_k = q[0].transpose(0, 1), k[0].transpose(0, 1)  # (6 tokens, heads, dim)
+    cu = torch.tensor([0, 2, 6])
+    got = rope(packed_q, packed_k, cu_seqlens=cu.to(dtype))
+    for a, b in zip(got, rope(packed_q, packed_k, cu_seqlens=cu), strict=True):
+        assert torch.equal(a, b)
+    got = rope(q, k, offset=torch.tensor(7, dtype=dtype))
+    for a, b in zip(got, rope(q, k, offset=7), strict=True):
+        assert torch.equal(a, b)

@@ -280,6 +280,76 @@ def test_axial_errors() -> None:
         axial_grid(2, 3, offsets=(1,))
 
 
+def _axial_copies(module: AxialRotary) -> dict[str, torch.nn.Module]:
+    """The module through deepcopy, pickle, torch.save / torch.load and a state dict."""
+    import copy
+    import io
+    import pickle
+
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    fresh = AxialRotary(module.head_dim, module.axes, axis_dim=module.axis_dim)
+    fresh.load_state_dict(module.state_dict())  # strict: nothing missing, nothing unexpected
+    return {
+        "deepcopy": copy.deepcopy(module),
+        "pickle": pickle.loads(pickle.dumps(module)),
+        "torch.save": torch.load(buffer, weights_only=False),
+        "state_dict": fresh,
+    }
+
+
+@pytest.mark.parametrize("used", [False, True])
+def test_axial_survives_copies_and_a_state_dict_round_trip(used: bool) -> None:
+    module = AxialRotary(48, 3, axis_dim=16)
+    q, k = torch.randn(2, 2, 3, 4, 5, 48), torch.randn(2, 2, 3, 4, 5, 48)
+    coords = axial_grid(3, 4, 5)
+    if used:  # the frequencies' device tensors cached (they hold a lock)
+        module(q, k, coords)
+    want = module(q, k, coords)
+    for how, clone in _axial_copies(module).items():
+        assert torch.equal(clone.inv_freq, module.inv_freq), how
+        for got, expected in zip(clone(q, k, coords), want, strict=True):
+            assert torch.equal(got, expected), how
+
+
+def test_axial_meta_device_init_then_to_empty_rebuilds_inv_freq() -> None:
+    with torch.device("meta"):
+        module = AxialRotary(32, 2)
+    assert module.inv_freq.is_meta
+    module.to_empty(device="cpu")
+    fresh = AxialRotary(32, 2)
+    module.load_state_dict(fresh.state_dict())
+    assert torch.equal(module.inv_freq, fresh.inv_freq)  # not the uninitialised memory
+    q, coords = torch.randn(1, 2, 4, 4, 32), axial_grid(4, 4)
+    for got, expected in zip(module(q, q, coords), fresh(q, q, coords), strict=True):
+        assert torch.equal(got, expected)
+    # a cast keeps it exact float32, and reset_parameters rebuilds it
+    module.to(torch.bfloat16)
+    assert module.inv_freq.dtype == torch.float32 and torch.equal(module.inv_freq, fresh.inv_freq)
+    module.inv_freq.fill_(0.0)
+    module.reset_parameters()
+    assert torch.equal(module.inv_freq, fresh.inv_freq)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8])
+def test_small_int_positions_and_coordinates_give_the_int64_results(dtype: torch.dtype) -> None:
+    freqs = frequencies("default", 16, 1e4)
+    position_ids = _grid_positions(120, seq=32)  # every value below 128
+    got = mrope_cos_sin(position_ids.to(dtype), freqs, [2, 3, 3])
+    for a, b in zip(got, mrope_cos_sin(position_ids, freqs, [2, 3, 3]), strict=True):
+        assert torch.equal(a, b)
+    module = AxialRotary(32, 2)
+    q = torch.randn(1, 2, 6, 5, 32)
+    coords = axial_grid(6, 5) + 120  # near the top of int8
+    got = module(q, q, coords.to(dtype))
+    for a, b in zip(got, module(q, q, coords), strict=True):
+        assert torch.equal(a, b)
+    positions = torch.arange(100, 128)
+    scale = xpos_scale(positions.to(dtype), 16, center=10)
+    assert torch.equal(scale, xpos_scale(positions, 16, center=10))
+
+
 # --------------------------------------------------------------------------------------
 # xPos.
 

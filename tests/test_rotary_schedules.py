@@ -486,6 +486,15 @@ def test_odd_or_tiny_rotary_dim_is_rejected():
             frequencies(rope_type, 2, 10000.0, params)
 
 
+def test_rotary_dim_past_the_channel_limit_is_refused_before_any_frequency():
+    from posenc.core.checks import MAX_CHANNELS
+
+    # just past the limit (the far larger sizes run in a subprocess in test_rotary.py)
+    for rope_type, params in (("default", {}), ("linear", {"factor": 2.0})):
+        with pytest.raises(ValueError, match=f"rotary_dim must be at most {MAX_CHANNELS}"):
+            frequencies(rope_type, MAX_CHANNELS + 2, 10000.0, params)
+
+
 def test_other_bad_parameters_are_named():
     yarn = {"factor": 2.0, "original_max_position_embeddings": 1024}
     with pytest.raises(TypeError, match="truncate must be a bool"):

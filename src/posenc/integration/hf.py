@@ -5,6 +5,8 @@
 (cos, sin)`` contract but computes the tables exactly
 (:func:`posenc.rotary.tables.cos_sin`) instead of from float32 angles (HF's
 float32 angles err by about ``position * omega * 2**-23``: 6e-2 at position 1e6).
+The module lives in :mod:`posenc.integration.hf_module`, the one part that imports
+torch; ``posenc.hf.HFRotaryEmbedding`` imports it on first access.
 
 Config reading lives beside the schedules it feeds
 (:mod:`posenc.rotary.config`); :func:`rope_spec`, :class:`RopeSpec` and
@@ -19,7 +21,6 @@ against the module's own output on a probe.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Mapping
@@ -27,7 +28,6 @@ from typing import Any
 
 from posenc.families.rotary.config import (
     DEFAULT_THETA,
-    MROPE_AXES,
     MULTI_AXIS_KEYS,
     RopeSpec,
     parse_rope_type,
@@ -35,162 +35,21 @@ from posenc.families.rotary.config import (
     rope_layer_types,
     rope_spec,
 )
-from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
-from posenc.families.rotary.schedules import RopeFrequencies
 
-# HFRotaryEmbedding is defined on first access (module __getattr__), so that rope_spec
-# and this module import without torch
+# HFRotaryEmbedding (posenc.integration.hf_module, which imports torch) is imported on
+# first access through the module __getattr__, so that this module imports without torch
 __all__ = ["DEFAULT_THETA", "RopeSpec", "patch_model", "rope_layer_types", "rope_spec"]
 
 # --------------------------------------------------------------------------------------
 # Patching models.
 
 
-@functools.cache
-def _module_class() -> type:
-    """Define :class:`HFRotaryEmbedding` on first use: ``posenc.hf`` imports without torch."""
-    import torch
-    from torch import nn
-
-    from posenc.families.rotary.multiaxis import mrope_cos_sin
-    from posenc.families.rotary.tables import cos_sin
-
-    class HFRotaryEmbedding(nn.Module):
-        """Drop-in for HF's ``*RotaryEmbedding`` modules, with exact cos/sin tables.
-
-        ``forward(x, position_ids, layer_type=None) -> (cos, sin)``, each of
-        shape ``position_ids.shape + (rotary_dim,)`` in HF's half layout
-        (``cat(theta, theta)``), times the attention scaling, in ``x.dtype`` on
-        ``x.device``: the contract of ``LlamaRotaryEmbedding.forward`` (and of
-        Gemma 3's, which takes ``layer_type``).
-
-        Sequence-length-dependent types (``dynamic``, ``longrope``) follow HF's
-        ``dynamic_rope_update`` with ``seq_len = max(position_ids) + 1``, through
-        the policy :class:`posenc.rotary.dynamic.LengthPolicy` that
-        :class:`posenc.Rotary` uses too: ``dynamic`` keeps the largest base it has
-        grown to until a call falls strictly below ``max_position_embeddings``;
-        ``longrope`` takes its long factors above ``original_max_position_embeddings``.
-        (Keys cached under another base stay stale, as in HF: transformers #25104.)
-
-        M-RoPE specs (``mrope_section`` set; Qwen2-VL, Qwen3-VL) take
-        ``position_ids`` of ``(3, batch, seq)``, or ``(batch, seq)`` broadcast
-        to the three axes as HF does, and return
-        :func:`posenc.rotary.multiaxis.mrope_cos_sin` (``(batch, seq,
-        rotary_dim)``).
-
-        Args:
-            specs: ``{None: spec}`` for a model with one RoPE, ``{layer_type:
-                spec}`` for one RoPE per layer type.
-            config: the HF config, kept as ``self.config`` for code that reads it.
-        """
-
-        def __init__(self, specs: Mapping[str | None, RopeSpec], config: Any = None) -> None:
-            super().__init__()
-            if not specs:
-                raise ValueError("specs must hold at least one RopeSpec")
-            self.specs = dict(specs)
-            self.config = config
-            self.per_layer_type = None not in self.specs
-            self._policies = {
-                k: LengthPolicy(
-                    s.rope_type,
-                    s.frequencies,
-                    max_position_embeddings=s.max_position_embeddings,
-                    original_max_position_embeddings=s.original_max_position_embeddings,
-                )
-                for k, s in self.specs.items()
-            }
-            self._fixed = {k: policy.original for k, policy in self._policies.items()}
-            if self.per_layer_type:
-                self.layer_types = sorted(k for k in self.specs if k is not None)
-                self.rope_type: Any = {k: s.rope_type for k, s in self.specs.items()}
-                for k, f in self._fixed.items():
-                    self.register_buffer(f"{k}_inv_freq", _inv_freq(f), persistent=False)
-                    setattr(self, f"{k}_attention_scaling", f.attention_scaling)
-            else:
-                fixed = self._fixed[None]
-                self.rope_type = self.specs[None].rope_type
-                section = self.specs[None].mrope_section
-                if section is not None:
-                    if self.specs[None].mrope_interleaved is None:
-                        raise ValueError("an M-RoPE spec must say whether it is interleaved")
-                    self.mrope_section = list(section)  # HF's attribute
-                self.attention_scaling = fixed.attention_scaling
-                # HF's attribute, float32 like HF's, for code that reads it; forward does not
-                self.register_buffer("inv_freq", _inv_freq(fixed), persistent=False)
-
-        def frequencies(
-            self, seq_len: int | None, layer_type: str | None = None
-        ) -> RopeFrequencies:
-            """The frequencies for a call reaching ``seq_len`` (HF's ``dynamic_rope_update``).
-
-            Length-dependent schedules update their state (as HF's module does);
-            ``seq_len=None`` returns the frequencies in use without a change.
-            """
-            self._spec(layer_type)
-            policy = self._policies[layer_type]
-            if seq_len is not None:
-                policy.update(seq_len)
-            return policy.current
-
-        def _spec(self, layer_type: str | None) -> RopeSpec:
-            if layer_type not in self.specs:
-                if self.per_layer_type:
-                    raise ValueError(
-                        f"layer_type must be one of {self.layer_types}; got {layer_type!r}"
-                    )
-                raise ValueError(f"this rotary module has one RoPE; got layer_type={layer_type!r}")
-            return self.specs[layer_type]
-
-        @torch.no_grad()
-        def forward(
-            self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            spec = self._spec(layer_type)
-            seq_len = None
-            if spec.rope_type in LENGTH_DEPENDENT:
-                seq_len = int(position_ids.max()) + 1
-            freqs = self.frequencies(seq_len, layer_type)
-            if spec.mrope_section is not None:
-                if position_ids.ndim == 2:
-                    position_ids = position_ids.expand(MROPE_AXES, -1, -1)
-                if position_ids.ndim != 3 or position_ids.shape[0] != MROPE_AXES:
-                    raise ValueError(
-                        f"M-RoPE position_ids must be (3, batch, seq) or (batch, seq); got "
-                        f"shape {tuple(position_ids.shape)}"
-                    )
-                return mrope_cos_sin(
-                    position_ids.to(x.device),
-                    freqs,
-                    spec.mrope_section,
-                    interleaved=bool(spec.mrope_interleaved),
-                    dtype=x.dtype,
-                )
-            return cos_sin(position_ids.to(x.device), freqs, layout="half", dtype=x.dtype)
-
-        def extra_repr(self) -> str:
-            return ", ".join(
-                f"{k or 'rope'}: {s.rope_type}, base={s.base:g}, rotary_dim={s.rotary_dim}"
-                + (
-                    ""
-                    if s.mrope_section is None
-                    else f", mrope_section={list(s.mrope_section)}, "
-                    f"interleaved={s.mrope_interleaved}"
-                )
-                for k, s in self.specs.items()
-            )
-
-    def _inv_freq(freqs: RopeFrequencies) -> torch.Tensor:
-        return torch.tensor(freqs.inv_freq, dtype=torch.float32)
-
-    HFRotaryEmbedding.__module__ = __name__
-    return HFRotaryEmbedding
-
-
 def __getattr__(name: str) -> Any:
-    """``posenc.hf.HFRotaryEmbedding``, created on first access (it needs torch)."""
+    """``posenc.hf.HFRotaryEmbedding``, imported on first access (its module needs torch)."""
     if name == "HFRotaryEmbedding":
-        return _module_class()
+        from posenc.integration.hf_module import HFRotaryEmbedding
+
+        return HFRotaryEmbedding
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -293,7 +152,10 @@ def patch_model(model: Any) -> Any:
     before it is replaced, so a model computing RoPE some other way is
     refused instead of silently changed. M-RoPE modules (Qwen2-VL,
     Qwen3-VL text models) are also checked against their own tables on a
-    probe, which settles their section order.
+    probe, which settles their section order. A model built on the meta device
+    (deferred initialisation) is checked against a copy of each rotary module
+    built on the CPU from its config, and gets meta modules that ``to_empty``
+    fills.
 
     Args:
         model: a loaded ``transformers`` model (any ``nn.Module``).
@@ -328,6 +190,7 @@ def patch_model(model: Any) -> Any:
         multi_axis = _is_multi_axis(module)
         if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
             raise ValueError(f"{label}: M-RoPE with one RoPE per layer type is not supported")
+        checked = _with_values(module, config, label)
         if takes_layer_type or isinstance(rope_type, Mapping):
             types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
             if not types_:
@@ -335,13 +198,13 @@ def patch_model(model: Any) -> Any:
             for lt in types_:
                 specs[lt] = rope_spec(config, layer_type=lt)
                 _check_type(label, specs[lt], rope_type[lt])
-                _check_against_module(module, specs[lt], label, prefix=f"{lt}_")
+                _check_against_module(checked, specs[lt], label, prefix=f"{lt}_")
         else:
             spec = rope_spec(config)
             _check_type(label, spec, rope_type)
-            _check_against_module(module, spec, label)
+            _check_against_module(checked, spec, label)
             if multi_axis:
-                spec = _mrope_spec(module, spec, label)
+                spec = _mrope_spec(checked, spec, label)
             elif spec.mrope_section is not None:
                 raise ValueError(
                     f"{label}: its config has mrope_section but the module is not an M-RoPE "
@@ -350,9 +213,10 @@ def patch_model(model: Any) -> Any:
             specs[None] = spec
         replacements.append((name, module, specs, config))
 
-    cls = _module_class()
+    from posenc.integration.hf_module import HFRotaryEmbedding
+
     for name, module, specs, config in replacements:
-        new = cls(specs, config=config)
+        new = HFRotaryEmbedding(specs, config=config)
         buffers = list(module.buffers())
         if buffers:
             new.to(buffers[0].device)
@@ -363,6 +227,28 @@ def patch_model(model: Any) -> Any:
         else:
             raise ValueError("patch_model takes a model that contains a rotary module, not one")
     return model
+
+
+def _with_values(module: Any, config: Any, label: str) -> Any:
+    """``module``, or, if its buffers are on the meta device, its twin built on the CPU.
+
+    The checks read the module's own frequencies and tables, which a meta-device
+    module (deferred initialisation) does not hold; its class rebuilds them from the
+    config, as transformers' own loader does.
+    """
+    import torch
+
+    if not any(b.is_meta for b in module.buffers()):
+        return module
+    try:
+        with torch.device("cpu"):
+            return type(module)(config)
+    except Exception as exc:
+        raise ValueError(
+            f"{label} is on the meta device and could not be rebuilt on the CPU from its "
+            f"config to check it ({type(exc).__name__}: {exc}); patch the model once its "
+            "tensors are materialised"
+        ) from exc
 
 
 def _check_type(label: str, spec: RopeSpec, module_type: Any) -> None:

@@ -143,7 +143,7 @@ def _rotate_kernel(
     except RuntimeError:  # not broadcastable this way: the general path decides
         return None
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    threads = min(workers_for(x.numel()), torch.get_num_threads())  # as torch is told
+    threads = workers_for(x.numel())
     compiled.rotate(
         x.data_ptr(), out.data_ptr(), cos_e.data_ptr(), s_e.data_ptr(),
         list(lead), list(x.stride()[:-1]), list(cos_e.stride()[:-1]), list(s_e.stride()[:-1]),
@@ -237,6 +237,25 @@ class _Rotate(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _check_broadcast(x: torch.Tensor, cos: torch.Tensor, rotary_dim: int) -> None:
+    """Refuse ``cos`` and ``sin`` that do not broadcast to ``x[..., :rotary_dim]``'s shape.
+
+    Broadcasting must not grow the result past ``x``'s shape either: the result is
+    shaped like ``x``.
+    """
+    rotated = (*x.shape[:-1], rotary_dim)
+    try:
+        joint = tuple(torch.broadcast_shapes(rotated, cos.shape))
+    except RuntimeError:
+        joint = None
+    if joint != rotated:
+        raise ValueError(
+            f"cos and sin of shape {tuple(cos.shape)} do not broadcast against "
+            f"x[..., :rotary_dim] of shape {rotated} (x has shape {tuple(x.shape)}); "
+            "cos and sin are (..., seq, rotary_dim), their leading dims 1 or x's"
+        )
+
+
 def apply_rotary(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -272,7 +291,8 @@ def apply_rotary(
         TypeError: ``x``, ``cos`` or ``sin`` not float tensors.
         ValueError: unknown ``layout``; odd ``rotary_dim``, or larger than
             ``head_dim``, or different from ``cos.shape[-1]``; ``cos`` and
-            ``sin`` of different shapes.
+            ``sin`` of different shapes, or shapes that do not broadcast against
+            ``x[..., :rotary_dim]`` (named, before any work).
     """
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -294,6 +314,7 @@ def apply_rotary(
         raise ValueError(
             f"cos and sin must have rotary_dim={rotary_dim} channels; got {cos.shape[-1]}"
         )
+    _check_broadcast(x, cos, rotary_dim)
     work = checks.work_dtype(x.dtype)
     if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
         c, s = _angles(cos, sin, layout, work)

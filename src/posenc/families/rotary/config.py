@@ -45,8 +45,7 @@ when the config does not say: transformers decides it by model class).
 
 from __future__ import annotations
 
-import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +54,7 @@ from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies, freque
 
 __all__ = [
     "DEFAULT_THETA",
+    "FrozenParams",
     "RopeSpec",
     "parse_rope_type",
     "raw_parameters",
@@ -76,6 +76,36 @@ MULTI_AXIS_KEYS = ("mrope_section", "mrope_interleaved")
 MROPE_AXES = 3
 
 
+class FrozenParams(Mapping[str, Any]):
+    """A read-only dict of schedule parameters that pickles and copies.
+
+    :attr:`RopeSpec.params` is one: frozen like the spec (``params["factor"] = 2``
+    raises ``TypeError``), and, unlike a ``types.MappingProxyType``, it survives
+    ``pickle``, ``copy.deepcopy`` and ``torch.save`` (of a patched model holding
+    specs, too). Equal to any mapping with the same items.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        self._items = dict(items or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._items!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._items,))
+
+
 @dataclass(frozen=True)
 class RopeSpec:
     """The rotary settings of one model (or one layer type), ready for the schedules.
@@ -86,6 +116,8 @@ class RopeSpec:
         params: the schedule's parameters (HF key names, without ``rope_type``
             and ``rope_theta``), including the config attributes the schedule
             reads (``max_position_embeddings`` ...); lists are stored as tuples.
+            A read-only :class:`FrozenParams` (any mapping given is copied into
+            one), not part of the hash.
         head_dim: channels per attention head.
         rotary_dim: channels that rotate (``head_dim`` for ``proportional``,
             whose partial factor is in ``params``).
@@ -114,6 +146,12 @@ class RopeSpec:
     layer_type: str | None = None
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.params, FrozenParams):
+            if not isinstance(self.params, Mapping):
+                raise TypeError(f"params must be a dict; got {type(self.params).__name__}")
+            object.__setattr__(self, "params", FrozenParams(self.params))
 
     def frequencies(self, seq_len: int | None = None) -> RopeFrequencies:
         """The schedule's frequencies, for a sequence of ``seq_len`` positions.
@@ -202,13 +240,14 @@ def _config_int(value: Any, name: str) -> int:
 def _head_dim(config: Any) -> int:
     head_dim = _get(config, "head_dim")
     if head_dim is not None:
-        return _config_int(head_dim, "head_dim")
+        return checks.check_channels(head_dim, "head_dim")
     hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
     if hidden is None or heads is None:
         raise ValueError(
             "config gives no head dim: it needs head_dim, or hidden_size and num_attention_heads"
         )
-    return _config_int(hidden, "hidden_size") // _config_int(heads, "num_attention_heads")
+    head_dim = _config_int(hidden, "hidden_size") // _config_int(heads, "num_attention_heads")
+    return checks.check_channels(head_dim, "head_dim (hidden_size // num_attention_heads)")
 
 
 def parse_rope_type(
@@ -305,17 +344,31 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if _get(config, "model_type") == "phi3" and rope_type == "yarn":
         rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
 
-    base = parameters.get("rope_theta")
-    if base is None:
-        base = _get(config, "rope_theta", _get(config, "rotary_emb_base", DEFAULT_THETA))
-    partial = parameters.get("partial_rotary_factor")
-    if partial is None:
-        partial = _get(config, "partial_rotary_factor", _get(config, "rotary_pct", 1.0))
-    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise ValueError(f"partial_rotary_factor must lie in (0, 1]; got {partial!r}")
+    base_key, base = _first(
+        config,
+        parameters,
+        where,
+        "rope_theta",
+        ("rope_theta", "rotary_emb_base"),  # GPT-NeoX's name
+        DEFAULT_THETA,
+    )
+    base = checks.check_number(base, base_key, positive=True)
+    partial_key, partial = _first(
+        config,
+        parameters,
+        where,
+        "partial_rotary_factor",
+        ("partial_rotary_factor", "rotary_pct"),  # GPT-NeoX's name
+        1.0,
+    )
+    partial = checks.check_number(partial, partial_key)
+    if not 0 < partial <= 1:
+        raise ValueError(f"{partial_key} must lie in (0, 1]; got {partial!r}")
 
     head_dim = _head_dim(config)
     max_pos = _get(config, "max_position_embeddings")
+    if max_pos is not None:
+        max_pos = _config_int(max_pos, "max_position_embeddings")
     params = {k: v for k, v in parameters.items() if k not in _GENERAL_KEYS}
     known = PARAMETERS.get(rope_type)
     takes = set(known[0] | known[1]) if known is not None else set()
@@ -344,11 +397,11 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
 
     spec = RopeSpec(
         rope_type=rope_type,
-        base=float(base),
-        params=types.MappingProxyType(params),
+        base=base,
+        params=FrozenParams(params),
         head_dim=head_dim,
         rotary_dim=rotary_dim,
-        partial_rotary_factor=float(partial),
+        partial_rotary_factor=partial,
         max_position_embeddings=max_pos,
         original_max_position_embeddings=original,
         layer_type=layer_type,
@@ -357,6 +410,29 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     )
     spec.frequencies()  # the schedule reports unknown types, missing and unknown keys
     return spec
+
+
+def _first(
+    config: Any,
+    parameters: Mapping[str, Any],
+    where: str,
+    key: str,
+    top_level: tuple[str, ...],
+    default: float,
+) -> tuple[str, Any]:
+    """``(name, value)`` of a setting: ``parameters[key]``, else the first top-level key set.
+
+    The name is how an error names the value: ``rope_parameters['rope_theta']``,
+    ``rope_theta``, ``rotary_emb_base`` ...; the default is named by ``key``.
+    """
+    value = parameters.get(key)
+    if value is not None:
+        return f"{where}[{key!r}]", value
+    for name in top_level:
+        value = _get(config, name)
+        if value is not None:
+            return name, value
+    return key, default
 
 
 def _check_mrope(section: tuple[int, ...], rotary_dim: int, interleaved: bool | None) -> None:

@@ -8,7 +8,8 @@ different head counts (grouped-query attention).
 
 The module holds the frequencies of one schedule (:mod:`posenc.rotary.schedules`),
 their float32 ``inv_freq`` (a non-persistent buffer that stays float32 under
-``model.to(torch.bfloat16)``: transformers #25681, #30709), and a cache of
+``model.to(torch.bfloat16)``: transformers #25681, #30709, and is rebuilt by
+``to_empty`` after meta-device initialisation: :mod:`posenc.core.buffers`), and a cache of
 exact cos/sin tables (:func:`posenc.rotary.tables.cos_sin`) for positions
 ``0 .. n - 1`` per device and dtype, grown by doubling under a lock. The
 rotation itself is :func:`posenc.rotary.apply.apply_rotary`.
@@ -16,12 +17,13 @@ rotation itself is :func:`posenc.rotary.apply.apply_rotary`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from posenc.core import checks
+from posenc.core.buffers import DerivedBuffers
 from posenc.core.tables import LOCK, ExactTables, Tables
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.config import parse_rope_type, rope_spec
@@ -59,7 +61,7 @@ def _resolve_scaling(
     return rope_type, params
 
 
-class Rotary(ExactTables):
+class Rotary(ExactTables, DerivedBuffers):
     """Rotary position embeddings for queries and keys (Su et al. 2021, RoFormer).
 
     ``rope(q, k)`` returns ``q`` and ``k`` with channel pairs rotated by
@@ -110,8 +112,9 @@ class Rotary(ExactTables):
     Raises:
         TypeError: non-int sizes, non-numeric ``base``, ``scaling`` not a dict.
         ValueError: odd ``head_dim`` or ``rotary_dim``, ``rotary_dim > head_dim``,
-            unknown ``layout``, ``seq_dim`` or rope type, bad schedule parameters
-            (``factor < 1`` ...).
+            either above :data:`posenc.core.checks.MAX_CHANNELS` (refused before any
+            frequency is computed), unknown ``layout``, ``seq_dim`` or rope type, bad
+            schedule parameters (``factor < 1`` ...).
     """
 
     inv_freq: torch.Tensor
@@ -164,11 +167,11 @@ class Rotary(ExactTables):
         seq_dim: int = -2,
     ) -> None:
         super().__init__()
-        self.head_dim = checks.check_int(head_dim, "head_dim", minimum=2)
+        self.head_dim = checks.check_channels(head_dim, "head_dim", minimum=2)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even; got {head_dim}")
         rd = self.head_dim if rotary_dim is None else rotary_dim
-        self.rotary_dim = checks.check_int(rd, "rotary_dim", minimum=2)
+        self.rotary_dim = checks.check_channels(rd, "rotary_dim", minimum=2)
         if self.rotary_dim % 2:
             raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
         if self.rotary_dim > self.head_dim:
@@ -195,7 +198,7 @@ class Rotary(ExactTables):
             original_max_position_embeddings=self.params.get("original_max_position_embeddings"),
         )
         self.width, self.initial_length = self.rotary_dim, INITIAL_LENGTH
-        self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")), persistent=False)
+        self.reset_parameters()  # inv_freq
         self._table_for(INITIAL_LENGTH, torch.device("cpu"), torch.float32)
 
     def extra_repr(self) -> str:
@@ -230,8 +233,8 @@ class Rotary(ExactTables):
         """The factor on cos and sin of the current frequencies."""
         return self._freqs.attention_scaling
 
-    def _inv_freq(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor(self._freqs.inv_freq, dtype=torch.float32, device=device)
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"inv_freq": torch.tensor(self._freqs.inv_freq, dtype=torch.float32)}
 
     def _prepare(self, needed: int) -> None:
         """HF's ``dynamic_rope_update`` for a call that needs ``needed`` positions."""
@@ -239,7 +242,7 @@ class Rotary(ExactTables):
             with LOCK:  # tables are built under the same lock: never from stale frequencies
                 if self._policy.update(needed):
                     self.clear_tables()
-                    self.inv_freq = self._inv_freq(self.inv_freq.device)
+                    self.reset_parameters()
 
     # ------------------------------------------------------------------ tables
 
@@ -401,18 +404,3 @@ class Rotary(ExactTables):
         index = torch.arange(total, device=device)
         seq = torch.searchsorted(cu[1:], index, right=True)
         return index - cu[seq]
-
-    # ------------------------------------------------------------------ module plumbing
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
-        with LOCK:
-            super()._apply(fn, recurse)
-            moved = self.inv_freq
-            if not moved.is_meta:
-                # .to(bfloat16) / .half() would round the frequencies (transformers
-                # #25681, #30709) and to_empty() would drop them: keep them exact
-                # float32, on the new device
-                self.inv_freq = torch.tensor(
-                    self._freqs.inv_freq, dtype=torch.float32, device=moved.device
-                )
-        return self

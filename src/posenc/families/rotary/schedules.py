@@ -548,11 +548,13 @@ def frequencies(
 
     Raises:
         ValueError: unknown type (the valid ones are listed), odd or small
-            ``rotary_dim``, non-positive base, missing or extra parameters.
+            ``rotary_dim``, or one above :data:`posenc.core.checks.MAX_CHANNELS`,
+            non-positive base, missing or extra parameters.
     """
     if rope_type not in SCHEDULES:
         raise ValueError(f"unknown rope type {rope_type!r}; valid types: {', '.join(SCHEDULES)}")
-    rotary_dim = checks.check_int(rotary_dim, "rotary_dim", minimum=2)
+    # one 40-digit frequency per pair: refuse absurd sizes before computing any
+    rotary_dim = checks.check_channels(rotary_dim, "rotary_dim", minimum=2)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
     base = checks.check_number(base, "base", positive=True)

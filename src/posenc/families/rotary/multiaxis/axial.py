@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.core import checks
 from posenc.core.angles import PI, decimal_context
+from posenc.core.buffers import DerivedBuffers
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies, base_exponents
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
@@ -33,7 +33,7 @@ def pixel_frequencies(axis_dim: int, max_freq: float = 10.0) -> RopeFrequencies:
     (:func:`axial_grid` with ``normalized=True``). Computed exactly (the
     reference rounds ``linspace`` and the product with ``pi`` to float32).
     """
-    axis_dim = checks.check_int(axis_dim, "axis_dim", minimum=2)
+    axis_dim = checks.check_channels(axis_dim, "axis_dim", minimum=2)
     top = checks.check_number(max_freq, "max_freq", positive=True) / 2
     n = axis_dim // 2
     step = _CTX.divide(decimal.Decimal(top) - 1, n - 1) if n > 1 else decimal.Decimal(0)
@@ -109,7 +109,7 @@ def axial_cos_sin(
     return torch.cat([b[0] for b in blocks], -1), torch.cat([b[1] for b in blocks], -1)
 
 
-class AxialRotary(nn.Module):
+class AxialRotary(DerivedBuffers):
     """Axial 2-D/3-D rotary embedding of patch grids, exact.
 
     rotary-embedding-torch's ``RotaryEmbedding(dim=axis_dim).get_axial_freqs``
@@ -132,6 +132,17 @@ class AxialRotary(nn.Module):
     whose leading dims broadcast against theirs: ``(H, W, 2)`` for ``q`` of
     ``(batch, heads, H, W, head_dim)``, or ``(seq, 2)`` for ``(batch, heads,
     seq, head_dim)``.
+
+    Attributes:
+        inv_freq: float32 ``(axis_dim // 2,)`` frequencies, a non-persistent buffer
+            rebuilt exact by every move, cast and ``to_empty``
+            (:mod:`posenc.core.buffers`).
+
+    Raises:
+        ValueError: ``head_dim`` or ``axis_dim`` above
+            :data:`posenc.core.checks.MAX_CHANNELS` (refused before any frequency is
+            computed), an odd ``axis_dim``, ``axes * axis_dim > head_dim``, ``freqs``
+            of another size, an unknown ``layout``.
     """
 
     def __init__(
@@ -145,12 +156,12 @@ class AxialRotary(nn.Module):
         layout: Layout = "interleaved",
     ) -> None:
         super().__init__()
-        head_dim = checks.check_int(head_dim, "head_dim", minimum=2)
+        head_dim = checks.check_channels(head_dim, "head_dim", minimum=2)
         axes = checks.check_int(axes, "axes", minimum=1)
         checks.check_choice(layout, "layout", LAYOUTS)
         if axis_dim is None:
             axis_dim = head_dim // axes // 2 * 2
-        axis_dim = checks.check_int(axis_dim, "axis_dim", minimum=2)
+        axis_dim = checks.check_channels(axis_dim, "axis_dim", minimum=2)
         if axis_dim % 2 or axes * axis_dim > head_dim:
             raise ValueError(
                 f"axis_dim must be even with axes * axis_dim <= head_dim ({head_dim}); "
@@ -167,9 +178,10 @@ class AxialRotary(nn.Module):
         self.head_dim, self.axes, self.axis_dim, self.layout = head_dim, axes, axis_dim, layout
         self.rotary_dim = axes * axis_dim
         self.freqs = freqs
-        self.register_buffer(
-            "inv_freq", torch.tensor(freqs.inv_freq, dtype=torch.float32), persistent=False
-        )
+        self.reset_parameters()  # inv_freq
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"inv_freq": torch.tensor(self.freqs.inv_freq, dtype=torch.float32)}
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, axes={self.axes}, axis_dim={self.axis_dim}"

@@ -42,7 +42,7 @@ def xpos_scale(
         order; float32 by default.
     """
     positions = checks.check_position_tensor(positions, "positions", exact=True)
-    rotary_dim = checks.check_int(rotary_dim, "rotary_dim", minimum=2)
+    rotary_dim = checks.check_channels(rotary_dim, "rotary_dim", minimum=2)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
     scale_base = checks.check_number(scale_base, "scale_base", positive=True)

@@ -1,0 +1,157 @@
+"""The rotary module that :func:`posenc.hf.patch_model` puts into HF models.
+
+:class:`HFRotaryEmbedding` lives here, at module level, so that patched models pickle,
+deepcopy and ``torch.save`` like any other (a class defined inside a function cannot
+be pickled). This module imports torch; :mod:`posenc.hf` does not, and serves
+``posenc.hf.HFRotaryEmbedding`` from here on first access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from posenc.core.buffers import DerivedBuffers
+from posenc.families.rotary.config import MROPE_AXES, RopeSpec
+from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
+from posenc.families.rotary.multiaxis import mrope_cos_sin
+from posenc.families.rotary.schedules import RopeFrequencies
+from posenc.families.rotary.tables import cos_sin
+
+__all__ = ["HFRotaryEmbedding"]
+
+
+class HFRotaryEmbedding(DerivedBuffers):
+    """Drop-in for HF's ``*RotaryEmbedding`` modules, with exact cos/sin tables.
+
+    ``forward(x, position_ids, layer_type=None) -> (cos, sin)``, each of
+    shape ``position_ids.shape + (rotary_dim,)`` in HF's half layout
+    (``cat(theta, theta)``), times the attention scaling, in ``x.dtype`` on
+    ``x.device``: the contract of ``LlamaRotaryEmbedding.forward`` (and of
+    Gemma 3's, which takes ``layer_type``).
+
+    Sequence-length-dependent types (``dynamic``, ``longrope``) follow HF's
+    ``dynamic_rope_update`` with ``seq_len = max(position_ids) + 1``, through
+    the policy :class:`posenc.rotary.dynamic.LengthPolicy` that
+    :class:`posenc.Rotary` uses too: ``dynamic`` keeps the largest base it has
+    grown to until a call falls strictly below ``max_position_embeddings``;
+    ``longrope`` takes its long factors above ``original_max_position_embeddings``.
+    (Keys cached under another base stay stale, as in HF: transformers #25104.)
+
+    M-RoPE specs (``mrope_section`` set; Qwen2-VL, Qwen3-VL) take
+    ``position_ids`` of ``(3, batch, seq)``, or ``(batch, seq)`` broadcast
+    to the three axes as HF does, and return
+    :func:`posenc.rotary.multiaxis.mrope_cos_sin` (``(batch, seq,
+    rotary_dim)``).
+
+    HF's ``inv_freq`` (``{layer_type}_inv_freq`` per layer type) is kept for code
+    that reads it (``forward`` does not): float32, the original frequencies, a
+    non-persistent buffer rebuilt exact by every move, cast and ``to_empty``
+    (:mod:`posenc.core.buffers`).
+
+    Args:
+        specs: ``{None: spec}`` for a model with one RoPE, ``{layer_type:
+            spec}`` for one RoPE per layer type.
+        config: the HF config, kept as ``self.config`` for code that reads it.
+    """
+
+    def __init__(self, specs: Mapping[str | None, RopeSpec], config: Any = None) -> None:
+        super().__init__()
+        if not specs:
+            raise ValueError("specs must hold at least one RopeSpec")
+        self.specs = dict(specs)
+        self.config = config
+        self.per_layer_type = None not in self.specs
+        self._policies = {
+            k: LengthPolicy(
+                s.rope_type,
+                s.frequencies,
+                max_position_embeddings=s.max_position_embeddings,
+                original_max_position_embeddings=s.original_max_position_embeddings,
+            )
+            for k, s in self.specs.items()
+        }
+        self._fixed = {k: policy.original for k, policy in self._policies.items()}
+        if self.per_layer_type:
+            self.layer_types = sorted(k for k in self.specs if k is not None)
+            self.rope_type: Any = {k: s.rope_type for k, s in self.specs.items()}
+            for k, f in self._fixed.items():
+                setattr(self, f"{k}_attention_scaling", f.attention_scaling)
+        else:
+            fixed = self._fixed[None]
+            self.rope_type = self.specs[None].rope_type
+            section = self.specs[None].mrope_section
+            if section is not None:
+                if self.specs[None].mrope_interleaved is None:
+                    raise ValueError("an M-RoPE spec must say whether it is interleaved")
+                self.mrope_section = list(section)  # HF's attribute
+            self.attention_scaling = fixed.attention_scaling
+        self.reset_parameters()  # the inv_freq buffers
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        # HF's attribute names, float32 like HF's, for code that reads them
+        names = {
+            f"{k}_inv_freq" if self.per_layer_type else "inv_freq": f
+            for k, f in self._fixed.items()
+        }
+        return {name: torch.tensor(f.inv_freq, dtype=torch.float32) for name, f in names.items()}
+
+    def frequencies(self, seq_len: int | None, layer_type: str | None = None) -> RopeFrequencies:
+        """The frequencies for a call reaching ``seq_len`` (HF's ``dynamic_rope_update``).
+
+        Length-dependent schedules update their state (as HF's module does);
+        ``seq_len=None`` returns the frequencies in use without a change.
+        """
+        self._spec(layer_type)
+        policy = self._policies[layer_type]
+        if seq_len is not None:
+            policy.update(seq_len)
+        return policy.current
+
+    def _spec(self, layer_type: str | None) -> RopeSpec:
+        if layer_type not in self.specs:
+            if self.per_layer_type:
+                raise ValueError(
+                    f"layer_type must be one of {self.layer_types}; got {layer_type!r}"
+                )
+            raise ValueError(f"this rotary module has one RoPE; got layer_type={layer_type!r}")
+        return self.specs[layer_type]
+
+    @torch.no_grad()
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = self._spec(layer_type)
+        seq_len = None
+        if spec.rope_type in LENGTH_DEPENDENT:
+            seq_len = int(position_ids.max()) + 1
+        freqs = self.frequencies(seq_len, layer_type)
+        if spec.mrope_section is not None:
+            if position_ids.ndim == 2:
+                position_ids = position_ids.expand(MROPE_AXES, -1, -1)
+            if position_ids.ndim != 3 or position_ids.shape[0] != MROPE_AXES:
+                raise ValueError(
+                    f"M-RoPE position_ids must be (3, batch, seq) or (batch, seq); got "
+                    f"shape {tuple(position_ids.shape)}"
+                )
+            return mrope_cos_sin(
+                position_ids.to(x.device),
+                freqs,
+                spec.mrope_section,
+                interleaved=bool(spec.mrope_interleaved),
+                dtype=x.dtype,
+            )
+        return cos_sin(position_ids.to(x.device), freqs, layout="half", dtype=x.dtype)
+
+    def extra_repr(self) -> str:
+        return ", ".join(
+            f"{k or 'rope'}: {s.rope_type}, base={s.base:g}, rotary_dim={s.rotary_dim}"
+            + (
+                ""
+                if s.mrope_section is None
+                else f", mrope_section={list(s.mrope_section)}, interleaved={s.mrope_interleaved}"
+            )
+            for k, s in self.specs.items()
+        )
