@@ -62,8 +62,10 @@ def dense(q, k, v, bias, *, causal, scale, mask=None):
     return p @ v
 
 
-def tolerance(q, k, v, bias, scale):
+def tolerance(q, k, v, bias, scale, eps=2.0**-24):
     """A bound on |float32 attention - exact| derived from the float32 roundings.
+
+    ``eps`` is the unit roundoff: 2**-24 for float32, 2**-53 for float64.
 
     A score is a dot product of head_dim terms (relative error head_dim * 2**-24
     of sum |q_d k_d| <= |q| |k|) plus a bias rounded once (2**-24 of its size)
@@ -74,12 +76,12 @@ def tolerance(q, k, v, bias, scale):
     d = q.shape[-1]
     qn = q.double().norm(dim=-1).max()
     kn = k.double().norm(dim=-1).max()
-    delta = d * 2.0**-24 * qn * kn * scale
+    delta = d * eps * qn * kn * scale
     if bias is not None:
         lq, lk = q.shape[2], k.shape[2]
-        delta = delta + 2 * 2.0**-24 * bias.bias(lq, lk).detach().double().abs().max()
+        delta = delta + 2 * eps * bias.bias(lq, lk).detach().double().abs().max()
     vmax = v.double().abs().max()
-    return float(vmax * (2 * delta + 4 * 2.0**-24 + (k.shape[2] + 16) * 2.0**-24) * 2)
+    return float(vmax * (2 * delta + 4 * eps + (k.shape[2] + 16) * eps) * 2)
 
 
 def inputs(shape, seed=0, grad=False):
@@ -303,3 +305,135 @@ def test_errors_name_the_problem():
     for call, error, words in cases:
         with pytest.raises(error, match=words):
             call()
+
+
+# ------------------------------------------------------------------ float64 end to end
+
+
+LEARNED = {
+    "t5": lambda: T5Bias(2),
+    "t5-decoder": lambda: T5Bias(2, bidirectional=False, num_buckets=8, max_distance=20),
+    "kerple-log": lambda: KERPLE(2),
+    "kerple-power": lambda: KERPLE(2, kind="power"),
+    "fire": lambda: FIRE(2, mlp_width=4, init_L=4.0),  # few parameters: a small Jacobian
+}
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+@pytest.mark.parametrize("bias_name", LEARNED)
+def test_float64_keeps_learned_biases_float64(bias_name, backend):
+    # a float32 table of float64 parameters would be off by 2**-24 relative: 1e-8
+    torch.manual_seed(8)
+    bias = LEARNED[bias_name]().double()
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=gen, dtype=torch.float64) for n in (3, 6, 6))
+    with torch.no_grad():
+        got = posenc.attention(q, k, v, bias=bias, causal=True, backend=backend)
+        want = dense(q, k, v, bias, causal=True, scale=0.5)
+    assert got.dtype == torch.float64
+    assert (got - want).abs().max() <= tolerance(q, k, v, bias, 0.5, eps=2.0**-53)
+    params = tuple(bias.parameters())
+    # gradcheck perturbs the parameters in place: the module reads them
+    assert torch.autograd.gradcheck(
+        lambda *_: posenc.attention(q, k, v, bias=bias, causal=True, backend=backend), params
+    )
+
+
+# ------------------------------------------------------------------ NaN and inf
+
+
+def _sdpa_math(q, k, v, causal):
+    # torch's CPU flash kernel turns a NaN query row into a finite one; the math
+    # backend is softmax as written
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _non_finite(t):
+    return t.isnan(), t.isposinf(), t.isneginf()
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    ("tensor", "causal"),
+    [("q", False), ("q", True), ("k", False), ("k", True), ("v", False)],
+)
+def test_non_finite_inputs_propagate_as_in_softmax(tensor, causal, value):
+    # partial blocks of queries and keys, grouped-query heads. A NaN or +inf score
+    # (inf - inf in the softmax) makes its query's row NaN, never 0; an infinite
+    # value makes its column infinite in the rows that weigh it
+    shape = (1, 2, 1, 70, 70, 24, 48)
+    q, k, v = inputs(shape)
+    target = {"q": q, "k": k, "v": v}[tensor]
+    target[0, 0, 40, 3] = value
+    plan = attend._Plan(None, causal, 0.25, None, 0, False)
+    result = attend._forward_kernel(plan, (), q, k, v)
+    assert result is not None  # the kernel ran
+    out, lse = result
+    ref_out, ref_lse = attend._forward_blockwise(plan, (), q, k, v)
+    marks = _non_finite(out)
+    assert any(m.any() for m in marks)
+    for got, want in zip(marks, _non_finite(ref_out), strict=True):
+        assert torch.equal(got, want)
+    if not causal:
+        # SDPA's math backend (its CPU flash kernel hides a NaN query row; its
+        # causal mask adds -inf, which turns a masked +inf score into NaN)
+        for got, want in zip(marks, _non_finite(_sdpa_math(q, k, v, causal)), strict=True):
+            assert torch.equal(got, want)
+    if tensor != "v":
+        rows = out.isnan().any(-1)
+        assert rows.any() and torch.equal(out.isnan(), rows[..., None].expand_as(out))
+    # logsumexp takes a +inf score's row to +inf, the kernel to NaN: neither finite
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(ref_lse))
+    finite = torch.isfinite(out)
+    torch.testing.assert_close(out[finite], ref_out[finite], rtol=1e-5, atol=1e-5)
+    for backend in ("kernel", "blockwise"):
+        got_out = posenc.attention(q, k, v, causal=causal, scale=0.25, backend=backend)
+        assert torch.equal(got_out.isnan(), out.isnan())
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+def test_query_that_sees_no_key_gives_zeros_even_with_nan(backend):
+    q, k, v = inputs((2, 2, 2, 3, 6, 8, 16))
+    q[:, :, 1] = math.nan
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1] = False  # the second sequence sees no key: its NaN query has no score at all
+    out = posenc.attention(q, k, v, attention_mask=mask, backend=backend)
+    assert out[1].eq(0).all()
+    assert out[0, :, 1].isnan().all() and torch.isfinite(out[0, :, [0, 2]]).all()
+
+
+# ------------------------------------------------------------------ empty inputs
+
+EMPTY = {
+    "batch-0": ((0, 2, 5, 16), (0, 2, 7, 16), (0, 2, 7, 16)),
+    "heads-0": ((1, 0, 5, 16), (1, 1, 7, 16), (1, 1, 7, 16)),
+    "v_dim-0": ((1, 2, 5, 16), (1, 2, 7, 16), (1, 2, 7, 0)),
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", "kernel", "blockwise", "flex"])
+@pytest.mark.parametrize("shapes", EMPTY.values(), ids=EMPTY.keys())
+def test_empty_inputs_give_the_empty_result_on_every_backend(shapes, backend):
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(s, generator=gen).requires_grad_(True) for s in shapes)
+    bias = T5Bias(2) if q.shape[1] == 2 else None
+    mask = torch.ones(q.shape[0], k.shape[2], dtype=torch.bool)
+    out = posenc.attention(q, k, v, bias=bias, causal=True, attention_mask=mask, backend=backend)
+    assert out.shape == (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and t.grad.eq(0).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "kernel", "blockwise", "flex"])
+def test_head_dim_zero_is_refused(backend):
+    q, k, v = torch.randn(1, 2, 5, 0), torch.randn(1, 2, 7, 0), torch.randn(1, 2, 7, 16)
+    for scale in (None, 1.0):
+        with pytest.raises(ValueError, match="head_dim"):
+            posenc.attention(q, k, v, scale=scale, backend=backend)

@@ -5,7 +5,10 @@ RelativePositionBias; KERPLE, FIRE and Sandwich against their formulas in float6
 
 from __future__ import annotations
 
+import copy
+import io
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -323,3 +326,214 @@ def test_module_option_errors():
 def test_exported_from_posenc():
     assert posenc.ALiBi is ALiBi and posenc.T5Bias is T5Bias
     assert posenc.alibi_slopes is alibi_slopes and posenc.t5_bucket is t5_bucket
+
+
+# ------------------------------------------------------------------ T5 at the int64 limits
+
+_INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_bucket_does_not_wrap_at_the_int64_limits(bidirectional):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    kw = {"bidirectional": bidirectional}
+    # HF's float32 formula cannot tell 2**63 and above from 2**63 - 1 (its float32 is 2**63)
+    past, before = (
+        T5Attention._relative_position_bucket(torch.tensor([x]), **kw).item()
+        for x in (_INT64_MAX, -_INT64_MAX)
+    )
+    # the last bucket of each side (a decoder puts keys after the query in bucket 0)
+    assert (past, before) == ((31, 15) if bidirectional else (0, 31))
+    unsigned = np.array([2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1], dtype=np.uint64)
+    assert t5_bucket(unsigned, **kw).tolist() == [past] * 4
+    assert (
+        t5_bucket(torch.from_numpy(unsigned.view(np.int64)).view(torch.uint64), **kw).tolist()
+        == [past] * 4
+    )
+    assert t5_bucket(2**63, **kw) == past  # a Python int numpy holds as uint64
+    # abs(-2**63) wraps in int64
+    assert t5_bucket(np.array([-(2**63)]), **kw).tolist() == [before]
+    assert t5_bucket(torch.tensor([-(2**63)]), **kw).tolist() == [before]
+
+
+def t5_formula(rel, *, bidirectional, num_buckets, max_distance):
+    """HF T5's bucket formula evaluated distance by distance, in numpy's float32."""
+    buckets = num_buckets // 2 if bidirectional else num_buckets
+    me = buckets // 2
+    base = (rel > 0) * buckets if bidirectional else np.zeros_like(rel)
+    dist = np.abs(rel) if bidirectional else np.maximum(-rel, 0)
+    ratio = dist.astype(np.float32) / np.float32(me)
+    with np.errstate(divide="ignore"):  # log(0), of distances the exact range takes
+        scaled = np.log(ratio) / np.float32(math.log(max_distance / me)) * np.float32(buckets - me)
+    large = np.minimum(me + np.maximum(scaled, 0).astype(np.int64), buckets - 1)
+    return base + np.where(dist < me, dist, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("max_distance", [10**12, _INT64_MAX])
+def test_t5_bucket_huge_max_distance_equals_the_formula(bidirectional, max_distance):
+    # every distance up to 10**12 as int64 would be 8 TB: the boundaries are found by
+    # bisection, each where the formula, evaluated distance by distance, puts it
+    from posenc.families.bias.functional import t5_boundaries
+
+    kw = {"bidirectional": bidirectional, "num_buckets": 32, "max_distance": max_distance}
+    buckets, starts = t5_boundaries(**kw)
+    assert len(starts) == buckets - buckets // 2 - 1 and (np.diff(starts) > 0).all()
+    near = np.concatenate([starts - 1, starts, starts + 1, [0, 1, 7, 8, 9, 10**6, 2**62]])
+    rng = np.random.default_rng(0)
+    spread = np.exp2(rng.uniform(0, 62.9, 2000)).astype(np.int64)
+    dist = np.concatenate([near, spread, [_INT64_MAX]])
+    rel = np.concatenate([dist, -dist])
+    want = t5_formula(rel, **kw)
+    assert np.array_equal(t5_bucket(rel, **kw), want)
+    assert np.array_equal(t5_bucket(torch.from_numpy(rel), **kw).numpy(), want)
+    m = T5Bias(2, **kw)
+    want_bias = m.relative_attention_bias(t5_bucket(torch.arange(4)[None, :] - 3, **kw))
+    assert torch.equal(m.bias(1, 4), want_bias.movedim(-1, 0))
+
+
+@pytest.mark.parametrize(("bidirectional", "nb", "md"), T5_SETTINGS)
+def test_t5_formula_is_hf(bidirectional, nb, md):
+    # the oracle above against HF's own function, where numpy's and torch's float32
+    # logs round alike
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    kw = {"bidirectional": bidirectional, "num_buckets": nb, "max_distance": md}
+    rel = torch.arange(-5000, 5001)
+    want = T5Attention._relative_position_bucket(rel, **kw).numpy()
+    assert np.array_equal(t5_formula(rel.numpy(), **kw), want)
+
+
+def test_t5_max_distance_beyond_int64_is_refused():
+    with pytest.raises(ValueError, match="max_distance"):
+        t5_bucket(np.arange(3), max_distance=2**63)
+    with pytest.raises(ValueError, match="max_distance"):
+        T5Bias(2, max_distance=10**30)
+
+
+# ------------------------------------------------------------------ meta device, casts, saving
+
+# heads that are not a power of two: ALiBi slopes such as 2**-0.5, which float16 rounds
+MODULES = {
+    "alibi": lambda: ALiBi(12),
+    "alibi-symmetric-falcon": lambda: ALiBi(12, symmetric=True, scale_with_logits=True),
+    "t5": lambda: T5Bias(12),
+    "t5-decoder": lambda: T5Bias(12, bidirectional=False, num_buckets=8, max_distance=20),
+    "kerple-log": lambda: KERPLE(12),
+    "kerple-power": lambda: KERPLE(12, kind="power"),
+    "fire": lambda: FIRE(12, mlp_width=8, init_c=0.3, init_L=16.0),
+    "sandwich": lambda: Sandwich(12, dim=16),
+    "nope": lambda: NoPE(12),
+}
+# biases read from fixed buffers or looked up from a table: a cast of the module casts
+# the result exactly (KERPLE and FIRE compute in their parameters' dtype)
+LOOKUPS = {"alibi", "alibi-symmetric-falcon", "t5", "t5-decoder", "sandwich", "nope"}
+LENGTHS = ((5, 9), (1, 300))
+
+
+def fixed_buffers(m):
+    """The non-persistent buffers: those a state dict does not carry."""
+    saved = m.state_dict()
+    return {n: b for n, b in m.named_buffers() if n not in saved}
+
+
+def assert_same_module(got, want):
+    for a, b in ((fixed_buffers(got), fixed_buffers(want)), (got.state_dict(), want.state_dict())):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    for q_len, k_len in LENGTHS:
+        assert torch.equal(got.bias(q_len, k_len), want.bias(q_len, k_len))
+
+
+@pytest.mark.parametrize("start", ["meta", "cpu"])
+@pytest.mark.parametrize("name", MODULES)
+def test_to_empty_then_load_state_dict_rebuilds_fixed_buffers(name, start):
+    # deferred initialisation, as HF's and FSDP's loaders do it
+    torch.manual_seed(0)
+    fresh = MODULES[name]()
+    with torch.device(start):
+        m = MODULES[name]()
+    if start == "meta":
+        assert all(t.is_meta for t in [*m.parameters(), *m.buffers()])
+    m.to_empty(device="cpu")
+    m.load_state_dict(fresh.state_dict())
+    assert_same_module(m, fresh)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_reset_parameters_after_to_empty_initialises_as_the_constructor(name):
+    # FSDP's default deferred initialisation: reset_parameters() of every submodule
+    torch.manual_seed(1)
+    fresh = MODULES[name]()
+    with torch.device("meta"):
+        m = MODULES[name]()
+    m.to_empty(device="cpu")
+    torch.manual_seed(1)
+    for sub in m.modules():
+        if hasattr(sub, "reset_parameters"):
+            sub.reset_parameters()
+    assert_same_module(m, fresh)
+
+
+@pytest.mark.parametrize("cast", ["double", "half", "bfloat16", "float"])
+@pytest.mark.parametrize("name", MODULES)
+def test_casts_keep_fixed_buffers_exact(name, cast):
+    torch.manual_seed(2)
+    fresh = MODULES[name]()
+    m = getattr(copy.deepcopy(fresh), cast)()
+    want = fixed_buffers(fresh)
+    got = fixed_buffers(m)
+    assert got.keys() == want.keys()
+    for key in want:  # ALiBi's slopes stay float32, Sandwich's frequencies float64
+        assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), key
+    if name in LOOKUPS:
+        for q_len, k_len in LENGTHS:
+            bias = m.bias(q_len, k_len)
+            assert torch.equal(bias, fresh.bias(q_len, k_len).to(bias.dtype))
+
+
+def _torch_round_trip(m):
+    buffer = io.BytesIO()
+    torch.save(m, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def _state_dict_round_trip(m, name):
+    torch.manual_seed(99)  # other parameters, which the state dict replaces
+    other = MODULES[name]()
+    buffer = io.BytesIO()
+    torch.save(m.state_dict(), buffer)
+    buffer.seek(0)
+    other.load_state_dict(torch.load(buffer, weights_only=True))
+    return other
+
+
+ROUND_TRIPS = {
+    "deepcopy": lambda m, name: copy.deepcopy(m),
+    "pickle": lambda m, name: pickle.loads(pickle.dumps(m)),
+    "torch.save": lambda m, name: _torch_round_trip(m),
+    "state_dict": _state_dict_round_trip,
+}
+
+
+@pytest.mark.parametrize("how", ROUND_TRIPS)
+@pytest.mark.parametrize("name", MODULES)
+def test_round_trips_keep_the_bias_and_attention(name, how):
+    torch.manual_seed(3)
+    m = MODULES[name]()
+    with torch.no_grad():  # parameters that are not the constructor's
+        for p in m.parameters():
+            p.add_(0.01 * torch.randn(p.shape))
+    copied = ROUND_TRIPS[how](m, name)
+    assert type(copied) is type(m) and repr(copied) == repr(m)
+    assert_same_module(copied, m)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 12, n, 16, generator=gen) for n in (5, 9, 9))
+    with torch.no_grad():
+        for backend in ("kernel", "blockwise"):
+            a = posenc.attention(q, k, v, bias=copied, causal=True, backend=backend)
+            b = posenc.attention(q, k, v, bias=m, causal=True, backend=backend)
+            assert torch.equal(a, b)

@@ -90,6 +90,9 @@ def _check_inputs(q: Any, k: Any, v: Any) -> None:
         )
     if hk < 1 or h % hk:
         raise ValueError(f"q's heads ({h}) must be a multiple of k's and v's heads ({hk})")
+    if d < 1:
+        # scores of no channels are all 0 and the default scale 1 / sqrt(0) has no value
+        raise ValueError(f"head_dim (the last dim of q and k) must be >= 1; got q {tuple(q.shape)}")
     if min(q.shape[2], lk) < 1:
         raise ValueError(f"q_len and k_len must be >= 1; got {q.shape[2]} and {lk}")
 
@@ -126,19 +129,27 @@ def _rotate(
 
 
 def _bias_plan(
-    bias: AttentionBias, heads: int, q_len: int, k_len: int, scale: float, device: torch.device
+    bias: AttentionBias,
+    heads: int,
+    q_len: int,
+    k_len: int,
+    scale: float,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> tuple[BiasFn, tuple[torch.Tensor, ...], bool]:
     """The bias as a block function of its tensors, the tensors, and whether they are a table.
 
     A bias of ``key - query`` is evaluated once over the ``q_len + k_len - 1``
     relative positions (``-(k_len - 1) .. q_len - 1``) into a ``(heads, n)``
     table that blocks index; autograd carries the table's gradient back to
-    the module's parameters. Other biases (FIRE) are evaluated per block.
+    the module's parameters. Other biases (FIRE) are evaluated per block. The
+    bias is cast to ``dtype``, the scores' (float64 attention keeps a float64
+    module's bias float64, gradients included).
     """
     factor = scale if bias.scale_with_logits else 1.0
     if bias.relative:
         rel = torch.arange(-(k_len - 1), q_len, device=device)
-        table = bias.relative_bias(rel).float()
+        table = bias.relative_bias(rel).to(dtype)
         if factor != 1.0:
             table = table * factor
         if tuple(table.shape) != (heads, q_len + k_len - 1):
@@ -160,7 +171,7 @@ def _bias_plan(
     def per_block(
         _: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor:
-        out = bias(q_pos[:, None], k_pos[None, :]).float()
+        out = bias(q_pos[:, None], k_pos[None, :]).to(dtype)
         return out * factor if factor != 1.0 else out
 
     return per_block, params, False
@@ -198,8 +209,12 @@ def _block_scores(
 
 
 def _safe(lse: torch.Tensor) -> torch.Tensor:
-    """The log-sum-exp with rows that see no key set to 0 (their weights are all 0)."""
-    return torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    """The log-sum-exp with rows that see no key (-inf) set to 0: their weights are all 0.
+
+    A NaN or +inf one (a score that is NaN or +inf) stays, so that the row's
+    weights and output are NaN, as softmax gives.
+    """
+    return lse.masked_fill(lse == float("-inf"), 0.0)
 
 
 def _blocks(batch: int, heads: int, q_len: int, k_len: int) -> int:
@@ -242,6 +257,8 @@ def _forward_kernel(
     if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
         return None
     if q.dtype != torch.float32 or (plan.bias_fn is not None and not plan.kernel_table):
+        return None
+    if q.shape[0] * q.shape[1] * v.shape[-1] == 0:  # an empty result: nothing to loop over
         return None
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return None
@@ -440,20 +457,25 @@ def attention(
         scale: score scale; ``1 / sqrt(head_dim)`` by default (T5 uses 1.0).
         attention_mask: ``(batch, k_len)`` bool or int, 1 / True for keys to
             attend, 0 / False for padding (HF's convention). A query that sees
-            no key gets a zero output.
+            no key gets a zero output. A NaN or infinite input gives what
+            softmax gives, never a zero: a NaN or +inf score makes its
+            query's row NaN, an infinite value its column infinite.
         backend: ``"auto"``, ``"kernel"`` (CPU float32; falls back to blockwise
             where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
             FlexAttention; on CPU forward only).
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in q's dtype. float16/bfloat16 inputs
-        are computed in float32.
+        are computed in float32, float64 ones in float64 (the bias too). An
+        empty batch, no heads or ``v_dim = 0`` give the empty result on every
+        backend.
 
     Raises:
         TypeError: non-float or mixed-dtype q/k/v; a bias that is not an
             AttentionBias; a bad mask type.
         ValueError: shapes that do not match (batch, head_dim, lengths, heads
-            not a multiple of kv_heads); bias heads not q's heads; a causal
+            not a multiple of kv_heads); ``head_dim = 0`` (scores of no
+            channels: not attention); bias heads not q's heads; a causal
             request with ``q_len > k_len``; a mask of the wrong shape; an
             unknown backend; a non-positive scale.
     """
@@ -487,12 +509,12 @@ def attention(
     params: tuple[torch.Tensor, ...] = ()
     table = False
     if bias is not None and not isinstance(bias, NoPE):
-        bias_fn, params, table = _bias_plan(bias, h, lq, lk, scale, q.device)
+        bias_fn, params, table = _bias_plan(bias, h, lq, lk, scale, q.device, q.dtype)
     plan = _Plan(bias_fn, causal, scale, key_mask, offset, table)
 
     if backend == "auto":
         backend = "kernel" if q.device.type == "cpu" else "flex"
-    if backend == "flex":
+    if backend == "flex" and b * h * v.shape[-1] > 0:
         out = _flex(q, k, v, plan, params, bias)
     elif torch.compiler.is_compiling():
         # the compiled loop is opaque to the tracer: a graph break around it, and

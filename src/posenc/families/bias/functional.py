@@ -50,6 +50,19 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> npt.NDArray[np.float6
     return slopes
 
 
+# distances are those of int64 relative positions: at most 2**63, which float32 (as HF
+# T5 converts them) cannot tell from 2**63 - 1
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _log_bucket(n: npt.NDArray[np.int64], buckets: int, max_distance: int) -> npt.NDArray[np.int64]:
+    """HF T5's bucket of distances ``n >= max_exact`` in its float32 arithmetic, capped."""
+    me = buckets // 2
+    ratio = n.astype(np.float32) / np.float32(me)
+    scaled = np.log(ratio) / np.float32(math.log(max_distance / me)) * np.float32(buckets - me)
+    return np.minimum(me + scaled.astype(np.int64), buckets - 1)
+
+
 @functools.lru_cache(maxsize=64)
 def _t5_thresholds(buckets: int, max_distance: int) -> npt.NDArray[np.int64]:
     """The smallest distance of each logarithmic bucket ``max_exact + 1 .. buckets - 1``.
@@ -59,16 +72,28 @@ def _t5_thresholds(buckets: int, max_distance: int) -> npt.NDArray[np.int64]:
     * (buckets - max_exact))``, capped at ``buckets - 1``, evaluated as HF T5
     does in float32 (a float32 quotient, log and product; the Python float
     constants rounded to float32), so that the boundaries are HF's own
-    wherever float32 rounding moves them. Every distance from ``max_exact`` to
-    past the cap is evaluated once and the first of each bucket kept.
+    wherever float32 rounding moves them (the log is numpy's, which rounds as
+    torch's CPU log does at every boundary of ``max_distance`` up to 10**5; in
+    the millions and beyond they can differ by an ulp, and a boundary by one
+    distance). That bucket never decreases with ``n``: the first distance of
+    every bucket is found at once by bisection over ``max_exact ..
+    max_distance + 1`` (capped at ``2**63 - 1``, which float32 does not tell
+    from ``2**63``), about 63 evaluations of ``buckets`` distances whatever
+    ``max_distance`` is, instead of evaluating every distance.
     """
     me = buckets // 2
-    n = np.arange(me, max_distance + 2, dtype=np.int64)
-    ratio = n.astype(np.float32) / np.float32(me)
-    scaled = np.log(ratio) / np.float32(math.log(max_distance / me)) * np.float32(buckets - me)
-    large = np.minimum(me + scaled.astype(np.int64), buckets - 1)
-    firsts = np.searchsorted(large, np.arange(me + 1, buckets), side="left")
-    return n[firsts]
+    wanted = np.arange(me + 1, buckets, dtype=np.int64)
+    # invariant: bucket(lo) < wanted <= bucket(hi) (hi: where the bucket is reached)
+    lo = np.full(wanted.shape, me, dtype=np.int64)
+    hi = np.full(wanted.shape, min(max_distance + 1, _INT64_MAX), dtype=np.int64)
+    while True:
+        open_ = hi - lo > 1
+        if not open_.any():
+            return hi
+        mid = lo + (hi - lo) // 2
+        reached = _log_bucket(mid, buckets, max_distance) >= wanted
+        hi = np.where(open_ & reached, mid, hi)
+        lo = np.where(open_ & ~reached, mid, lo)
 
 
 def t5_bucket(
@@ -89,9 +114,15 @@ def t5_bucket(
     the defaults (bidirectional, 32, 128) bucket boundaries lie at distances
     0 .. 8, 12, 16, 23, 32, 46, 64, 91.
 
-    Equal to HF's function for every integer input: the logarithmic boundaries
-    are found once by HF's own float32 arithmetic, then looked up exactly, so
-    no float rounding happens per call.
+    Equal to HF's function (on the CPU) for every integer input, the
+    logarithmic boundaries found once by HF's own float32 arithmetic, then
+    looked up exactly: no float rounding happens per call, and no array as
+    long as ``max_distance`` is made. (With ``max_distance`` in the millions
+    and beyond, numpy's float32 log, used here, and torch's can round a log
+    apart and so move a boundary by one distance.) Unsigned 64-bit values
+    from ``2**63`` and ``-2**63``, which HF's int64 cast or ``abs`` wraps,
+    are at distance ``2**63 - 1`` here, which float32, and so HF's formula,
+    does not tell from theirs.
 
     Args:
         relative_position: integer numpy array or torch tensor (any shape), or
@@ -109,7 +140,7 @@ def t5_bucket(
             ``bidirectional``; non-int counts.
         ValueError: fewer than 4 buckets (2 for a decoder), or ``max_distance``
             not above the exact range (``num_buckets / 4``, or ``/ 2`` for a
-            decoder).
+            decoder) or above ``2**63 - 1`` (no int64 distance is larger).
     """
     buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
     if checks.is_torch(relative_position):
@@ -123,7 +154,7 @@ def t5_bucket(
     arr = np.asarray(relative_position)
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"relative_position must hold integers; got dtype {arr.dtype}")
-    rel_np = arr.astype(np.int64)
+    rel_np = _int64(arr)
     me = buckets // 2
     base_np = (rel_np > 0) * buckets if bidirectional else np.zeros_like(rel_np)
     dist_np = np.abs(rel_np) if bidirectional else np.maximum(-rel_np, 0)
@@ -142,12 +173,21 @@ def t5_boundaries(
     checks.check_bool(bidirectional, "bidirectional")
     nb = checks.check_int(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
     md = checks.check_int(max_distance, "max_distance", minimum=1)
+    if md > _INT64_MAX:
+        raise ValueError(f"max_distance must be <= 2**63 - 1 (an int64 distance); got {md}")
     buckets = nb // 2 if bidirectional else nb
     if md <= buckets // 2:
         raise ValueError(
             f"max_distance must be > {buckets // 2} (the exact range of num_buckets={nb}); got {md}"
         )
     return buckets, _t5_thresholds(buckets, md)
+
+
+def _int64(arr: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Integer relative positions as int64 in ``-(2**63 - 1) .. 2**63 - 1``, none wrapped."""
+    if arr.dtype == np.uint64:
+        arr = np.minimum(arr, _INT64_MAX)
+    return np.maximum(arr.astype(np.int64), -_INT64_MAX)
 
 
 def bucket_torch(rel: Any, thresholds: Any, buckets: int, bidirectional: bool) -> Any:
@@ -157,7 +197,11 @@ def bucket_torch(rel: Any, thresholds: Any, buckets: int, bidirectional: bool) -
     """
     import torch
 
+    unsigned = rel.dtype == torch.uint64
     rel = rel.long()
+    if unsigned:  # values from 2**63 up wrapped to negative ones: none is really negative
+        rel = torch.where(rel < 0, _INT64_MAX, rel)
+    rel = rel.clamp(min=-_INT64_MAX)  # abs(-2**63) would wrap
     me = buckets // 2
     base = (rel > 0).long() * buckets if bidirectional else torch.zeros_like(rel)
     dist = rel.abs() if bidirectional else (-rel).clamp(min=0)

@@ -12,7 +12,12 @@ position is ``key - query`` as in HF T5. Modules whose bias depends on
 per call over the ``q_len + k_len - 1`` relative positions instead of per score.
 
 Each class docstring cites its paper and the implementation it matches. Learned parameters are
-ordinary ``nn.Parameter`` and train through :func:`posenc.attention`.
+ordinary ``nn.Parameter`` and train through :func:`posenc.attention`. Fixed
+tensors (ALiBi's slopes, T5's bucket boundaries, Sandwich's frequencies) are
+non-persistent buffers that every module rebuilds from their definition
+whenever it is moved or cast, so a module built on the ``meta`` device and
+materialised with ``to_empty()`` (deferred initialisation, as HF's and FSDP's
+loaders do) holds exact values, not uninitialised memory.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from torch import nn
 
 from posenc.core import checks
+from posenc.core.buffers import DerivedBuffers
 from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
 
 __all__ = ["FIRE", "KERPLE", "ALiBi", "AttentionBias", "NoPE", "Sandwich", "T5Bias"]
@@ -32,11 +38,14 @@ def _check_heads(num_heads: Any) -> int:
     return checks.check_int(num_heads, "num_heads", minimum=1)
 
 
-class AttentionBias(nn.Module):
+class AttentionBias(DerivedBuffers):
     """Base of the bias modules: a bias per head for each (query, key) position pair.
 
     Subclasses set ``num_heads`` and implement :meth:`relative_bias` (when
-    ``relative``) or override :meth:`forward`.
+    ``relative``) or override :meth:`forward`; their fixed tensors and the drawing
+    of their own parameters follow :class:`posenc.core.buffers.DerivedBuffers`
+    (``_derived_buffers``, ``_init_parameters``, ``reset_parameters`` at the end of
+    ``__init__``).
 
     Attributes:
         num_heads: heads the bias has; :func:`posenc.attention` checks q against it.
@@ -133,20 +142,17 @@ class ALiBi(AttentionBias):
         self.symmetric = symmetric
         self.max_bias = max_bias
         self.scale_with_logits = scale_with_logits
-        slopes = torch.from_numpy(alibi_slopes(self.num_heads, max_bias)).float()
-        self.register_buffer("slopes", slopes, persistent=False)
+        self.reset_parameters()  # the slopes check max_bias
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        # float32 under model.to(torch.bfloat16) too, as HF keeps inv_freq
+        return {"slopes": torch.from_numpy(alibi_slopes(self.num_heads, self.max_bias)).float()}
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         r = rel.to(self.slopes.dtype)
         if self.symmetric:
             r = -r.abs()
         return self.slopes.view(-1, *([1] * rel.ndim)) * r
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        # the slopes stay float32 under model.to(torch.bfloat16) (as inv_freq does)
-        super()._apply(fn, recurse)
-        self.slopes = self.slopes.float()
-        return self
 
     def extra_repr(self) -> str:
         return (
@@ -182,15 +188,20 @@ class T5Bias(AttentionBias):
     ) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
-        buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
+        buckets, _ = t5_boundaries(bidirectional, num_buckets, max_distance)
         self.bidirectional = bidirectional
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, self.num_heads)
         self._buckets = buckets
-        self.register_buffer("thresholds", torch.from_numpy(thresholds), persistent=False)
+        self.reset_parameters()
 
     thresholds: torch.Tensor
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        # a copy: the boundaries are cached, shared by every module and call
+        _, thresholds = t5_boundaries(self.bidirectional, self.num_buckets, self.max_distance)
+        return {"thresholds": torch.tensor(thresholds, dtype=torch.int64)}
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         index = bucket_torch(rel, self.thresholds, self._buckets, self.bidirectional)
@@ -226,8 +237,14 @@ class KERPLE(AttentionBias):
         checks.check_choice(kind, "kind", self.KINDS)
         self.kind = kind
         self.eps = checks.check_number(eps, "eps", positive=True)
-        self.bias_p = nn.Parameter(torch.rand(self.num_heads) * 2)
-        self.bias_a = nn.Parameter(torch.rand(self.num_heads))
+        self.bias_p = nn.Parameter(torch.empty(self.num_heads))
+        self.bias_a = nn.Parameter(torch.empty(self.num_heads))
+        self.reset_parameters()
+
+    def _init_parameters(self) -> None:
+        device = self.bias_p.device
+        self.bias_p.copy_(torch.rand(self.num_heads, device=device) * 2)
+        self.bias_a.copy_(torch.rand(self.num_heads, device=device))
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         shape = (-1, *([1] * rel.ndim))
@@ -279,12 +296,21 @@ class FIRE(AttentionBias):
         self.num_heads = _check_heads(num_heads)
         width = checks.check_int(mlp_width, "mlp_width", minimum=1)
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, self.num_heads))
-        self.c = nn.Parameter(torch.tensor(checks.check_number(init_c, "init_c", positive=True)))
-        self.register_buffer(
-            "init_L", torch.tensor(checks.check_number(init_L, "init_L", positive=True))
+        self._init = (
+            checks.check_number(init_c, "init_c", positive=True),
+            checks.check_number(init_L, "init_L", positive=True),
         )
-        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.c = nn.Parameter(torch.empty(()))
+        self.register_buffer("init_L", torch.empty(()))
+        self.L_multiplier = nn.Parameter(torch.empty(()))
         self.eps = checks.check_number(eps, "eps", positive=True)
+        self.reset_parameters()
+
+    def _init_parameters(self) -> None:
+        # init_L is a persistent buffer: state dicts carry it, so it is set here
+        self.c.fill_(self._init[0])
+        self.init_L.fill_(self._init[1])
+        self.L_multiplier.fill_(1.0)
 
     def _normalised(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """``psi(|i - j|) / (psi(max(L, i)) + eps)``, the MLP's input."""
@@ -330,10 +356,16 @@ class Sandwich(AttentionBias):
         self.dim = checks.check_int(dim, "dim", minimum=2)
         if self.dim % 2:
             raise ValueError(f"dim must be even; got {dim}")
-        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64)
-        self.register_buffer("inv_freq", 10000.0 ** (-2 * k / self.dim), persistent=False)
-        scales = torch.arange(1, self.num_heads + 1, dtype=torch.float64) * 8 / self.num_heads
-        self.register_buffer("head_scales", scales, persistent=False)
+        self.reset_parameters()
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        # float64 whatever the module is cast to: the angles are computed in float64
+        k = torch.arange(1, self.dim // 2 + 1, dtype=torch.float64, device="cpu")
+        scales = torch.arange(1, self.num_heads + 1, dtype=torch.float64, device="cpu")
+        return {
+            "inv_freq": 10000.0 ** (-2 * k / self.dim),
+            "head_scales": scales * 8 / self.num_heads,
+        }
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         angles = rel.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(rel.device)
@@ -343,12 +375,6 @@ class Sandwich(AttentionBias):
 
     inv_freq: torch.Tensor
     head_scales: torch.Tensor
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        super()._apply(fn, recurse)
-        self.inv_freq = self.inv_freq.double()
-        self.head_scales = self.head_scales.double()
-        return self
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, dim={self.dim}"
@@ -360,6 +386,7 @@ class NoPE(AttentionBias):
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
+        self.reset_parameters()
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         return torch.zeros((self.num_heads, *rel.shape), device=rel.device)
