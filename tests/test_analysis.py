@@ -277,6 +277,55 @@ def test_check_short_table_skips_the_regression():
     assert skipped.claim == "regression: one column vs the pair"
 
 
+def regression_row(rows):
+    (row,) = [row for row in rows if row.claim.startswith("one column")]
+    return row
+
+
+@pytest.mark.parametrize(
+    ("dim", "length", "preset"),
+    [(4, 50, "vaswani"), (6, 50, "tensor2tensor"), (8, 3, "vaswani"), (2, 3, "vaswani")],
+)
+def test_check_tiny_tables_pass(dim, length, preset):
+    # the default column is too slow to bend over these positions (R^2 ~ 1 for a
+    # correct table); the check regresses a column that bends instead
+    rows = analysis.check(dim, length, preset=preset)
+    assert all(row.passed is True for row in rows), [r for r in rows if not r.passed]
+    row = regression_row(rows)
+    assert row.claim == "one column (ch 0) at p+10 from itself: not linear"
+    r2 = r2_simple(naive64(np.arange(length), dim, preset)[:, 0],
+                   naive64(np.arange(length) + 10.0, dim, preset)[:, 0])  # fmt: skip
+    assert r2 < 0.99
+    assert row.measured.startswith(f"R^2 {r2:.3f} ")
+
+
+def test_check_skips_the_regression_when_no_column_bends():
+    # every angle step is below 0.01 rad: over 50 positions each column is almost a line
+    rows = analysis.check(4, 50, scale=0.001)
+    row = regression_row(rows)
+    assert row.passed is None
+    assert row.bound == "-"
+    assert row.measured == "no column bends over 50 positions (exact R^2 >= 1.000)"
+    assert all(r.passed is True for r in rows if r is not row)
+
+
+def test_check_fails_a_table_whose_columns_are_straight(monkeypatch):
+    # a wrong table: every column a line in p, so one column predicts itself shifted
+    def ramp(positions, dim, spec):
+        p = np.arange(positions, dtype=np.float64) if isinstance(positions, int) else positions
+        return (p[:, None] + spec.offset) * np.linspace(0.01, 0.02, dim)
+
+    monkeypatch.setattr(analysis.sinusoidal, "table64", ramp)
+    monkeypatch.setattr(
+        analysis.sinusoidal, "shifted64",
+        lambda length, k, dim, spec: ramp(np.arange(length) + k, dim, spec),
+    )  # fmt: skip
+    for dim, length in ((512, 50), (4, 50), (8, 3)):
+        row = regression_row(analysis.check(dim, length))
+        assert row.passed is False
+        assert row.measured.startswith("R^2 1.000")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

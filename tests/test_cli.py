@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -12,6 +15,7 @@ import torch
 
 import posenc
 from posenc import bench
+from posenc.faces import cli, files
 from posenc.faces.cli import main
 
 
@@ -170,3 +174,197 @@ def test_module_entry_point_exit_status(tmp_path):
     proc = subprocess.run(argv, capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.startswith("posenc: error: --out must end in")
+
+
+# ------------------------------------------------------------------------ atomic writes
+
+
+class _FullDisk:
+    """A file that accepts ``room`` bytes (or characters), then fails as a full disk does."""
+
+    def __init__(self, f, room):
+        self._f, self._room = f, room
+
+    def write(self, data):
+        if len(data) > self._room:
+            self._f.write(data[: self._room])
+            self._room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._room -= len(data)
+        return self._f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+
+def _disk_full_after(monkeypatch, room):
+    """Make every file the faces open fill up after ``room`` bytes."""
+    real_open = open
+
+    def full_open(*args, **kwargs):
+        return _FullDisk(real_open(*args, **kwargs), room)
+
+    monkeypatch.setattr(files, "open", full_open, raising=False)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv", ".json", ".pt"])
+def test_table_write_that_fails_part_way_keeps_the_previous_file(
+    tmp_path, monkeypatch, capsys, suffix
+):
+    out = tmp_path / f"pe{suffix}"
+    assert main(["table", "--dim", "4", "--length", "3", "--out", str(out)]) == 0
+    previous = out.read_bytes()
+    _disk_full_after(monkeypatch, 100)
+    assert main(["table", "--dim", "12", "--length", "130", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc: error: cannot write {str(out)!r}: No space left on device\n"
+    assert out.read_bytes() == previous
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
+
+
+def test_atomic_write_replaces_the_whole_file(tmp_path):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"old content, longer than the new one")
+    with files.atomic_write(path) as f:
+        f.write(b"new")
+        assert path.read_bytes().startswith(b"old")  # not visible before the block ends
+    assert path.read_bytes() == b"new"
+    with files.atomic_write(tmp_path / "b.txt", "w") as f:
+        f.write("caf\u00e9\n")
+    assert (tmp_path / "b.txt").read_bytes() == "caf\u00e9\n".encode()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.txt"]
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_atomic_write_failing_writer_leaves_the_previous_file(tmp_path, error):
+    path = tmp_path / "table.npy"
+    np.save(path, np.arange(3.0))
+    previous = path.read_bytes()
+    with pytest.raises(error), files.atomic_write(path) as f:
+        np.save(f, np.arange(1000.0))
+        raise error("interrupted after writing")
+    assert path.read_bytes() == previous
+    assert [p.name for p in tmp_path.iterdir()] == ["table.npy"]
+
+
+def test_atomic_write_writes_through_a_link(tmp_path):
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to("real.json")
+    with files.atomic_write(tmp_path / "link.json", "w") as f:
+        f.write("[1]")
+    assert (tmp_path / "link.json").is_symlink()
+    assert (tmp_path / "real.json").read_text() == "[1]"
+
+
+def test_atomic_write_errors_name_the_file(tmp_path):
+    missing = tmp_path / "missing" / "a.npy"
+    with pytest.raises(FileNotFoundError) as info, files.atomic_write(missing):
+        pass
+    assert info.value.filename == str(missing)
+    (tmp_path / "dir.npy").mkdir()
+    with pytest.raises(IsADirectoryError) as info, files.atomic_write(tmp_path / "dir.npy") as f:
+        f.write(b"x")
+    assert info.value.filename == str(tmp_path / "dir.npy")
+    assert [p.name for p in tmp_path.iterdir()] == ["dir.npy"]
+    with pytest.raises(ValueError, match="mode"), files.atomic_write(tmp_path / "a", "ab"):
+        pass
+
+
+# ------------------------------------------------------- bad sizes and paths: one line, exit 2
+
+
+def _one_line_error(capsys, *words):
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert err.startswith("posenc: error: ") and err.endswith("\n") and err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--dim", "100000000"], ["--dim must be at most 65536", "100000000"]),
+        (["--dim", "65537", "--length", "1"], ["--dim must be at most 65536"]),
+        (["--length", str(10**12)], ["--length 1000000000000 x --dim 512", "elements"]),
+        (["--length", "4194305", "--dim", "512"], ["--length 4194305 x --dim 512"]),
+    ],
+)
+def test_table_absurd_size_is_refused_before_any_work(tmp_path, capsys, options, words):
+    out = tmp_path / "x.npy"
+    assert main(["table", *options, "--out", str(out)]) == 2
+    _one_line_error(capsys, *words)
+    assert not list(tmp_path.iterdir())
+
+
+def test_table_into_a_missing_directory_or_onto_a_directory(tmp_path, capsys):
+    missing = tmp_path / "missing" / "x.npy"
+    assert main(["table", "--dim", "4", "--out", str(missing)]) == 2
+    _one_line_error(capsys, f"cannot write {str(missing)!r}: no directory")
+    folder = tmp_path / "folder.csv"
+    folder.mkdir()
+    assert main(["table", "--dim", "4", "--out", str(folder)]) == 2
+    _one_line_error(capsys, f"cannot write {str(folder)!r}: it is a directory")
+    assert [p.name for p in tmp_path.iterdir()] == ["folder.csv"]
+    assert not list(folder.iterdir())
+
+
+def test_file_system_and_memory_errors_end_with_one_line(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.npy")
+
+    monkeypatch.setattr(cli, "sinusoidal", refuse)
+    assert main(["table", "--dim", "4", "--out", str(tmp_path / "x.npy")]) == 2
+    _one_line_error(capsys, "/somewhere/x.npy: Permission denied")
+
+    def exhaust(*args, **kwargs):
+        raise MemoryError("Unable to allocate 16.0 GiB")
+
+    monkeypatch.setattr(cli, "sinusoidal", exhaust)
+    assert main(["table", "--dim", "4", "--out", str(tmp_path / "x.npy")]) == 2
+    _one_line_error(capsys, "out of memory", "16.0 GiB")
+    assert not list(tmp_path.iterdir())
+
+
+def test_huge_dim_exits_2_at_once(tmp_path):
+    # before the size check this computed 50 million exact frequencies for minutes
+    argv = [sys.executable, "-m", "posenc.cli", "table", "--dim", "100000000", "--out", "x.npy"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("posenc: error: --dim must be at most 65536")
+    assert proc.stderr.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------- posenc check at tiny sizes
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--dim", "4"], ["--preset", "tensor2tensor", "--dim", "6"], ["--dim", "8", "--length", "3"]],
+)
+def test_check_tiny_tables_exit_0(capsys, options):
+    assert main(["check", *options]) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    assert "one column (ch 0) at p+10 from itself" in out
+    assert out.rstrip().endswith("12 PASS")
+
+
+def test_check_skip_says_why(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per row
+    assert main(["check", "--dim", "4", "--override", "scale=0.001"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if "one column" in line]
+    assert "no column bends over 50 positions (exact R^2 >= 1.000)" in row and "SKIP" in row
+    assert out.rstrip().endswith("11 PASS, 1 SKIP")

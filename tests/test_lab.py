@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -250,3 +251,50 @@ def test_page_and_report_embed_the_results(tmp_path):
     assert [r["encoding"] for r in rows] == ["alibi", "nope"]
     built = report.build(tmp_path / "report", dim=8, length=4, train_steps=2, lab=tmp_path / "lab")
     assert 'id="lab"' in built.index.read_text()
+
+
+def _partial_then_full(target, data=b"partial"):
+    """Write a little to ``target`` (a path or an open file), then fail as a full disk does."""
+    if isinstance(target, (str, os.PathLike)):
+        with open(target, "wb") as f:
+            f.write(data)
+    else:
+        target.write(data)
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_save_failing_part_way_keeps_the_previous_file(tmp_path, monkeypatch):
+    from posenc.faces.lab import run as lab_run
+
+    checkpoint, records = tmp_path / "key.pt", tmp_path / "key.json"
+    lab_run._save({"step": 10}, checkpoint)
+    lab_run._save([{"value": 1.0}], records)
+    previous = checkpoint.read_bytes(), records.read_bytes()
+    monkeypatch.setattr(torch, "save", lambda obj, f: _partial_then_full(f))
+    with pytest.raises(OSError, match="No space left"):
+        lab_run._save({"step": 20}, checkpoint)
+    monkeypatch.setattr(lab_run.json, "dumps", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        lab_run._save([{"value": 2.0}], records)
+    assert (checkpoint.read_bytes(), records.read_bytes()) == previous
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key.json", "key.pt"]
+
+
+def test_results_write_failing_part_way_keeps_the_previous_page(tmp_path, monkeypatch):
+    from posenc.faces.lab import results
+
+    records = [Record("copy", "alibi", 0, n, "accuracy", 1.0 / n) for n in (1, 2, 3, 4, 5)]
+    paths = results.write(tmp_path, records, TINY)
+    previous = {name: path.read_bytes() for name, path in paths.items()}
+    figure = results.figure
+
+    def failing_figure(*args, **kwargs):
+        fig = figure(*args, **kwargs)
+        fig.savefig = lambda target, **kw: _partial_then_full(target, b"<svg partial")
+        return fig
+
+    monkeypatch.setattr(results, "figure", failing_figure)
+    with pytest.raises(OSError, match="No space left"):
+        results.write(tmp_path, records[:2], TINY)
+    assert {name: path.read_bytes() for name, path in paths.items()} == previous
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import math
+import os
 import re
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import matplotlib.image
 import numpy as np
 import pytest
 
 from posenc import analysis, plot, report
+from posenc.faces import files
 from posenc.faces.cli import main
 
 SECTIONS = [
@@ -152,3 +156,87 @@ def test_learned_table_learns_the_task():
     run = analysis.train_learned(length=12, dim=16, steps=150)
     assert run.accuracy > 0.9  # copying the previous token needs positions
     assert run.table.shape == (12, 16) and np.isfinite(run.table).all()
+
+
+# ------------------------------------------------------------------------ atomic writes
+
+
+def _fail_writing(monkeypatch, name):
+    """Make the faces' write of a file called ``name`` fail part-way, as on a full disk."""
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            self._f.write(data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, attr):
+            return getattr(self._f, attr)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    def open_(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        return FullDisk(f) if os.path.basename(path).startswith(f".{name}.") else f
+
+    monkeypatch.setattr(files, "open", open_, raising=False)
+
+
+def test_plot_save_failing_part_way_keeps_the_previous_figure(tmp_path, monkeypatch):
+    path = tmp_path / "fig.png"
+    plot.save(plot.figure("heatmap", dim=8, length=4), path)
+    previous = path.read_bytes()
+    fig = plot.figure("heatmap", dim=8, length=4)
+
+    def broken(target, **kwargs):  # writes a little, then the disk is full
+        if isinstance(target, (str, os.PathLike)):
+            with open(target, "wb") as f:
+                f.write(b"\x89PNG partial")
+        else:
+            target.write(b"\x89PNG partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fig, "savefig", broken)
+    with pytest.raises(OSError, match="No space left"):
+        plot.save(fig, path)
+    assert path.read_bytes() == previous
+    assert [p.name for p in tmp_path.iterdir()] == ["fig.png"]
+
+
+def test_plot_into_a_missing_directory_is_one_line(tmp_path, capsys):
+    out = tmp_path / "missing" / "x.png"
+    assert main(["plot", "heatmap", "-o", str(out), "--dim", "8", "--length", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc: error: cannot write {str(out)!r}: No such file or directory\n"
+
+
+@pytest.mark.parametrize("failing", ["heatmap.svg", "heatmap.png", "index.html"])
+def test_report_write_failing_part_way_keeps_the_previous_files(tmp_path, monkeypatch, failing):
+    # only the writing is real: one section, no training run
+    section = report.Section("heatmap", "The table", "text", [("shape", "8 x 8")], ["heatmap"])
+    monkeypatch.setattr(report, "_sections", lambda *args: [section])
+    monkeypatch.setattr(
+        report.analysis, "train_learned", lambda steps: SimpleNamespace(table=np.zeros((4, 4)))
+    )
+    out = tmp_path / "r"
+    (out / "figures").mkdir(parents=True)
+    previous = {"index.html": b"old page", "heatmap.svg": b"old svg", "heatmap.png": b"old png"}
+    where = {"index.html": out, "heatmap.svg": out / "figures", "heatmap.png": out / "figures"}
+    for name, data in previous.items():
+        (where[name] / name).write_bytes(data)
+    _fail_writing(monkeypatch, failing)
+    with pytest.raises(OSError, match="No space left"):
+        report.build(out, dim=8, length=4)
+    assert (where[failing] / failing).read_bytes() == previous[failing]
+    assert sorted(p.name for p in out.rglob("*")) == sorted(["figures", *previous])
+    monkeypatch.setattr(files, "open", open)
+    built = report.build(out, dim=8, length=4)
+    assert "The table" in built.index.read_text()
+    assert sorted(p.name for p in out.rglob("*")) == sorted(["figures", *previous])

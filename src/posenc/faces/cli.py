@@ -11,8 +11,10 @@ Subcommands:
 - ``posenc report``: the explainer (figures and measured numbers) as one HTML file.
 - ``posenc plot KIND``: any single figure of the report, as PNG or SVG.
 
-Errors in the input (posenc's ``ValueError``/``TypeError``) print as
-``posenc: error: ...`` and exit with status 2, like argparse's own errors.
+Errors in the input (posenc's ``ValueError``/``TypeError``, sizes beyond
+posenc's limits) and files that cannot be written (``OSError``) print one line,
+``posenc: error: ...``, and exit with status 2, like argparse's own errors.
+Every file is written atomically: the previous file or the whole new one.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 import numpy as np
 
+from posenc.core import checks
+from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve, sinusoidal
 
 _FORMATS = (".npy", ".pt", ".csv", ".json")
@@ -117,22 +121,25 @@ def _table(args: argparse.Namespace) -> int:
         raise _UsageError("--dtype bfloat16 needs --out ending in .pt (numpy has no bfloat16)")
     overrides = _spec_args(args)
     spec = resolve(args.preset, **overrides)
+    # refused before computing: an absurd size or a file that cannot be written
+    checks.check_channels(args.dim, "--dim")
+    checks.check_elements(args.length * args.dim, f"--length {args.length} x --dim {args.dim}")
+    if out.is_dir():
+        raise _UsageError(f"cannot write {args.out!r}: it is a directory")
+    if not out.parent.is_dir():
+        raise _UsageError(f"cannot write {args.out!r}: no directory {str(out.parent)!r}")
     if suffix == ".pt":
         import torch
 
         table: Any = sinusoidal(
             args.length, args.dim, preset=spec, dtype=getattr(torch, args.dtype)
         )
-        torch.save(table, out)
     else:
         table = sinusoidal(args.length, args.dim, preset=spec, dtype=args.dtype)
-        if suffix == ".npy":
-            with out.open("wb") as f:  # a file object: np.save would add a suffix to a name
-                np.save(f, table)
-        elif suffix == ".csv":
-            _write_csv(out, table)
-        else:
-            _write_json(out, table, args, overrides)
+    try:
+        _write_table(out, table, args, overrides)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.out!r}: {exc.strerror or exc}") from None
     first = spec.offset
     print(
         f"wrote {out}: {args.length} x {args.dim} {args.dtype}, preset {args.preset}, "
@@ -142,15 +149,41 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_table(
+    out: Path, table: Any, args: argparse.Namespace, overrides: dict[str, Any]
+) -> None:
+    """Write ``table`` in the format of ``out``'s suffix, atomically (old file or whole new one)."""
+    suffix = out.suffix.lower()
+    if suffix == ".pt":
+        import torch
+
+        with atomic_write(out) as f:
+            try:
+                torch.save(table, f)
+            except RuntimeError as exc:  # torch's zip writer hides a failed write (disk full)
+                if isinstance(exc.__context__, OSError):
+                    raise exc.__context__ from None
+                raise
+    elif suffix == ".npy":
+        with atomic_write(out) as f:  # a file object: np.save would add a suffix to a name
+            np.save(f, table)
+    elif suffix == ".csv":
+        with atomic_write(out) as f:
+            _write_csv(f, table)
+    else:
+        with atomic_write(out, "w") as f:
+            f.write(_json_document(table, args, overrides))
+
+
 def _round_trip_format(dtype: np.dtype[Any]) -> str:
     # enough significant digits to read back the identical value
     return {2: "%.5g", 4: "%.9g"}.get(dtype.itemsize, "%.17g")
 
 
-def _write_csv(path: Path, table: np.ndarray) -> None:
+def _write_csv(f: IO[bytes], table: np.ndarray) -> None:
     header = ",".join(f"ch{j}" for j in range(table.shape[1]))
     np.savetxt(
-        path,
+        f,
         table,
         fmt=_round_trip_format(table.dtype),
         delimiter=",",
@@ -159,9 +192,7 @@ def _write_csv(path: Path, table: np.ndarray) -> None:
     )
 
 
-def _write_json(
-    path: Path, table: np.ndarray, args: argparse.Namespace, overrides: dict[str, Any]
-) -> None:
+def _json_document(table: np.ndarray, args: argparse.Namespace, overrides: dict[str, Any]) -> str:
     doc = {
         "preset": args.preset,
         "overrides": overrides,
@@ -172,7 +203,7 @@ def _write_json(
         # float64 of each stored value: JSON's shortest repr reads back exactly
         "values": table.astype(np.float64).tolist(),
     }
-    path.write_text(json.dumps(doc) + "\n")
+    return json.dumps(doc) + "\n"
 
 
 # --------------------------------------------------------------------------------------
@@ -354,9 +385,10 @@ def _add_spec_options(p: argparse.ArgumentParser, *, length: int, min_length: in
         "--override",
         action="append",
         metavar="KEY=VALUE",
-        help="change one field of the preset, e.g. base=500 or flip_sin_to_cos=true "
+        help="change one field of the preset, e.g. base=500 or order=cos_sin "
         "(fields: layout, order, base, min_timescale, shift, scale, amplitude, offset, "
-        "odd; or their aliases max_period, theta, downscale_freq_shift, start_index); "
+        "odd; or their aliases max_period, theta, start_index; diffusers' "
+        "flip_sin_to_cos and downscale_freq_shift with --preset ddpm or ldm); "
         "repeatable",
     )
 
@@ -575,7 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         0 on success, 1 when ``posenc check`` finds a failing property, 2 for
-        invalid input (the message is printed as ``posenc: error: ...``).
+        invalid input or a file that cannot be written (the message is printed
+        on one line as ``posenc: error: ...``).
     """
     parser = build_parser()
     try:
@@ -586,6 +619,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except (ValueError, TypeError) as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system: a missing directory, a full disk, no permission
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"posenc: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        why = str(exc) or "try a smaller size"
+        print(f"posenc: error: out of memory ({why})", file=sys.stderr)
         return 2
     except ImportError as exc:
         needed = exc.name or str(exc)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from posenc.core import checks
+from posenc.faces.files import atomic_write
 
 __all__ = ["KINDS", "figure", "new_figure", "pyplot", "save"]
 
@@ -56,15 +57,17 @@ def _image(fig: Any, ax: Any, data: Any, title: str, xlabel: str, ylabel: str, *
 
 
 def save(fig: Any, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (``.png`` at 110 dpi, or ``.svg``) and close it.
+    """Write ``fig`` to ``path`` (``.png`` at 110 dpi, or ``.svg``) atomically and close it.
 
     Raises:
         ValueError: a suffix other than .png or .svg.
+        OSError: ``path`` cannot be written (any previous file is left as it was).
     """
     path = Path(path)
     if path.suffix not in (".png", ".svg"):
         raise ValueError(f"figure file must end in .png or .svg; got {str(path)!r}")
-    fig.savefig(path, dpi=110)
+    with atomic_write(path) as f:
+        fig.savefig(f, format=path.suffix[1:], dpi=110)
     pyplot().close(fig)
     return path
 

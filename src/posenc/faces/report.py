@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from posenc.core import checks
+from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve
 from posenc.integration import analysis
 
@@ -502,7 +503,8 @@ def build(
             say(f"figure {name}")
             fig = plot.figure(name, **options[name])
             png, svg = figures_dir / f"{name}.png", figures_dir / f"{name}.svg"
-            fig.savefig(svg)
+            with atomic_write(svg) as f:
+                fig.savefig(f, format="svg")
             plot.save(fig, png)
             files[name] = (png, svg)
     note = (
@@ -513,5 +515,6 @@ def build(
     page = _html(sections, {k: v[0] for k, v in files.items()}, "posenc report", note)
     if lab is not None:
         page = page.replace("</body></html>", _lab_section(Path(lab)) + "\n</body></html>")
-    index.write_text(page)
+    with atomic_write(index, "w") as f:
+        f.write(page)
     return Report(sections, index, files, time.perf_counter() - start)

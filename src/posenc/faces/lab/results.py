@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from posenc.faces.files import atomic_write
+
 __all__ = ["figure", "section", "summary", "write"]
 
 
@@ -140,14 +142,17 @@ def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Pat
 
     out = Path(out)
     fig = figure(records, config.train_len, _title(config))
-    fig.savefig(out / "results.svg")
+    with atomic_write(out / "results.svg") as f:
+        fig.savefig(f, format="svg")
     png = _png(fig)
     pyplot().close(fig)
-    (out / "results.png").write_bytes(png)
+    with atomic_write(out / "results.png") as f:
+        f.write(png)
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(_title(config))}</title></head><body>"
         f"{section(records, config, png)}</body></html>"
     )
-    (out / "index.html").write_text(page)
+    with atomic_write(out / "index.html", "w") as f:
+        f.write(page)
     return {"png": out / "results.png", "svg": out / "results.svg", "html": out / "index.html"}

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from posenc.core import checks
+from posenc.faces.files import atomic_write
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, lookup, training_encoding
 from posenc.faces.lab.model import LabModel, ModelConfig
@@ -184,12 +185,12 @@ def _barrier(world: _World) -> None:
 
 
 def _save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".json":
-        tmp.write_text(json.dumps(obj, indent=1))
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(obj, indent=1))
     else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)
+        with atomic_write(path) as f:
+            torch.save(obj, f)
 
 
 def _lr_at(step: int, config: LabConfig) -> float:
