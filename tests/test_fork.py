@@ -16,46 +16,16 @@ import pytest
 
 from posenc.core import kernels
 
-# The parent imports posenc and runs torch's parallel ops on two threads but no posenc
+# The parent runs torch's parallel ops on two threads (its OpenMP team) but no posenc
 # kernel, then forks; the child sets one thread, as DataLoader workers do, and builds
-# two tables large enough for the kernel's threads. The parent then builds the same.
+# two tables large enough for the kernel's threads; the parent then builds the same.
+# posenc is imported by the parent before the fork (parent=True) or only in the child.
 _SCRIPT = """
 import hashlib, multiprocessing, sys
 import numpy as np
 import torch
-import posenc
-
-def tables():
-    a = posenc.sinusoidal(1 << 15, 64)
-    b = posenc.SinusoidalEmbedding(512).table.numpy()
-    return [hashlib.sha256(np.ascontiguousarray(t)).hexdigest() for t in (a, b)]
-
-def child(queue):
-    torch.set_num_threads(1)
-    queue.put(tables())
-
-torch.set_num_threads(2)
-x = torch.randn(512, 512)
-float((x @ x).sum())
-ctx = multiprocessing.get_context("fork")
-queue = ctx.Queue()
-worker = ctx.Process(target=child, args=(queue,), daemon=True)
-worker.start()
-worker.join(60)
-if worker.is_alive():
-    worker.kill()
-    sys.exit("the forked child hung")
-assert worker.exitcode == 0, worker.exitcode
-assert queue.get(timeout=10) == tables()
-"""
-
-
-# The parent never imports posenc: it runs torch's parallel ops and forks; the child
-# sets one thread, as DataLoader workers do, and imports posenc only then.
-_SCRIPT_IMPORT_IN_CHILD = """
-import hashlib, multiprocessing, sys
-import numpy as np
-import torch
+if {parent!r}:
+    import posenc
 
 def tables():
     import posenc
@@ -69,7 +39,8 @@ def child(queue):
     queue.put(tables())
 
 torch.set_num_threads(2)
-float(torch.exp(torch.randn(1 << 22)).sum())  # torch's OpenMP team runs
+x = torch.randn(512, 512)
+float((x @ x).sum() + torch.exp(torch.randn(1 << 22)).sum())
 ctx = multiprocessing.get_context("fork")
 queue = ctx.Queue()
 worker = ctx.Process(target=child, args=(queue,), daemon=True)
@@ -84,12 +55,10 @@ assert queue.get(timeout=10) == tables()
 
 
 @pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
-@pytest.mark.parametrize(
-    "script", [_SCRIPT, _SCRIPT_IMPORT_IN_CHILD], ids=["posenc-in-parent", "posenc-in-child"]
-)
-def test_child_of_a_parent_that_ran_torch_but_no_kernel(script):
+@pytest.mark.parametrize("parent", [True, False], ids=["posenc-in-parent", "posenc-in-child"])
+def test_child_of_a_parent_that_ran_torch_but_no_kernel(parent):
     proc = subprocess.Popen(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", _SCRIPT.format(parent=parent)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
