@@ -73,14 +73,13 @@ class HFRotaryEmbedding(DerivedBuffers):
             )
             for k, s in self.specs.items()
         }
-        self._fixed = {k: policy.original for k, policy in self._policies.items()}
         if self.per_layer_type:
             self.layer_types = sorted(k for k in self.specs if k is not None)
             self.rope_type: Any = {k: s.rope_type for k, s in self.specs.items()}
-            for k, f in self._fixed.items():
-                setattr(self, f"{k}_attention_scaling", f.attention_scaling)
+            for k, policy in self._policies.items():
+                setattr(self, f"{k}_attention_scaling", policy.original.attention_scaling)
         else:
-            fixed = self._fixed[None]
+            fixed = self._policies[None].original
             self.rope_type = self.specs[None].rope_type
             section = self.specs[None].mrope_section
             if section is not None:
@@ -92,11 +91,12 @@ class HFRotaryEmbedding(DerivedBuffers):
 
     def _derived_buffers(self) -> dict[str, torch.Tensor]:
         # HF's attribute names, float32 like HF's, for code that reads them
-        names = {
-            f"{k}_inv_freq" if self.per_layer_type else "inv_freq": f
-            for k, f in self._fixed.items()
+        return {
+            f"{k}_inv_freq" if self.per_layer_type else "inv_freq": torch.tensor(
+                policy.original.inv_freq, dtype=torch.float32
+            )
+            for k, policy in self._policies.items()
         }
-        return {name: torch.tensor(f.inv_freq, dtype=torch.float32) for name, f in names.items()}
 
     def frequencies(self, seq_len: int | None, layer_type: str | None = None) -> RopeFrequencies:
         """The frequencies for a call reaching ``seq_len`` (HF's ``dynamic_rope_update``).
