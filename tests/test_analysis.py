@@ -400,3 +400,154 @@ def test_import_needs_only_numpy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ permutation, exp-log, add
+
+
+@pytest.mark.parametrize(("dim", "tokens", "seed"), [(16, 6, 0), (64, 10, 1), (2, 2, 2)])
+def test_attention_without_positions_only_reorders(dim, tokens, seed):
+    r = analysis.permutation_check(dim, tokens, seed)
+    perm = np.array(r.permutation)
+    assert sorted(perm) == list(range(tokens)) and not np.array_equal(perm, np.arange(tokens))
+    assert r.output.shape == r.permuted_output.shape == (tokens, dim)
+    assert r.ok and 0 <= r.max_difference <= r.bound
+    assert r.max_difference == np.abs(r.permuted_output - r.output[perm]).max()
+    # the bound is rounding-sized: a few thousand ulps of the outputs, not a guess like 1e-6
+    assert r.bound <= 1e5 * analysis.EPS * np.abs(r.output).max()
+    # positions added in order: the outputs change by as much as they are large
+    assert r.with_positions > 1e6 * r.bound
+    assert r.with_positions > 0.05 * np.abs(r.positioned_output).max()
+    diff = np.abs(r.positioned_permuted_output - r.positioned_output[perm]).max()
+    assert r.with_positions == diff
+
+
+def test_permutation_check_arguments():
+    with pytest.raises(ValueError, match="tokens"):
+        analysis.permutation_check(tokens=1)
+    with pytest.raises(TypeError, match="dim"):
+        analysis.permutation_check(dim=4.0)
+    with pytest.raises(ValueError, match="seed"):
+        analysis.permutation_check(seed=-1)
+
+
+@pytest.mark.parametrize(("dim", "base"), [(512, 10000.0), (64, 10000.0), (10, 500.0)])
+def test_exp_log_errors_against_mpmath(dim, base):
+    e = analysis.exp_log_errors(dim, base)
+    h = dim // 2
+    assert list(e.pair) == list(range(h))
+    u = 2.0**-24
+    assert e.unit == u
+    for i in range(h):
+        exact = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * i) / dim)  # 50 digits
+        assert e.exact[i] == float(exact)
+        # the two float32 forms, written out independently
+        k, d = np.float32(2 * i), np.float32(dim)
+        power = np.float32(1.0) / np.power(np.float32(base), k / d)
+        explog = np.exp(k * np.float32(-math.log(base) / dim))
+        for got, value in ((e.power_error[i], power), (e.exp_log_error[i], explog)):
+            assert value.dtype == np.float32
+            rel = abs(mpmath.mpf(float(value)) - exact) / exact
+            assert got == pytest.approx(float(rel), rel=1e-12, abs=1e-30)
+        # derived bounds: the exponent 2i/d is rounded once (relative u, times |ln omega|),
+        # the power or exp and the division add at most a few ulps; the exp-log form's
+        # constant and product are rounded (2u times the argument |ln omega|)
+        log_omega = 2 * i / dim * math.log(base)
+        assert e.power_error[i] <= (log_omega + 4) * u
+        assert e.exp_log_error[i] <= (2 * log_omega + 4) * u
+    # the exp-log form's rounding grows with the pair index: larger on the slow half
+    assert e.exp_log_error[h // 2 :].max() > e.power_error[h // 2 :].max() or dim < 64
+
+
+@pytest.mark.parametrize("dim", [4, 16, 512, 513])
+def test_h_minus_one_variant_reaches_one_over_base(dim):
+    base = 10000.0
+    e = analysis.exp_log_errors(dim, base)
+    h = dim // 2
+    assert e.variant[0] == e.paper[0] == 1.0
+    assert e.variant[-1] == 1 / base
+    assert e.paper[-1] == float(mpmath.power(base, mpmath.mpf(-2 * (h - 1)) / dim))
+    assert e.paper[-1] > 1 / base
+    ratio = float(mpmath.power(base, mpmath.mpf(1) / (h - 1)))  # a geometric schedule
+    np.testing.assert_allclose(e.variant[:-1] / e.variant[1:], ratio, rtol=1e-14)
+
+
+def test_exp_log_errors_arguments():
+    with pytest.raises(ValueError, match="dim"):
+        analysis.exp_log_errors(1)
+    with pytest.raises(ValueError, match="base"):
+        analysis.exp_log_errors(8, base=-1.0)
+
+
+def test_add_concat_scales_and_recovery():
+    a = analysis.add_concat(512, 50)
+    values = (
+        a.position_recovery_scaled,
+        a.position_recovery_unscaled,
+        a.token_recovery_scaled,
+        a.token_recovery_unscaled,
+        a.concat_position_recovery,
+        a.concat_token_recovery,
+    )
+    assert all(0.0 <= v <= 1.0 for v in values)
+    # sqrt(d): tokens stay apart, positions blur a little; without it, the reverse
+    assert a.token_recovery_scaled > a.token_recovery_unscaled
+    assert a.position_recovery_unscaled >= a.position_recovery_scaled
+    assert a.concat_position_recovery == a.concat_token_recovery == 1.0
+    assert a.recovery == {1.0: a.position_recovery_scaled, 512**-0.5: a.position_recovery_unscaled}
+    # 100 x 512 entries of N(0, 1/d), times sqrt(d): std within 2% of 1 (about 7 sigma)
+    assert a.scaled_std == pytest.approx(1.0, rel=0.02)
+    assert a.unscaled_std == pytest.approx(512**-0.5, rel=0.02)
+    # the drawn pair: wavelength nearest the length, and circles of radius 1 around tokens
+    omega = resolve("vaswani").inv_freq(512)
+    assert a.wavelength == pytest.approx(2 * np.pi / omega[a.pair], rel=1e-15)
+    assert np.argmin(np.abs(np.log(2 * np.pi / omega / 50))) == a.pair
+    assert a.channels == (2 * a.pair + 1, 2 * a.pair)  # (cos, sin), interleaved
+    for tokens, points in (
+        (a.scaled_tokens, a.scaled_points),
+        (a.unscaled_tokens, a.unscaled_points),
+    ):
+        radius = np.linalg.norm(points - tokens[:, None], axis=-1)
+        np.testing.assert_allclose(radius, 1.0, rtol=1e-12)
+    assert np.allclose(a.scaled_tokens, a.unscaled_tokens * math.sqrt(512), rtol=1e-15)
+
+
+def test_add_concat_recovery_against_brute_force():
+    dim, length, vocab = 32, 12, 20
+    a = analysis.add_concat(dim, length, seed=3, vocab=vocab)
+    # the same draws, then every sum formed and every distance measured
+    tokens = np.random.default_rng(3).normal(scale=dim**-0.5, size=(vocab, dim))
+    table = naive64(np.arange(length), dim)
+    for scale, pos, tok in (
+        (math.sqrt(dim), a.position_recovery_scaled, a.token_recovery_scaled),
+        (1.0, a.position_recovery_unscaled, a.token_recovery_unscaled),
+    ):
+        e = scale * tokens
+        x = e[:, None, :] + table[None, :, :]
+        to_rows = np.linalg.norm(x[:, :, None, :] - table[None, None], axis=-1)
+        to_tokens = np.linalg.norm(x[:, :, None, :] - e[None, None], axis=-1)
+        assert pos == np.mean(to_rows.argmin(-1) == np.arange(length)[None, :])
+        assert tok == np.mean(to_tokens.argmin(-1) == np.arange(vocab)[:, None])
+
+
+@pytest.mark.parametrize("preset", ["ldm", "musicgen"])
+def test_add_concat_cos_sin_order(preset):
+    a = analysis.add_concat(64, 20, preset=preset, vocab=10)
+    spec = resolve(preset)
+    omega = spec.inv_freq(64)[a.pair]
+    p = np.arange(20)
+    np.testing.assert_allclose(
+        a.scaled_points[0, :, 0] - a.scaled_tokens[0, 0], np.cos(omega * p), atol=1e-12
+    )
+    np.testing.assert_allclose(
+        a.scaled_points[0, :, 1] - a.scaled_tokens[0, 1], np.sin(omega * p), atol=1e-12
+    )
+
+
+def test_add_concat_arguments():
+    with pytest.raises(ValueError, match="shown"):
+        analysis.add_concat(16, 8, shown=5, vocab=4)
+    with pytest.raises(ValueError, match="length"):
+        analysis.add_concat(16, 1)
+    with pytest.raises(TypeError, match="vocab"):
+        analysis.add_concat(16, 8, vocab=2.5)

@@ -7,9 +7,12 @@ them).
 
 - :mod:`.sinusoidal`: :func:`shift_error`, :func:`norms`,
   :func:`offset_dot_products`, :func:`regression_r2` (one column against its
-  (sin, cos) pair), :func:`geometry`.
+  (sin, cos) pair), :func:`geometry`, :func:`permutation_check` (why
+  attention needs positions), :func:`add_concat` (adding a position to a token
+  embedding, at two scales, or concatenating it).
 - :mod:`.precision`: :func:`precision_report` (float32 at large positions),
-  :func:`precision_curves`, :func:`exp_log_forms`.
+  :func:`precision_curves`, :func:`exp_log_forms`, :func:`exp_log_errors`
+  (the two frequency forms pair by pair, and the ``h - 1`` denominator).
 - :mod:`.rotary`: :func:`rope_relative`, :func:`rope_decay`, :func:`scaling_curves`.
 - :mod:`.learned`: :func:`train_learned`, a learned table from a tiny training run.
 - :mod:`.verdicts`: :func:`check`, the rows of ``posenc check`` with their PASS/FAIL.
@@ -22,21 +25,27 @@ from __future__ import annotations
 from posenc.integration.analysis._table import EPS
 from posenc.integration.analysis.learned import Learned, train_learned
 from posenc.integration.analysis.precision import (
+    ExpLogErrors,
     PrecisionPoint,
     PrecisionReport,
+    exp_log_errors,
     exp_log_forms,
     precision_curves,
     precision_report,
 )
 from posenc.integration.analysis.rotary import rope_decay, rope_relative, scaling_curves
 from posenc.integration.analysis.sinusoidal import (
+    AddConcat,
     DotProducts,
     Norms,
+    PermutationCheck,
     Regression,
     ShiftError,
+    add_concat,
     geometry,
     norms,
     offset_dot_products,
+    permutation_check,
     regression_r2,
     shift_error,
 )
@@ -44,19 +53,25 @@ from posenc.integration.analysis.verdicts import Verdict, check
 
 __all__ = [
     "EPS",
+    "AddConcat",
     "DotProducts",
+    "ExpLogErrors",
     "Learned",
     "Norms",
+    "PermutationCheck",
     "PrecisionPoint",
     "PrecisionReport",
     "Regression",
     "ShiftError",
     "Verdict",
+    "add_concat",
     "check",
+    "exp_log_errors",
     "exp_log_forms",
     "geometry",
     "norms",
     "offset_dot_products",
+    "permutation_check",
     "precision_curves",
     "precision_report",
     "regression_r2",

@@ -7,6 +7,8 @@
   formula in float32 and in bfloat16 (as under autocast); needs torch.
 - :func:`exp_log_forms`: the frequencies written as a power and as ``exp`` of
   a log, their error against mpmath and their speed; needs mpmath.
+- :func:`exp_log_errors`: the same two forms pair by pair in float32, and the
+  ``h - 1`` denominator some code uses next to the paper's; needs mpmath.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from posenc.core import checks
 from posenc.families.absolute.sinusoidal import Sinusoid, Slots, resolve, sinusoidal
 from posenc.integration.analysis._table import EPS, TABLE_ULPS, real_values, table64
 
 __all__ = [
+    "ExpLogErrors",
     "PrecisionPoint",
     "PrecisionReport",
+    "exp_log_errors",
     "exp_log_forms",
     "precision_curves",
     "precision_report",
@@ -181,6 +186,20 @@ def precision_curves(
     return curves
 
 
+def _power_form(k: Any, dim: int, base: float, dtype: Any) -> Any:
+    """``1 / base ** (k / d)`` in ``dtype``: the paper's formula, ``k = 2i`` the even channel."""
+    return dtype(1.0) / np.power(dtype(base), k / dtype(dim))
+
+
+def _exp_log_form(k: Any, dim: int, base: float, dtype: Any) -> Any:
+    """``exp(k * -(ln base / d))`` in ``dtype``: the constant rounded once, then one multiply.
+
+    As tensor2tensor and the PyTorch tutorial write it:
+    ``torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))``.
+    """
+    return np.exp(k * dtype(-math.log(base) / dim))
+
+
 def exp_log_forms(dim: int, base: float = 10000.0) -> dict[str, Any]:
     """The two ways code writes the frequencies, their error against mpmath and their speed.
 
@@ -205,10 +224,10 @@ def exp_log_forms(dim: int, base: float = 10000.0) -> dict[str, Any]:
         k = i2.astype(dtype)
 
         def power(k: Any = k, dtype: Any = dtype) -> Any:
-            return dtype(1.0) / np.power(dtype(base), k / dtype(dim))
+            return _power_form(k, dim, base, dtype)
 
         def logform(k: Any = k, dtype: Any = dtype) -> Any:
-            return np.exp(k * dtype(-math.log(base) / dim))
+            return _exp_log_form(k, dim, base, dtype)
 
         name = np.dtype(dtype).name
         for label, fn in (("power", power), ("exp-log", logform)):
@@ -216,3 +235,102 @@ def exp_log_forms(dim: int, base: float = 10000.0) -> dict[str, Any]:
             runs = timeit.repeat(fn, number=200, repeat=5)
             out[f"{label} {name}"] = (float(rel), min(runs) / 200)
     return out
+
+
+#: float32 unit roundoff: rounding to float32 errs by at most this, relative.
+UNIT32 = 2.0**-24
+
+
+@dataclass(frozen=True)
+class ExpLogErrors:
+    """The frequencies pair by pair: two float32 forms against mpmath, and two denominators.
+
+    Attributes:
+        dim: channels ``d``.
+        base: the base (10000 in the paper).
+        pair: the pair indices ``i = 0 .. d // 2 - 1``.
+        exact: ``base ** (-2i / d)``, from 40-digit mpmath rounded to float64.
+        power_error: per pair, ``|fl32 - exact| / exact`` of the float32 power
+            form ``1 / base ** (2i / d)``.
+        exp_log_error: the same for the float32 exp-log form
+            ``exp(2i * -(ln base / d))``.
+        unit: ``2**-24``, the float32 unit roundoff, the scale of both errors.
+        paper: the paper's schedule ``base ** (-2i / d)``, which is
+            ``exp(-i ln(base) / h)`` with ``h = d / 2`` for even ``d`` (the
+            values of ``exact``), float64.
+        variant: the ``h - 1`` denominator schedule ``exp(-i ln(base) / (h - 1))``
+            (``max(h - 1, 1)``, as tensor2tensor guards it), float64 from mpmath.
+    """
+
+    dim: int
+    base: float
+    pair: Any
+    exact: Any
+    power_error: Any
+    exp_log_error: Any
+    unit: float
+    paper: Any
+    variant: Any
+
+
+def exp_log_errors(dim: int, base: float = 10000.0) -> ExpLogErrors:
+    """Per-pair float32 errors of the power and exp-log frequency forms, and the two denominators.
+
+    Vaswani et al. 2017 (section 3.5) write ``omega_i = 1 / 10000 ** (2i / d)``;
+    tensor2tensor's ``get_timing_signal_1d``, the PyTorch tutorial and the
+    Annotated Transformer compute ``exp(2i * -(ln 10000 / d))``: the constant
+    ``ln(base) / d`` is rounded once and multiplied by ``2i``, so its rounding
+    grows with the pair index, up to about ``ln(base)`` units of ``2**-24``.
+    tensor2tensor, fairseq, the original DDPM code and the Annotated Diffusion
+    Model divide by ``h - 1`` instead of ``h = d / 2``
+    (``exp(-i ln(base) / (h - 1))``), so their last pair reaches exactly
+    ``1 / base``; the paper's stops at ``base ** (-(d - 2) / d)``. Needs mpmath.
+
+    Args:
+        dim: channels; at least 2 (one pair).
+        base: the base, > 0.
+
+    Returns:
+        An :class:`ExpLogErrors`; errors are computed in 40-digit mpmath from
+        the float32 values.
+
+    Raises:
+        TypeError: ``dim`` not an int, ``base`` not a real number.
+        ValueError: ``dim`` below 2 or too large, ``base`` not finite and positive.
+    """
+    import mpmath
+
+    dim = checks.check_channels(dim, "dim", minimum=2)
+    base = checks.check_number(base, "base", positive=True)
+    h = dim // 2
+    pair = np.arange(h)
+    k32 = (2 * pair).astype(np.float32)
+    forms = {
+        "power": _power_form(k32, dim, base, np.float32),
+        "exp-log": _exp_log_form(k32, dim, base, np.float32),
+    }
+    errors: dict[str, Any] = {}
+    with mpmath.workdps(40):
+        b = mpmath.mpf(base)
+        exact_mp = [mpmath.power(b, -mpmath.mpf(2 * int(i)) / dim) for i in pair]
+        variant = [mpmath.power(b, -mpmath.mpf(int(i)) / max(h - 1, 1)) for i in pair]
+        for name, values in forms.items():
+            errors[name] = np.array(
+                [
+                    float(abs(mpmath.mpf(float(v)) - e) / e)
+                    for v, e in zip(values, exact_mp, strict=True)
+                ]
+            )
+        exact = np.array([float(e) for e in exact_mp])
+        variant_f = np.array([float(e) for e in variant])
+    return ExpLogErrors(
+        dim=dim,
+        base=base,
+        pair=pair,
+        exact=exact,
+        power_error=errors["power"],
+        exp_log_error=errors["exp-log"],
+        unit=UNIT32,
+        paper=exact.copy(),
+        variant=variant_f,
+    )

@@ -17,6 +17,10 @@ rounding (``EPS = 2**-52``).
   itself shifted, the (sin, cos) pair is.
 - :func:`geometry`: the nearest distinct positions, and how well a position
   survives being added to a token embedding.
+- :func:`permutation_check`: self-attention without positions only reorders
+  its output when its input is reordered; with positions added it does not.
+- :func:`add_concat`: a position added to a token embedding at the paper's
+  scale (``sqrt(d)``, section 3.4) and without it, and concatenated instead.
 
 Notation: ``d`` channels, ``K`` frequency pairs, ``p`` position, ``k`` offset,
 ``omega_j`` the angular frequency of pair ``j``. Tables are ``(length, d)``.
@@ -44,13 +48,17 @@ from posenc.integration.analysis._table import (
 )
 
 __all__ = [
+    "AddConcat",
     "DotProducts",
     "Norms",
+    "PermutationCheck",
     "Regression",
     "ShiftError",
+    "add_concat",
     "geometry",
     "norms",
     "offset_dot_products",
+    "permutation_check",
     "regression_r2",
     "shift_error",
 ]
@@ -462,9 +470,353 @@ def geometry(dim: int, length: int, preset: str, seed: int = 0) -> dict[str, Any
     rng = np.random.default_rng(seed)
     recovery = {}
     for sigma in (0.1, 0.5, 1.0, 2.0):
-        tokens = rng.normal(0, sigma, size=(100, dim))
-        x = tokens[:, None, :] + t[None, :, :]  # (tokens, positions, d)
-        guess = np.argmax(x @ t.T, axis=-1)
-        recovery[sigma] = float((guess == np.arange(length)[None, :]).mean())
+        recovery[sigma] = _position_recovery(t, rng.normal(0, sigma, size=(100, dim)))
     out["recovery"] = recovery
     return out
+
+
+def _position_recovery(table: Any, tokens: Any) -> float:
+    """The fraction of (token, position) sums whose best-matching table row is their position.
+
+    The match is the largest dot product ``(token + PE(p)) . PE(q)`` over
+    ``q``: every row has the same norm, so this is also the nearest row. The
+    dot product is expanded as ``token . PE(q) + PE(p) . PE(q)``, so no
+    ``(tokens, positions, d)`` array is formed.
+    """
+    scores = (tokens @ table.T)[:, None, :] + (table @ table.T)[None, :, :]
+    guess = np.argmax(scores, axis=-1)  # (tokens, positions)
+    return float((guess == np.arange(len(table))[None, :]).mean())
+
+
+def _token_recovery(table: Any, tokens: Any) -> float:
+    """The fraction of (token, position) sums whose nearest token embedding is their token.
+
+    Nearest in Euclidean distance: ``argmax_u x . e_u - |e_u|**2 / 2`` with
+    ``x = e_v + PE(p)``, expanded as ``e_v . e_u + PE(p) . e_u - |e_u|**2 / 2``.
+    """
+    half = 0.5 * np.einsum("ij,ij->i", tokens, tokens)
+    scores = (tokens @ tokens.T)[:, None, :] + (table @ tokens.T)[None, :, :] - half
+    guess = np.argmax(scores, axis=-1)  # (tokens, positions)
+    return float((guess == np.arange(len(tokens))[:, None]).mean())
+
+
+# ------------------------------------------------------------------ permutation
+
+
+@dataclass(frozen=True)
+class PermutationCheck:
+    """One self-attention layer on tokens and on the same tokens reordered, without and with PE.
+
+    Attributes:
+        dim: channels.
+        tokens: tokens in the sequence.
+        seed: seed of the token embeddings and the weights.
+        permutation: ``perm``; the reordered sequence is ``X[perm]`` (row ``r``
+            holds token ``perm[r]``), never the identity.
+        output: ``attn(X)``, ``(tokens, dim)`` float64.
+        permuted_output: ``attn(X[perm])``.
+        max_difference: ``max |attn(X[perm]) - attn(X)[perm]|``: zero in exact
+            arithmetic (attention without positions is permutation-equivariant).
+        bound: the float64 rounding bound ``max_difference`` must meet (see
+            :func:`permutation_check`).
+        positioned_output: ``attn(X + PE)``: the sinusoidal table added in order.
+        positioned_permuted_output: ``attn(X[perm] + PE)``: tokens reordered,
+            positions still ``0, 1, 2, ...``.
+        with_positions: ``max |attn(X[perm] + PE) - attn(X + PE)[perm]|``: of
+            the order of the outputs themselves, far above ``bound``.
+    """
+
+    dim: int
+    tokens: int
+    seed: int
+    permutation: tuple[int, ...]
+    output: Any
+    permuted_output: Any
+    max_difference: float
+    bound: float
+    positioned_output: Any
+    positioned_permuted_output: Any
+    with_positions: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether attention without positions is equivariant up to rounding."""
+        return self.max_difference <= self.bound
+
+
+def _gamma(n: int) -> float:
+    """Higham's ``gamma_n = n u / (1 - n u)``, ``u = EPS / 2``: the bound of ``n`` roundings."""
+    u = EPS / 2
+    return n * u / (1 - n * u)
+
+
+def _attention(x: Any, wq: Any, wk: Any, wv: Any) -> tuple[Any, Any]:
+    """``softmax(Q K^T / sqrt(d)) V`` in float64, and an entrywise bound on its rounding error.
+
+    The bound follows each step (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, 3.5): a length-``n`` dot product errs by ``gamma_n`` times
+    the dot product of the absolute values; errors in the inputs of a product
+    add ``|dA| |B| + |A| |dB| + |dA| |dB|``. A softmax row whose scores move
+    by at most ``D`` changes each weight by a factor within ``exp(+-2 D)``;
+    its own ``exp``, sum and division add ``gamma_(n + 6)`` relative (numpy's
+    ``exp`` is within two ulps).
+    """
+    n, d = x.shape
+    q, k, v = x @ wq, x @ wk, x @ wv
+    ax = np.abs(x)
+    eq, ek, ev = (_gamma(d) * (ax @ np.abs(w)) for w in (wq, wk, wv))
+    scale = 1.0 / math.sqrt(d)
+    s = (q @ k.T) * scale
+    aq, ak = np.abs(q), np.abs(k)
+    es = (_gamma(d) * (aq @ ak.T) + eq @ ak.T + aq @ ek.T + eq @ ek.T) * scale
+    es += _gamma(3) * np.abs(s)  # sqrt, division and the multiply by scale
+    z = s - s.max(axis=1, keepdims=True)
+    es += _gamma(1) * np.abs(z)  # the subtraction of the row maximum
+    e = np.exp(z)
+    a = e / e.sum(axis=1, keepdims=True)
+    spread = np.expm1(2 * es.max(axis=1, keepdims=True))
+    ea = a * ((1 + spread) * (1 + _gamma(n + 6)) - 1)
+    out = a @ v
+    av = np.abs(v)
+    eout = _gamma(n) * (a @ av) + ea @ av + a @ ev + ea @ ev
+    return out, eout
+
+
+def permutation_check(
+    dim: int = 16, tokens: int = 6, seed: int = 0, *, preset: str | Sinusoid = "vaswani"
+) -> PermutationCheck:
+    """Reorder the input of one self-attention layer: without positions the output only reorders.
+
+    Self-attention ``softmax(X Wq (X Wk)^T / sqrt(d)) X Wv`` (Vaswani et al.
+    2017, section 3.2.1) treats its input as a set: for a permutation ``P``,
+    ``attn(P X) = P attn(X)``. Hence section 3.5: "since our model contains no
+    recurrence and no convolution, in order for the model to make use of the
+    order of the sequence, we must inject some information about the ...
+    position of the tokens". Adding the sinusoidal table in order (the
+    positions stay ``0, 1, 2, ...`` while the tokens move) breaks the
+    equivariance. One head, random float64 token embeddings ``N(0, 1)`` and
+    weights ``N(0, 1/d)``, numpy only.
+
+    Args:
+        dim: channels; at least 2.
+        tokens: sequence length; at least 2 (so that a permutation can move something).
+        seed: seed of the embeddings, the weights and the permutation.
+        preset: the sinusoidal preset added as positions.
+
+    Returns:
+        A :class:`PermutationCheck`. Its bound is twice the larger of the
+        two runs' summed entrywise rounding bounds (``attn(P X)`` and
+        ``P attn(X)`` each within its bound of the exact value, see
+        :func:`_attention`), doubled for the second-order terms the bound
+        leaves out and for evaluating it on computed values.
+
+    Raises:
+        TypeError: a non-int argument.
+        ValueError: ``dim`` or ``tokens`` below 2, a negative seed, a bad preset.
+    """
+    dim = checks.check_channels(dim, "dim", minimum=2)
+    tokens = checks.check_int(tokens, "tokens", minimum=2)
+    seed = checks.check_int(seed, "seed")
+    pe = sinusoidal(tokens, dim, preset=preset, dtype="float64")
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(tokens, dim))
+    wq, wk, wv = (rng.normal(scale=1 / math.sqrt(dim), size=(dim, dim)) for _ in range(3))
+    perm = rng.permutation(tokens)
+    while np.array_equal(perm, np.arange(tokens)):
+        perm = rng.permutation(tokens)
+    runs = []
+    for added in (0.0, pe):
+        out, err = _attention(x + added, wq, wk, wv)
+        out_p, err_p = _attention(x[perm] + added, wq, wk, wv)
+        runs.append((out, out_p, float(np.max(np.abs(out_p - out[perm]))), err[perm] + err_p))
+    (out, out_p, diff, bound), (pos, pos_p, pos_diff, pos_bound) = runs
+    limit = 2.0 * float(max(bound.max(), pos_bound.max()))
+    return PermutationCheck(
+        dim=dim,
+        tokens=tokens,
+        seed=seed,
+        permutation=tuple(int(i) for i in perm),
+        output=out,
+        permuted_output=out_p,
+        max_difference=diff,
+        bound=limit,
+        positioned_output=pos,
+        positioned_permuted_output=pos_p,
+        with_positions=pos_diff,
+    )
+
+
+# ------------------------------------------------------------------ add or concatenate
+
+
+@dataclass(frozen=True)
+class AddConcat:
+    """Token embeddings plus positions, seen on one (cos, sin) pair, at two scales and concatenated.
+
+    Attributes:
+        dim: channels ``d`` of the token embeddings and of the table.
+        length: positions ``0 .. length - 1``.
+        pair: the frequency pair drawn: the one whose wavelength is nearest ``length``.
+        channels: its ``(cos channel, sin channel)``.
+        wavelength: ``2 pi / omega`` of the pair, in positions.
+        shown: indices (into the vocabulary) of the tokens drawn.
+        scaled_tokens: ``(len(shown), 2)``: the drawn tokens' embeddings times
+            ``sqrt(d)`` on the two channels (entries of standard deviation about 1).
+        unscaled_tokens: the same embeddings without the factor (about ``1/sqrt(d)``).
+        scaled_points: ``(len(shown), length, 2)``: ``sqrt(d) e + PE(p)`` on
+            the two channels: a circle of radius the amplitude around each token.
+        unscaled_points: ``e + PE(p)`` on the two channels: circles on top of
+            one another around the origin.
+        concat_points: ``(len(shown), length, 2)``: for ``[sqrt(d) e, PE(p)]``
+            (``2 d`` channels), the token's value on its cos channel and the
+            position's value on the pair's sin channel.
+        scaled_std: measured standard deviation of the scaled embedding entries.
+        unscaled_std: the same without the factor.
+        position_recovery_scaled: fraction of (token, position) sums, over the
+            whole vocabulary, whose best-matching table row is their position
+            (as :func:`geometry`'s ``"recovery"``), embeddings times ``sqrt(d)``.
+        position_recovery_unscaled: the same without the factor.
+        token_recovery_scaled: fraction whose nearest token embedding is their token.
+        token_recovery_unscaled: the same without the factor.
+        concat_position_recovery: position recovery when concatenated (1: the
+            position channels are the table's).
+        concat_token_recovery: token recovery when concatenated.
+    """
+
+    dim: int
+    length: int
+    pair: int
+    channels: tuple[int, int]
+    wavelength: float
+    shown: tuple[int, ...]
+    scaled_tokens: Any
+    unscaled_tokens: Any
+    scaled_points: Any
+    unscaled_points: Any
+    concat_points: Any
+    scaled_std: float
+    unscaled_std: float
+    position_recovery_scaled: float
+    position_recovery_unscaled: float
+    token_recovery_scaled: float
+    token_recovery_unscaled: float
+    concat_position_recovery: float
+    concat_token_recovery: float
+
+    @property
+    def recovery(self) -> dict[float, float]:
+        """Position recovery after adding, keyed by the nominal std of the token entries.
+
+        ``1.0`` with the ``sqrt(d)`` factor, ``d ** -0.5`` without it.
+        """
+        return {
+            1.0: self.position_recovery_scaled,
+            self.dim**-0.5: self.position_recovery_unscaled,
+        }
+
+
+def _far_apart(points: Any, count: int) -> list[int]:
+    """Indices of ``count`` rows of ``points`` picked greedily far apart (farthest-point order)."""
+    chosen = [int(np.argmax(np.linalg.norm(points, axis=1)))]
+    while len(chosen) < min(count, len(points)):
+        gap = np.min(np.linalg.norm(points[:, None] - points[chosen][None], axis=-1), axis=1)
+        chosen.append(int(np.argmax(gap)))
+    return chosen
+
+
+def add_concat(
+    dim: int = 512,
+    length: int = 50,
+    seed: int = 0,
+    *,
+    shown: int = 4,
+    vocab: int = 100,
+    preset: str | Sinusoid = "vaswani",
+) -> AddConcat:
+    """Add a position to a token embedding at the paper's scale, without it, or concatenate.
+
+    Vaswani et al. 2017 add the table to the embeddings (section 3.5) after
+    multiplying the embeddings by ``sqrt(d_model)`` (section 3.4).
+    tensor2tensor (``multiply_embedding_by_sqrt_depth``) and fairseq
+    (``Embedding``: ``normal_(std=d ** -0.5)``, ``embed_scale = sqrt(d)``)
+    initialise the embeddings with entries ``N(0, 1/d)``, so after the factor
+    a token's entries have standard deviation 1, like the table's; without it
+    they are ``1/sqrt(d)`` and the position swamps the token. On one (sin,
+    cos) pair of channels, ``token + PE(p)`` for ``p < length`` is a circle of
+    radius the amplitude (1) around the token's point. Concatenating
+    ``[token, PE(p)]`` keeps the two in separate channels.
+
+    Args:
+        dim: channels; at least 2.
+        length: positions; at least 2.
+        seed: seed of the embeddings ``N(0, 1/d)``.
+        shown: tokens drawn, picked far apart on the pair's channels from the vocabulary.
+        vocab: token embeddings drawn; the recovery fractions are over all of
+            them and every position.
+        preset: the sinusoidal preset.
+
+    Returns:
+        An :class:`AddConcat`.
+
+    Raises:
+        TypeError: a non-int argument.
+        ValueError: ``dim`` or ``length`` below 2, ``shown`` above ``vocab``,
+            a preset with no complete (sin, cos) pair at ``dim``.
+    """
+    dim = checks.check_channels(dim, "dim", minimum=2)
+    length = checks.check_int(length, "length", minimum=2)
+    seed = checks.check_int(seed, "seed")
+    shown = checks.check_int(shown, "shown", minimum=1)
+    vocab = checks.check_int(vocab, "vocab", minimum=1)
+    if shown > vocab:
+        raise ValueError(f"shown must be at most vocab={vocab}; got {shown}")
+    checks.check_elements(vocab * length * max(length, vocab), "add_concat's recovery scores")
+    spec = resolve(preset)
+    slots = spec.slots(dim)
+    pairs = slots.n_second
+    if pairs == 0:
+        raise ValueError(f"dim={dim} has no complete (sin, cos) pair to draw")
+    omega = spec.inv_freq(dim)[:pairs]
+    wavelengths = 2 * np.pi / np.abs(omega)
+    j = int(np.argmin(np.abs(np.log(wavelengths / length))))
+    first, second = slots.indices()
+    sin_c, cos_c = (first[j], second[j]) if spec.order == "sin_cos" else (second[j], first[j])
+    channels = (int(cos_c), int(sin_c))
+    table = table64(length, dim, spec)
+    rng = np.random.default_rng(seed)
+    unscaled = rng.normal(scale=1 / math.sqrt(dim), size=(vocab, dim))
+    scaled = math.sqrt(dim) * unscaled
+    cols = list(channels)
+    pick = _far_apart(scaled[:, cols], shown)
+    on_pair = table[:, cols]  # (length, 2)
+
+    def circles(emb: Any) -> Any:
+        return emb[pick][:, None, cols] + on_pair[None]
+
+    concat = np.empty((len(pick), length, 2))
+    concat[..., 0] = scaled[pick][:, None, cos_c]
+    concat[..., 1] = table[None, :, sin_c]
+    zeros = np.zeros((vocab, dim))
+    both_tokens = np.concatenate([scaled, zeros], axis=1)
+    both_table = np.concatenate([np.zeros((length, dim)), table], axis=1)
+    return AddConcat(
+        dim=dim,
+        length=length,
+        pair=j,
+        channels=channels,
+        wavelength=float(wavelengths[j]),
+        shown=tuple(pick),
+        scaled_tokens=scaled[pick][:, cols],
+        unscaled_tokens=unscaled[pick][:, cols],
+        scaled_points=circles(scaled),
+        unscaled_points=circles(unscaled),
+        concat_points=concat,
+        scaled_std=float(scaled.std()),
+        unscaled_std=float(unscaled.std()),
+        position_recovery_scaled=_position_recovery(table, scaled),
+        position_recovery_unscaled=_position_recovery(table, unscaled),
+        token_recovery_scaled=_token_recovery(table, scaled),
+        token_recovery_unscaled=_token_recovery(table, unscaled),
+        concat_position_recovery=_position_recovery(both_table, both_tokens),
+        concat_token_recovery=_token_recovery(both_table, both_tokens),
+    )

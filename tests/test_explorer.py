@@ -1,0 +1,159 @@
+"""The explorers' data: what the page draws is what posenc computes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc.faces import explorers
+from posenc.families.rotary.config import rope_spec
+from posenc.families.rotary.schedules import frequencies
+from posenc.integration.analysis import explorer as ex
+
+
+def decode(blob):
+    dtype = {"float64": "<f8", "uint8": "u1"}[blob["dtype"]]
+    return np.frombuffer(base64.b64decode(blob["b64"]), dtype=dtype).reshape(blob["shape"])
+
+
+def test_hand_pairs_at_d_512():
+    assert ex.hand_pairs(256, 8) == [0, 1, 4, 10, 23, 52, 115, 255]
+    assert ex.hand_pairs(5, 8) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="count"):
+        ex.hand_pairs(10, 0)
+
+
+@given(st.integers(1, 4096), st.integers(2, 12))
+def test_hand_pairs_spread_log_uniformly(pairs, count):
+    picked = ex.hand_pairs(pairs, count)
+    assert picked == sorted(set(picked)) and len(picked) == min(pairs, count)
+    assert picked[0] == 0 and picked[-1] == pairs - 1
+    if pairs >= 8 * count:  # log spacing: the middle hand sits near the geometric middle
+        expected = pairs ** ((count // 2) / (count - 1))
+        assert expected / 2 <= picked[count // 2] + 1 <= expected * 2
+
+
+@pytest.mark.parametrize("preset", ["vaswani", "ldm", "fairseq"])
+def test_sinusoidal_data_is_the_table(preset):
+    got = ex.sinusoidal_explorer(12, preset=preset, dims=(16, 64), bases=(100.0, 10000.0))
+    for (dim, base), c in got["combos"].items():
+        table = posenc.sinusoidal(12, dim, preset=preset, dtype="float64", base=base)
+        np.testing.assert_array_equal(c["table"], table)
+        np.testing.assert_array_equal(c["first"], table[:, :8])
+        # each hand is (cos, sin) of one pair: on the unit circle, at omega * p
+        p = np.arange(12)[:, None]
+        np.testing.assert_allclose(c["sin"], np.sin(p * c["omega"]), atol=1e-12)
+        np.testing.assert_allclose(c["cos"], np.cos(p * c["omega"]), atol=1e-12)
+
+
+def test_sinusoidal_data_refuses_bad_sizes():
+    with pytest.raises(ValueError, match="dims must be even"):
+        ex.sinusoidal_explorer(8, dims=(15,))
+    with pytest.raises(ValueError, match="bases must be > 1"):
+        ex.sinusoidal_explorer(8, bases=(1.0,))
+    with pytest.raises(ValueError, match="length"):
+        ex.sinusoidal_explorer(1)
+
+
+def test_rope_scores_depend_on_the_offset_only():
+    r = ex.rope_explorer(head_dim=8, positions=32)
+    np.testing.assert_array_equal(r["score"], r["q_rot"] @ r["k_rot"].T)
+    # rotations keep norms: each |q_rot[m]| is |q|
+    np.testing.assert_allclose(np.linalg.norm(r["q_rot"], axis=1), np.linalg.norm(r["q"]))
+    # a score is a sum of head_dim products of size <= |q||k|: rounding of a few ulp each
+    bound = 8 * r["head_dim"] * 2**-52 * np.abs(r["q"]) @ np.abs(r["k"]) * 4
+    for offset in range(-30, 31):
+        assert np.ptp(np.diagonal(r["score"], offset)) <= bound
+    assert r["score"][0, 0] == pytest.approx(r["unrotated"], abs=bound)
+
+
+def test_extension_classes_follow_each_schedule():
+    got = ex.extension_explorer(128, 500000.0, trained=(8192,), factors=(8.0,))
+    original = got["original"]
+    case = {s.key: got["cases"][s.key, 8192, 8.0] for s in got["schedules"]}
+    # linear divides every frequency: all interpolated, all angles within the trained range
+    assert (case["linear"].kind == 1).all() and case["linear"].in_range.all()
+    np.testing.assert_allclose(case["linear"].omega, original / 8, rtol=1e-15)
+    # NTK raises the base: pair 0 kept, the last pair divided exactly by the factor
+    assert case["ntk"].kind[0] == 0 and case["ntk"].kind[-1] == 1
+    assert (case["ntk"].kind[1:-1] == 2).all()
+    # llama3 (Meta's reference): wavelengths below 8192/4 kept, above 8192/1 divided
+    wavelength = 2 * math.pi / original
+    kind = case["llama3"].kind
+    assert (kind[wavelength < 8192 / 4] == 0).all()
+    assert (kind[wavelength > 8192] == 1).all()
+    assert ((wavelength >= 8192 / 4) & (wavelength <= 8192) == (kind == 2)).all()
+    assert case["yarn"].attention_scaling == pytest.approx(0.1 * math.log(8) + 1)
+    # NTK leaves slow pairs out of range: at 8x the length they turn further than trained
+    assert not case["ntk"].in_range.all()
+    for c in case.values():
+        d = ex.describe(c, 8192, 8.0)
+        assert d["kept"] + d["interpolated"] + d["blended"] == 64 and d["target"] == 65536
+
+
+def test_classify_and_in_range_on_hand_made_ratios():
+    ratio = np.array([1.0, 0.25, 0.5, 1 + 1e-9])
+    assert ex.classify(ratio, 4.0).tolist() == [0, 1, 2, 2]
+    assert ex.classify(np.array([1.0]), 1.0).tolist() == [0]
+    original = np.array([1.0, 1e-4, 1e-4])
+    scaled = np.array([1.0, 1e-4, 0.25e-4])
+    # pair 0 turns fully within 100 positions; pair 1 is not slowed; pair 2 is, by the factor
+    assert ex.in_range(original, scaled, 100, 400).tolist() == [True, False, True]
+
+
+def test_model_schedule_first_with_its_own_lengths():
+    spec = rope_spec(
+        {
+            "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0,
+            "max_position_embeddings": 4096,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 1024, "beta_fast": 16.0},
+        }
+    )  # fmt: skip
+    schedule, trained, factor = ex.model_schedule(spec, "config.json")
+    assert (schedule.key, schedule.rope_type, trained, factor) == ("model", "yarn", 1024, 4.0)
+    got = ex.extension_explorer(64, 10000.0, trained=(1024,), factors=(4.0,), schedules=[schedule])
+    params = {"factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 16.0}
+    want = frequencies("yarn", 64, 10000.0, params).inv_freq
+    np.testing.assert_array_equal(got["cases"]["model", 1024, 4.0].omega, want)
+
+
+def test_extension_refuses_bad_input():
+    with pytest.raises(ValueError, match="factors must be >= 1"):
+        ex.extension_explorer(64, 10000.0, factors=(0.5,))
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        ex.extension_explorer(63, 10000.0)
+    with pytest.raises(ValueError, match="rope_type"):
+        ex.extension_explorer(64, 10000.0, schedules=[ex.ExtensionSchedule("x", "bogus", "bogus")])
+
+
+def test_payload_round_trips_through_json():
+    data = json.loads(json.dumps(explorers.payload(length=6, dim=16)))
+    s = data["sinusoidal"]
+    key = f"{s['dims'].index(16)}|{s['bases'].index(10000.0)}"
+    first = decode(s["combos"][key]["first"])
+    np.testing.assert_array_equal(first, posenc.sinusoidal(6, 16, dtype="float64")[:, :8])
+    heat = decode(s["combos"][key]["heat"])
+    lo, hi = s["combos"][key]["heat_range"]
+    table = posenc.sinusoidal(6, 16, dtype="float64")
+    # 256 colour levels over the table's own range: half a level of error at most
+    assert np.abs(lo + heat / 255 * (hi - lo) - table).max() <= (hi - lo) / 510 + 1e-15
+    e = data["extension"]
+    assert e["schedules"][0]["rope_type"] == "llama3"
+    d = e["default"]
+    case = e["cases"][f"{d['schedule']}|{d['trained']}|{d['factor']}"]
+    assert decode(case["kind"]).shape == (64,)
+    assert set(decode(case["kind"]).tolist()) <= {0, 1, 2}
+    r = data["rope"]
+    np.testing.assert_array_equal(decode(r["score"]), ex.rope_explorer()["score"])
+
+
+def test_script_text_cannot_end_the_script_element():
+    assert "</script" not in explorers._script_text('{"a": "</script>"}')
