@@ -10,6 +10,11 @@ of them take keyword arguments with defaults (Vaswani et al.'s encoding at
 d = 512, 50 positions) and ignore the ones they do not use. What a figure
 measures (errors, decay bounds, schedules, a trained table) comes from
 :mod:`posenc.analysis`.
+
+Images are coloured on their own data's range (:func:`colour_scale`:
+symmetric about 0 on a diverging map when the values have both signs), with
+a labelled colour bar. :func:`save` writes PNG at 220 dpi and SVG with its
+text as text and its images at data resolution.
 """
 
 from __future__ import annotations
@@ -23,10 +28,15 @@ import numpy as np
 
 from posenc.core import checks
 from posenc.faces.files import atomic_write
+from posenc.integration.analysis.explorer import hand_pairs
 
-__all__ = ["KINDS", "figure", "new_figure", "pyplot", "save"]
+__all__ = ["KINDS", "colour_scale", "figure", "new_figure", "pyplot", "save"]
 
-PAIR_COLOURS = "viridis"
+#: PNG resolution: twice matplotlib's screen resolution, sharp on high-density displays.
+PNG_DPI = 220
+
+#: Text size of the small labels on dense figures (clock panels, token names).
+SMALL = 8
 
 
 def pyplot() -> Any:
@@ -46,43 +56,259 @@ def new_figure(width: float = 7.0, height: float = 4.0, ncols: int = 1, nrows: i
     return fig, axes
 
 
-def _image(fig: Any, ax: Any, data: Any, title: str, xlabel: str, ylabel: str, **kw: Any) -> None:
-    """``data`` as an image on ``ax`` (viridis unless ``cmap``), labelled, with a colour bar."""
-    kw = {"cmap": "viridis", "interpolation": "nearest", **kw}
-    im = ax.imshow(data, **kw)
+def colour_scale(*arrays: Any, signed: bool | None = None) -> tuple[Any, str]:
+    """A colour scale fitted to the data shown: ``(Normalize, colormap name)``.
+
+    Data with both signs (or ``signed=True``) gets limits symmetric about 0,
+    ``+-max |x|``, on the diverging ``RdBu_r`` (white is 0); one-signed data
+    gets its own ``[min, max]`` on ``viridis``. NaN and masked entries are
+    ignored.
+    """
+    pyplot()
+    from matplotlib.colors import Normalize
+
+    values = np.concatenate(
+        [np.ma.masked_invalid(np.ma.asarray(a, dtype=np.float64)).compressed() for a in arrays]
+    )
+    lo, hi = float(values.min()), float(values.max())
+    if signed is None:
+        signed = lo < 0 < hi
+    if signed:
+        top = max(-lo, hi)
+        return Normalize(-top, top), "RdBu_r"
+    return Normalize(lo, hi), "viridis"
+
+
+def _image(
+    fig: Any,
+    ax: Any,
+    data: Any,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    label: str = "",
+    *,
+    scale: tuple[Any, str] | None = None,
+    colorbar: bool = True,
+    **kw: Any,
+) -> Any:
+    """``data`` as an image on ``ax``, labelled, with a colour bar labelled ``label``.
+
+    The scale is :func:`colour_scale` of ``data`` unless ``scale`` is given
+    (one scale shared by several images). ``interpolation="none"``: Agg draws
+    the cells as blocks, and SVG embeds the raster at data resolution (one
+    pixel per cell) instead of resampling it.
+    """
+    norm, cmap = scale if scale is not None else colour_scale(data)
+    im = ax.imshow(data, norm=norm, cmap=cmap, interpolation="none", **kw)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    fig.colorbar(im, ax=ax, shrink=0.8)
+    if colorbar:
+        fig.colorbar(im, ax=ax, shrink=0.85, label=label)
+    return im
 
 
-def save(fig: Any, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (``.png`` at 110 dpi, or ``.svg``) atomically and close it.
+def _num(x: float) -> str:
+    """A wavelength for a small title: 3 digits below 100, whole positions above."""
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (``.png`` at 220 dpi, or ``.svg``) atomically and close it.
+
+    ``more`` paths get the same figure in their own format (drawn once, saved
+    to each); the first path is returned.
+
+    The SVG keeps its text as text (``svg.fonttype = "none"``: searchable,
+    small, drawn by the browser's font) and its images at data resolution; its
+    ids and metadata do not depend on the run, so the same figure gives the
+    same file.
 
     Raises:
         ValueError: a suffix other than .png or .svg.
         OSError: ``path`` cannot be written (any previous file is left as it was).
     """
-    path = Path(path)
-    if path.suffix not in (".png", ".svg"):
-        raise ValueError(f"figure file must end in .png or .svg; got {str(path)!r}")
-    with atomic_write(path) as f:
-        fig.savefig(f, format=path.suffix[1:], dpi=110)
-    pyplot().close(fig)
-    return path
+    import matplotlib
+
+    paths = [Path(p) for p in (path, *more)]
+    for p in paths:
+        if p.suffix not in (".png", ".svg"):
+            raise ValueError(f"figure file must end in .png or .svg; got {str(p)!r}")
+    try:
+        for p in paths:
+            with atomic_write(p) as f:
+                if p.suffix == ".svg":
+                    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
+                        fig.savefig(f, format="svg", metadata={"Date": None})
+                else:
+                    fig.savefig(f, format="png", dpi=PNG_DPI)
+    finally:
+        pyplot().close(fig)
+    return paths[0]
+
+
+# ------------------------------------------------------------------ why positions, exp and log
+
+
+def permutation(
+    *, dim: int = 16, tokens: int = 6, seed: int = 0, preset: str = "vaswani", **_: Any
+) -> Any:
+    """Self-attention on tokens and on the tokens reordered, without and with positions added."""
+    from posenc.integration.analysis import permutation_check
+
+    r = permutation_check(dim, tokens, seed, preset=preset)
+    perm = np.asarray(r.permutation)
+    rows = (
+        ("no positions", "X", r.output, r.permuted_output, r.max_difference),
+        ("PE added", "X + PE", r.positioned_output, r.positioned_permuted_output, r.with_positions),
+    )
+    diffs = [moved - out[perm] for _, _, out, moved, _ in rows]
+    scale = colour_scale(*(a for row in rows for a in row[2:4]), *diffs, signed=True)
+    names = [f"t{i}" for i in range(tokens)]
+    moved_names = [names[i] for i in perm]
+    fig, axes = new_figure(10, 5.8, ncols=3, nrows=2)
+    im = None
+    for k, ((what, inp, out, moved, worst), diff) in enumerate(zip(rows, diffs, strict=True)):
+        verdict = "rows only reordered" if k == 0 else "rows changed"
+        panels = (
+            (out, f"attn({inp})", f"{what}: token", names),
+            (
+                moved,
+                f"attn({inp.replace('X', 'X[perm]')}): {verdict}",
+                "token (reordered)",
+                moved_names,
+            ),
+            (diff, f"minus attn({inp})[perm]: max {worst:.1e}", "token (reordered)", moved_names),
+        )
+        for ax, (data, title, ylabel, ticks) in zip(axes[k], panels, strict=True):
+            im = _image(
+                fig,
+                ax,
+                data,
+                title,
+                "output channel",
+                ylabel,
+                scale=scale,
+                colorbar=False,
+                aspect="auto",
+            )
+            ax.set_yticks(range(tokens), ticks, fontsize=SMALL)
+            ax.title.set_fontsize(9)
+    fig.colorbar(im, ax=axes, shrink=0.7, label="attention output (one scale, 0 white)")
+    fig.suptitle(
+        "Reordering the tokens only reorders self-attention's output, until positions are added\n"
+        f"random tokens X ({tokens} x {dim}), one softmax head; rounding bound {r.bound:.1e}"
+    )
+    return fig
+
+
+def exp_log(*, dim: int = 512, base: float = 10000.0, **_: Any) -> Any:
+    """float32 error of the power and exp-log frequency forms, and the h versus h - 1 schedules."""
+    from posenc.integration.analysis import exp_log_errors
+
+    e = exp_log_errors(dim, base)
+    fig, (left, right) = new_figure(10, 4.0, ncols=2)
+    left.plot(e.pair, e.power_error / e.unit, ".", ms=3, label="power: 1 / base^(2i/d)")
+    left.plot(
+        e.pair, e.exp_log_error / e.unit, ".", ms=3, label="exp-log: exp(2i · (−ln base / d))"
+    )
+    left.set_xlabel("pair index i")
+    left.set_ylabel("relative error of ωᵢ (units of 2⁻²⁴)")
+    left.set_title("float32 ωᵢ against 40-digit mpmath")
+    left.legend(fontsize=SMALL)
+    h = dim // 2
+    right.semilogy(e.pair, e.paper, lw=1.5, label="paper: base^(−i/h)")
+    right.semilogy(e.pair, e.variant, "--", lw=1.5, label="variant: base^(−i/(h−1))")
+    right.axhline(1 / base, color="grey", ls=":", lw=0.8, label=f"1/base = {1 / base:g}")
+    right.set_xlabel("pair index i")
+    right.set_ylabel("ωᵢ (radians per position, log scale)")
+    right.set_title(f"denominator h = d/2 or h − 1 (d = {dim}, h = {h})")
+    right.legend(fontsize=SMALL, loc="lower left")
+    # on four decades the two schedules differ by a few percent: zoom on the last pairs
+    last = max(h - 8, 0)
+    inset = right.inset_axes((0.6, 0.6, 0.37, 0.33))
+    inset.plot(e.pair[last:], e.paper[last:] * base, lw=1.2, marker=".")
+    inset.plot(e.pair[last:], e.variant[last:] * base, "--", lw=1.2, marker=".")
+    inset.axhline(1.0, color="grey", ls=":", lw=0.8)
+    inset.set_xlabel("pair i", fontsize=7, labelpad=1)
+    inset.set_ylabel("ωᵢ · base", fontsize=7, labelpad=1)
+    inset.tick_params(labelsize=6)
+    inset.set_title(
+        f"last pair: {e.paper[-1] * base:.4g}/base and {e.variant[-1] * base:.4g}/base",
+        fontsize=7,
+    )
+    return fig
+
+
+def add_concat(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: Any) -> Any:
+    """Tokens plus positions on one (cos, sin) pair: scaled by sqrt(d), unscaled, concatenated."""
+    from posenc.integration.analysis import add_concat as measure
+
+    a = measure(dim, length, preset=preset)
+    cos_c, sin_c = a.channels
+    fig, axes = new_figure(12, 4.6, ncols=3)
+    panels = (
+        (f"added, token × √d (entries' std {a.scaled_std:.2g})", a.scaled_tokens, a.scaled_points),
+        (f"added, no √d (std {a.unscaled_std:.2g})", a.unscaled_tokens, a.unscaled_points),
+        ("concatenated [√d token, PE]", a.concat_points[:, 0], a.concat_points),
+    )
+    reach = float(np.max(np.abs(np.concatenate([a.scaled_points, a.unscaled_points])))) * 1.1
+    radius = float(np.mean(np.linalg.norm(a.scaled_points - a.scaled_tokens[:, None], axis=-1)))
+    top = float(np.max(np.abs(a.concat_points[..., 1])))
+    dots = None
+    positions = np.arange(a.length)
+    for k, (ax, (title, centres, points)) in enumerate(zip(axes, panels, strict=True)):
+        for n, (centre, pts) in enumerate(zip(centres, points, strict=True)):
+            dots = ax.scatter(pts[:, 0], pts[:, 1], c=positions, cmap="viridis", s=9, zorder=2)
+            if k == 0:
+                ax.plot(*centre, "kx", ms=7, mew=1.5, zorder=3)
+                ax.annotate(
+                    f"token {n}", centre, xytext=(4, 4), textcoords="offset points", fontsize=SMALL
+                )
+            elif k == 1:  # the labels would sit on top of each other
+                ax.plot(*centre, "kx", ms=7, mew=1.5, zorder=3)
+            else:  # one column per token, labelled above it, staggered
+                ax.annotate(
+                    f"token {n}",
+                    (centre[0], top * (1.08 + 0.12 * (n % 2))),
+                    ha="center",
+                    fontsize=SMALL,
+                )
+        ax.set_title(title, fontsize=10)
+        if k < 2:
+            ax.set_xlim(-reach, reach)
+            ax.set_ylim(-reach, reach)
+            ax.set_aspect("equal")
+            ax.set_xlabel(f"channel {cos_c}: token + cos(ω p)")
+            ax.set_ylabel(f"channel {sin_c}: token + sin(ω p)")
+        else:
+            ax.set_xlabel(f"token channel {cos_c} (first {a.dim})")
+            ax.set_ylabel(f"position channel {a.dim} + {sin_c}: sin(ω p)")
+            ax.set_ylim(-1.15 * top, 1.35 * top)
+    fig.colorbar(dots, ax=axes, shrink=0.8, label="position p")
+    rs, ru = a.position_recovery_scaled, a.position_recovery_unscaled
+    ts, tu = a.token_recovery_scaled, a.token_recovery_unscaled
+    fig.suptitle(
+        f"token + PE(p), p < {a.length}, on pair {a.pair} (wavelength {a.wavelength:.3g}): a "
+        f"circle of radius {radius:.3g} around each token\nread back after adding (√d / none): "
+        f"position {rs:.0%} / {ru:.0%}, token {ts:.0%} / {tu:.0%}; concatenated: "
+        f"{a.concat_position_recovery:.0%} / {a.concat_token_recovery:.0%}"
+    )
+    return fig
 
 
 # ------------------------------------------------------------------ sinusoidal
 
 
 def heatmap(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: Any) -> Any:
-    """The table as an image: positions down, channels across (viridis)."""
+    """The table as an image: positions down, channels across."""
     import posenc
 
     table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     fig, ax = new_figure(8, 4)
     title = f"{preset}: PE(position, channel), d = {dim}, {length} positions"
-    _image(fig, ax, table, title, "channel (depth)", "position", aspect="auto", vmin=-1, vmax=1)
+    _image(fig, ax, table, title, "channel", "position", "PE value", aspect="auto")
     return fig
 
 
@@ -90,14 +316,16 @@ def wavelengths(*, dim: int = 512, preset: str = "vaswani", **_: Any) -> Any:
     """Wavelength of each (sin, cos) pair: a geometric progression from 2 pi upwards."""
     from posenc.families.absolute.sinusoidal import resolve
 
-    omega = resolve(preset).inv_freq(dim)
+    spec = resolve(preset)
+    omega = spec.inv_freq(dim)
     fig, ax = new_figure(7, 3.6)
-    ax.semilogy(np.arange(len(omega)), 2 * np.pi / omega, marker=".", lw=1)
-    ax.axhline(2 * np.pi, color="grey", lw=0.8, ls="--")
-    ax.axhline(2 * np.pi * 10000, color="grey", lw=0.8, ls="--")
+    ax.semilogy(np.arange(len(omega)), 2 * np.pi / omega, marker=".", lw=1, label=preset)
+    ax.axhline(2 * np.pi, color="grey", lw=0.8, ls="--", label="2π (ω = 1)")
+    ax.axhline(2 * np.pi * spec.base, color="grey", lw=0.8, ls=":", label="2π · base")
     ax.set_xlabel("pair index i")
-    ax.set_ylabel("wavelength (positions)")
-    ax.set_title("wavelength 2 pi / omega_i, omega_i = 10000^(-2i/d)")
+    ax.set_ylabel("wavelength 2π/ωᵢ (positions, log)")
+    ax.set_title(f"wavelength of each pair, ωᵢ = base^(−2i/d), base {spec.base:g}, d = {dim}")
+    ax.legend(fontsize=SMALL)
     return fig
 
 
@@ -107,19 +335,9 @@ def shift(*, dim: int = 512, offset: float = 10, preset: str = "vaswani", **_: A
 
     m = posenc.shift_matrix(offset, dim, preset=preset)
     n = min(16, dim)
-    fig, ax = new_figure(4.8, 4.2)
-    title = f"M_k for k = {offset:g}: 2x2 rotations on the diagonal"
-    _image(
-        fig,
-        ax,
-        m[:n, :n],
-        title,
-        "channel of PE(p)",
-        "channel of PE(p + k)",
-        cmap="RdBu_r",
-        vmin=-1,
-        vmax=1,
-    )
+    fig, ax = new_figure(5, 4.4)
+    title = f"M_k, k = {offset:g} (first {n} channels):\n2×2 rotations on the diagonal"
+    _image(fig, ax, m[:n, :n], title, "channel of PE(p)", "channel of PE(p + k)", "entry of M_k")
     return fig
 
 
@@ -135,64 +353,111 @@ def regression(
     x, y = t[:length, r.column], t[offset : offset + length, r.column]
     a, b, c = r.pair_coef
     fit = a + b * t[:length, r.column] + c * t[:length, r.partner]
-    fig, (left, right) = new_figure(8, 3.6, ncols=2)
+    fig, (left, right) = new_figure(8.5, 3.8, ncols=2)
     left.scatter(x, y, s=10)
     left.set_xlabel(f"channel {r.column} at p")
     left.set_ylabel(f"channel {r.column} at p + {offset:g}")
-    left.set_title(f"one column: R^2 = {r.single_r2:.3f}")
+    left.set_title(f"one column: R² = {r.single_r2:.3f}")
     right.scatter(fit, y, s=10)
     right.set_xlabel(f"fit from channels {r.column} and {r.partner} at p")
-    right.set_title(f"the (sin, cos) pair: R^2 = {r.pair_r2:.12f}")
+    right.set_ylabel(f"channel {r.column} at p + {offset:g}")
+    right.set_title(f"the (sin, cos) pair: R² = {r.pair_r2:.12f}")
     return fig
 
 
 def clocks(
-    *, dim: int = 512, preset: str = "vaswani", positions: Any = (0, 1, 2, 5, 10, 20), **_: Any
+    *,
+    dim: int = 512,
+    preset: str = "vaswani",
+    positions: Any = (0, 1, 2, 5, 10, 20),
+    pairs: int = 8,
+    trail: int = 3,
+    **_: Any,
 ) -> Any:
-    """Each (sin, cos) pair as a clock hand on a unit circle: fast hands on the left."""
+    """Each (sin, cos) pair as a clock hand (cos, sin) on a unit circle, with a trail of dots.
+
+    Rows are positions, columns pairs (log-spaced by
+    :func:`posenc.analysis.explorer.hand_pairs`, the fastest and the slowest included).
+    The hand of pair ``i`` at ``p`` is
+    ``(cos(omega_i p), sin(omega_i p))`` read from the table's two channels of
+    the pair (which one holds the sine depends on the preset's order), divided
+    by the amplitude; with y up it turns counter-clockwise by ``omega_i``
+    radians per position. The dots are the ``trail`` previous positions.
+
+    Raises:
+        ValueError: ``dim`` has no complete (sin, cos) pair.
+    """
     import posenc
     from posenc.families.absolute.sinusoidal import resolve
 
     spec = resolve(preset)
     slots = spec.slots(dim)
-    pairs = min(8, slots.n_first, slots.n_second)
-    shown = [
-        0,
-        1,
-        2,
-        3,
-        *np.linspace(4, min(slots.n_first, slots.n_second) - 1, pairs - 4, dtype=int),
-    ]
-    shown = sorted(set(int(i) for i in shown))[:pairs]
-    pos = list(positions)
-    table = posenc.sinusoidal(
-        np.asarray(pos, dtype=np.float64), dim, preset=preset, dtype="float64"
-    )
-    omega = spec.inv_freq(dim)
+    complete = min(slots.n_first, slots.n_second)
+    if complete == 0:
+        raise ValueError(f"dim={dim} has no complete (sin, cos) pair to draw as a clock")
+    trail = checks.check_int(trail, "trail")
+    shown = hand_pairs(complete, pairs)
+    pos = [float(checks.check_number(p, "positions")) for p in positions]
+    if not pos:
+        raise ValueError("positions must hold at least one position")
     first, second = slots.indices()
-    if spec.order == "cos_sin":
-        first, second = second, first
+    # the hand is (cos, sin) whichever member of the pair comes first in the row
+    sin_ch, cos_ch = (first, second) if spec.order == "sin_cos" else (second, first)
+    needed = sorted({p - t for p in pos for t in range(trail + 1) if p - t >= 0} | set(pos))
+    table = posenc.sinusoidal(np.asarray(needed), dim, preset=preset, dtype="float64")
+    row = {p: i for i, p in enumerate(needed)}
+    amp = spec.amplitude_for(dim) or 1.0
+    omega = spec.inv_freq(dim)
+
+    def hand(p: float, j: int) -> tuple[float, float]:
+        return table[row[p], cos_ch[j]] / amp, table[row[p], sin_ch[j]] / amp
+
     fig, axes = new_figure(
-        1.35 * len(shown) + 1, 1.35 * len(pos) + 0.6, ncols=len(shown), nrows=len(pos)
+        1.3 * len(shown) + 0.9, 1.3 * len(pos) + 1.5, ncols=len(shown), nrows=len(pos)
     )
-    axes = np.atleast_2d(axes)
-    theta = np.linspace(0, 2 * np.pi, 100)
+    axes = np.asarray(axes).reshape(len(pos), len(shown))
+    theta = np.linspace(0, 2 * np.pi, 73)
     for r, p in enumerate(pos):
         for c, j in enumerate(shown):
             ax = axes[r, c]
-            s, co = table[r, first[j]], table[r, second[j]]
             ax.plot(np.cos(theta), np.sin(theta), color="0.8", lw=0.8)
-            ax.plot([0, co], [0, s], color="C3", lw=2)
+            ax.plot([-1.1, 1.1], [0, 0], color="0.9", lw=0.5)
+            ax.plot([0, 0], [-1.1, 1.1], color="0.9", lw=0.5)
+            for t in range(trail, 0, -1):
+                if p - t in row:
+                    ax.plot(
+                        *hand(p - t, j),
+                        "o",
+                        color="C3",
+                        ms=3.5,
+                        mec="none",
+                        alpha=0.7 * (trail + 1 - t) / (trail + 1),
+                        gid=f"trail-p{p - t:g}-i{j}",
+                    )
+            x, y = hand(p, j)
+            ax.plot(
+                [0, x], [0, y], color="C3", lw=2, solid_capstyle="round", gid=f"hand-p{p:g}-i{j}"
+            )
             ax.set_xlim(-1.2, 1.2)
             ax.set_ylim(-1.2, 1.2)
             ax.set_aspect("equal")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(f"pair {j}\nomega={omega[j]:.2g}", fontsize=7)
+                ax.set_title(f"pair i = {j}\nλ = {_num(2 * np.pi / omega[j])}", fontsize=SMALL)
             if c == 0:
-                ax.set_ylabel(f"p = {p}", fontsize=8)
-    fig.suptitle("(cos, sin) of each pair: a hand turning omega radians per position")
+                ax.set_ylabel(f"p = {p:g}", fontsize=SMALL + 1)
+    fig.suptitle(
+        f"{preset}, d = {dim}: pair i drawn as the hand (cos ωᵢ p, sin ωᵢ p), y up;\n"
+        f"each hand turns counter-clockwise by ωᵢ radians per position "
+        f"(dots: the {trail} previous positions)",
+        fontsize=11,
+    )
+    fig.supxlabel(
+        "columns: pairs i, log-spaced from the fastest to the slowest; λ = 2π/ωᵢ in positions",
+        fontsize=9,
+    )
+    fig.supylabel("rows: position p", fontsize=9)
     return fig
 
 
@@ -202,9 +467,9 @@ def similarity(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_
 
     t = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     unit = t / np.linalg.norm(t, axis=1, keepdims=True)
-    fig, ax = new_figure(5, 4.2)
-    title = "cos(PE(p), PE(q)): a function of p - q"
-    _image(fig, ax, unit @ unit.T, title, "position q", "position p", vmin=-1, vmax=1)
+    fig, ax = new_figure(5.2, 4.4)
+    title = "cos(PE(p), PE(q)): a function of p − q"
+    _image(fig, ax, unit @ unit.T, title, "position q", "position p", "cosine similarity")
     return fig
 
 
@@ -215,19 +480,20 @@ def offsets(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: A
     t = posenc.sinusoidal(length + 200, dim, preset=preset, dtype="float64")
     ks = np.arange(0, 200)
     dots = np.array([[t[p] @ t[p + k] for k in ks] for p in (0, length // 2, length - 1)])
-    fig, (left, right) = new_figure(9, 3.4, ncols=2)
+    fig, (left, right) = new_figure(9, 3.6, ncols=2)
     for row, p in zip(dots, (0, length // 2, length - 1), strict=True):
         left.plot(ks, row, lw=1, label=f"p = {p}")
-    left.set_xlabel("offset k")
-    left.set_ylabel("PE(p) . PE(p + k)")
-    left.legend(fontsize=7)
-    left.set_title("dot product depends on k only")
+    left.set_xlabel("offset k (positions)")
+    left.set_ylabel("PE(p) · PE(p + k)")
+    left.legend(fontsize=SMALL)
+    left.set_title("the dot product depends on k only")
     norms = np.linalg.norm(t[:length], axis=1)
     right.plot(np.arange(length), norms, marker=".")
     right.axhline(math.sqrt(dim / 2), color="grey", ls="--", lw=0.8)
     right.set_ylim(0, math.sqrt(dim / 2) * 1.3)
-    right.set_xlabel("position")
-    right.set_title(f"norm of every row: sqrt(d/2) = {math.sqrt(dim / 2):.4g}")
+    right.set_xlabel("position p")
+    right.set_ylabel("norm |PE(p)|")
+    right.set_title(f"norm of every row: √(d/2) = {math.sqrt(dim / 2):.4g}")
     return fig
 
 
@@ -243,10 +509,10 @@ def precision(
         if name == "position":
             continue
         ax.loglog(curves["position"], np.maximum(errs, 1e-12), marker=".", label=name)
-    ax.set_xlabel("position")
-    ax.set_ylabel("max |value - exact| over the row")
-    ax.set_title("precision against position")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("position p (log)")
+    ax.set_ylabel("max |value − exact| over the row")
+    ax.set_title("error of one row against position (floored at 1e-12)")
+    ax.legend(fontsize=SMALL)
     return fig
 
 
@@ -261,14 +527,21 @@ def learned(*, learned_table: Any = None, dim: int = 32, length: int = 32, **_: 
         from posenc.integration.analysis import train_learned
 
         learned_table = train_learned(length=length, dim=dim).table
-    sin = posenc.sinusoidal(learned_table.shape[0], learned_table.shape[1], dtype="float64")
-    fig, axes = new_figure(9, 6, ncols=2, nrows=2)
-    for col, (name, t) in enumerate((("learned", learned_table), ("sinusoidal", sin))):
-        axes[0, col].imshow(t, aspect="auto", cmap="viridis", interpolation="nearest")
-        axes[0, col].set_title(f"{name} table")
+    table = np.asarray(learned_table, dtype=np.float64)
+    sin = posenc.sinusoidal(table.shape[0], table.shape[1], dtype="float64")
+    fig, axes = new_figure(9.5, 7, ncols=2, nrows=2)
+    for col, (name, t) in enumerate((("learned", table), ("sinusoidal", sin))):
+        _image(fig, axes[0, col], t, f"{name} table", "channel", "position", "value", aspect="auto")
         unit = t / np.maximum(np.linalg.norm(t, axis=1, keepdims=True), 1e-12)
-        axes[1, col].imshow(unit @ unit.T, cmap="viridis", vmin=-1, vmax=1)
-        axes[1, col].set_title(f"{name}: cosine similarity of positions")
+        _image(
+            fig,
+            axes[1, col],
+            unit @ unit.T,
+            f"{name}: cosine similarity of positions",
+            "position q",
+            "position p",
+            "cosine similarity",
+        )
     return fig
 
 
@@ -278,12 +551,12 @@ def decay(*, head_dim: int = 128, base: float = 10000.0, max_distance: int = 200
 
     r, bound, mean_abs = rope_decay(head_dim, base, max_distance)
     fig, ax = new_figure(7, 3.6)
-    ax.plot(r, bound, lw=1, label="(1/(d/2)) sum_j |S_j| (RoFormer 3.4.3)")
-    ax.plot(r, mean_abs, lw=1, label="|mean_j e^{i r theta_j}|")
-    ax.set_xlabel("relative distance m - n")
+    ax.plot(r, bound, lw=1, label="(1/(d/2)) Σ_j |S_j| (RoFormer 3.4.3)")
+    ax.plot(r, mean_abs, lw=1, label="|mean_j e^(i r θⱼ)|")
+    ax.set_xlabel("relative distance m − n (positions)")
     ax.set_ylabel("relative upper bound")
     ax.set_title(f"RoPE long-term decay, head_dim {head_dim}, base {base:g}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=SMALL)
     return fig
 
 
@@ -302,11 +575,20 @@ def rope_scaling(
     fig, ax = new_figure(7, 4)
     for name, omega in curves.items():
         ax.semilogy(2 * np.pi / omega, label=name, lw=1.2)
-    ax.axhline(original, color="grey", ls="--", lw=0.8)
-    ax.set_xlabel("pair index")
-    ax.set_ylabel("wavelength (positions)")
-    ax.set_title(f"rotary schedules, factor {factor:g}, original length {original}")
-    ax.legend(fontsize=8)
+    ax.axhline(
+        original, color="grey", ls="--", lw=0.8, label=f"original (trained) length {original}"
+    )
+    ax.axhline(
+        original * factor,
+        color="grey",
+        ls=":",
+        lw=0.8,
+        label=f"extended length {original * factor:g}",
+    )
+    ax.set_xlabel("pair index i")
+    ax.set_ylabel("wavelength 2π/ωᵢ (positions, log)")
+    ax.set_title(f"rotary schedules, factor {factor:g}, base {base:g}")
+    ax.legend(fontsize=SMALL)
     return fig
 
 
@@ -317,13 +599,22 @@ def alibi(*, heads: int = 8, length: int = 24, **_: Any) -> Any:
     slopes = posenc.alibi_slopes(heads)
     bias = posenc.ALiBi(heads).bias(length, length).detach().numpy()
     mask = np.triu(np.ones((length, length), dtype=bool), 1)
-    fig, (left, right) = new_figure(9, 3.6, ncols=2)
+    fig, (left, right) = new_figure(9, 3.8, ncols=2)
     left.bar(np.arange(1, heads + 1), slopes)
     left.set_yscale("log", base=2)
-    left.set_xlabel("head")
-    left.set_title("slopes 2^(-8h/n)")
-    title = f"head 1 bias -m (i - j), causal, {length} tokens"
-    _image(fig, right, np.ma.masked_array(bias[0], mask), title, "key j", "query i")
+    left.set_xlabel("head h")
+    left.set_ylabel("slope m_h (log₂)")
+    left.set_title(f"slopes m_h = 2^(−8h/n), n = {heads}")
+    title = f"head 1: bias −m (i − j), causal, {length} tokens"
+    _image(
+        fig,
+        right,
+        np.ma.masked_array(bias[0], mask),
+        title,
+        "key position j",
+        "query position i",
+        "bias added to the score",
+    )
     return fig
 
 
@@ -332,20 +623,28 @@ def t5(*, length: int = 200, num_buckets: int = 32, max_distance: int = 128, **_
     import posenc
 
     rel = np.arange(-length, length + 1)
-    fig, (left, right) = new_figure(9, 3.6, ncols=2)
+    fig, (left, right) = new_figure(9, 3.8, ncols=2)
     for bidirectional in (True, False):
         b = posenc.t5_bucket(
             rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
         )
         left.step(rel, b, where="mid", label="encoder" if bidirectional else "decoder")
-    left.set_xlabel("relative position key - query")
+    left.set_xlabel("relative position key − query")
     left.set_ylabel("bucket")
-    left.legend(fontsize=8)
+    left.legend(fontsize=SMALL)
     left.set_title(f"{num_buckets} buckets, max_distance {max_distance}")
     n = 48
     q = np.arange(n)[:, None]
     grid = posenc.t5_bucket(np.arange(n)[None, :] - q)
-    _image(fig, right, grid, "encoder bucket of (query, key)", "key", "query")
+    _image(
+        fig,
+        right,
+        grid,
+        "encoder bucket of (query, key)",
+        "key position j",
+        "query position i",
+        "bucket",
+    )
     return fig
 
 
@@ -361,18 +660,25 @@ def grid(*, size: int = 14, dim: int = 64, preset: str = "mae", **_: Any) -> Any
     for c in range(dim):
         r0, c0 = (c // cols) * (size + 1), (c % cols) * (size + 1)
         mosaic[r0 : r0 + size, c0 : c0 + size] = tiles[:, :, c]
-    fig, ax = new_figure(6.5, 6.5 * rows / cols + 0.4)
-    ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+    fig, ax = new_figure(7.4, 6.4 * rows / cols + 0.6)
+    title = (
+        f"{preset} grid encoding, {size}×{size} patches, {dim} channels: one tile per channel\n"
+        f"(channels left to right, {cols} a row; in a tile, patch row down, column across)"
+    )
+    _image(fig, ax, mosaic, title, "", "", "PE value")
     ax.set_axis_off()
-    ax.set_title(f"{preset} grid {size}x{size}, {dim} channels, one tile per channel")
+    ax.title.set_fontsize(9)
     return fig
 
 
 KINDS: dict[str, Callable[..., Any]] = {
+    "permutation": permutation,
     "heatmap": heatmap,
     "wavelengths": wavelengths,
     "shift": shift,
     "regression": regression,
+    "exp-log": exp_log,
+    "add-concat": add_concat,
     "clocks": clocks,
     "similarity": similarity,
     "offsets": offsets,
