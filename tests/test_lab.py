@@ -245,12 +245,13 @@ def test_page_and_report_embed_the_results(tmp_path):
     outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path / "lab", progress=False)
     paths = results.write(tmp_path / "lab", outcome.records, TINY)
     page = paths["html"].read_text()
-    assert 'id="lab"' in page and "data:image/png;base64," in page and "nope" in page
+    assert 'id="lab-copy"' in page and "data:image/svg+xml;base64," in page and "nope" in page
     assert paths["svg"].read_text().lstrip().startswith("<?xml")
     rows = results.summary(outcome.records, TINY.train_len)
     assert [r["encoding"] for r in rows] == ["alibi", "nope"]
     built = report.build(tmp_path / "report", dim=8, length=4, train_steps=2, lab=tmp_path / "lab")
-    assert 'id="lab"' in built.index.read_text()
+    page = built.index.read_text()
+    assert 'id="lab-copy"' in page and 'id="lab-text"' not in page  # replaces the bundled runs
 
 
 def _partial_then_full(target, data=b"partial"):

@@ -20,9 +20,14 @@ from posenc.faces import files
 from posenc.faces.cli import main
 
 SECTIONS = [
-    "heatmap", "frequencies", "shift", "clocks", "geometry", "precision", "learned", "rope",
-    "biases", "grid",
+    "why", "sinusoidal", "exp-log", "shift", "add-concat", "geometry", "precision", "learned",
+    "rope", "extension", "biases", "grid",
 ]  # fmt: skip
+# the formulas the page must render, by section: the definition, the shift rotation, the
+# norm, RoPE's rotation and the ALiBi bias
+FORMULAS = {"sinusoidal": r"\sin", "shift": r"\begin{pmatrix}", "geometry": r"\frac{d}{2}",
+            "rope": r"m\theta_i", "biases": r"m_h"}  # fmt: skip
+MiB = 2**20
 
 
 @pytest.fixture(scope="module")
@@ -40,49 +45,104 @@ def first_float(text):
     return float(re.search(r"-?\d+(\.\d+)?(e[-+]?\d+)?", text).group())
 
 
-def test_every_section_with_numbers_and_figures(small):
+def test_every_section_answers_with_numbers_and_a_figure_or_explorer(small):
     assert [s.key for s in small.sections] == SECTIONS
     for s in small.sections:
-        assert s.title and s.text and s.numbers and s.figures, s.key
+        assert s.title and s.text and s.numbers and s.code, s.key
+        assert s.figures or s.explorer, s.key
         for label, value in s.numbers:
             assert label and value, s.key
     page = small.index.read_text()
     for key in SECTIONS:
         assert f'id="{key}"' in page
-    assert "http://" not in page and "https://" not in page  # self-contained
+    for name in ("sinusoidal", "rope", "extension"):
+        assert f'id="{name}-explorer"' in page
+    assert 'id="posenc-data"' in page
+
+
+def test_formulas_are_mathml(small):
+    page = small.index.read_text()
+    by_key = {s.key: s for s in small.sections}
+    for key, piece in FORMULAS.items():
+        assert any(piece in f for f in by_key[key].formulas), key
+    rendered = re.findall(r'<math[^>]*display="block"', page)
+    assert len(rendered) == sum(len(s.formulas) for s in small.sections) >= len(FORMULAS)
+    # no LaTeX left unconverted, inside or outside the formulas
+    assert "\\frac" not in page.split('id="posenc-data"')[0]
+    assert "\\" not in "".join(re.findall(r"<math.*?</math>", page, re.S))
+
+
+def test_the_page_loads_nothing_and_names_no_private_document(small):
+    page = small.index.read_text()
+    # nothing fetched: no src or href outside the page itself
+    assert not re.findall(r'(?:src|href)="(?!#|data:)[^"]*"', page)
+    lowered = page.lower()
+    for word in ("anchors.md", "style.md", "seed text", "seed 00", "seed-00", "shared/"):
+        assert word not in lowered
+    # a rounding-noise measurement is not shown as if it meant something
+    assert "nearest distinct" not in lowered
+
+
+def test_code_snippets_run(small, capsys):
+    for s in small.sections:
+        exec(compile(s.code, f"<{s.key} snippet>", "exec"), {})
+    capsys.readouterr()
 
 
 def test_numbers_are_the_measured_properties(small):
     geo = numbers(small, "geometry")
-    # d = 16: every row has norm sqrt(8), printed to 12 significant digits
-    norms = [float(x) for x in geo["row norms min / max / sqrt(d/2)"].split(" / ")]
-    assert all(abs(n - math.sqrt(8)) <= 1e-11 * math.sqrt(8) for n in norms)
+    (norm,) = [v for k, v in geo.items() if k.startswith("norm of every row")]
+    assert norm.startswith(f"{math.sqrt(8):.6g}") and "within float64 rounding" in norm
     shift = numbers(small, "shift")
-    assert first_float(shift["max |PE(p+10) - M_k PE(p)| over all p"]) < 1e-13
-    assert float(shift["R^2 from its (sin, cos) pair"]) > 1 - 1e-12
-    single = [v for k, v in shift.items() if k.startswith("R^2, channel")]
+    assert "within float64 rounding" in shift["PE(p + 10) = M_10 PE(p) at every p"]
+    assert shift["R\u00b2 from its (sin, cos) pair"] == "1 (to float64 rounding)"
+    single = [v for k, v in shift.items() if k.startswith("R\u00b2 of channel")]
     assert float(single[0]) < 0.99
     prec = numbers(small, "precision")
     posenc_err, naive32, naive16 = (
         first_float(x)
-        for x in prec["at position 1e+06: posenc / naive float32 / naive bfloat16"].split(" / ")
+        for x in prec["at position 1e+06: posenc / usual float32 / usual bfloat16"].split(" / ")
     )
     assert posenc_err < 1e-7 < naive32 < naive16
-    rope = numbers(small, "rope")
-    assert first_float(rope["spread of q_m.k_n at fixed m-n, float64"]) < 1e-12
+    why = numbers(small, "why")
+    assert "within float64 rounding" in next(iter(why.values()))
+    assert first_float(why["largest change of an output row once positions are added"]) > 1e-3
+    assert "within float64 rounding" in next(iter(numbers(small, "rope").values()))
 
 
-def test_figures_decode_as_png_and_svg(small):
+def test_extension_table_tells_the_schedules_apart(small):
+    rows = numbers(small, "extension")
+    assert next(iter(rows)) == "llama3"  # the default model's schedule comes first
+    assert len(set(rows.values())) == len(rows)  # every schedule's row differs
+    assert rows["linear (position interpolation)"].startswith("0 kept, 64 interpolated, 0 blended")
+
+
+def test_figures_are_svg_in_the_page_and_png_at_twice_the_resolution(small):
     assert set(small.figures) == {f for s in small.sections for f in s.figures}
     for png, svg in small.figures.values():
         image = matplotlib.image.imread(png)
-        assert image.ndim == 3 and min(image.shape[:2]) > 50
+        assert image.ndim == 3 and min(image.shape[:2]) > 100
         assert ET.parse(svg).getroot().tag.endswith("svg")
     page = small.index.read_text()
-    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
-    assert len(embedded) == len(small.figures)
+    embedded = re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', page)
+    # the figures, and the bundled lab runs' two
+    assert len(embedded) == len(small.figures) + 2
     for data in embedded:
-        assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
+        assert ET.fromstring(base64.b64decode(data)).tag.endswith("svg")
+
+
+def test_bundled_lab_results_by_default(small):
+    page = small.index.read_text()
+    assert 'id="lab-copy"' in page and 'id="lab-text"' in page
+    learned = page[page.index('id="learned"') : page.index('id="rope"')]
+    assert 'id="lab-copy"' in learned  # inside the learned-versus-sinusoidal section
+
+
+def test_page_at_the_defaults_fits_in_4_mib(tmp_path):
+    built = report.build(tmp_path / "r", train_steps=2)
+    assert built.index.stat().st_size <= 4 * MiB
+    values = re.findall(r'<math[^>]*display="block"', built.index.read_text())
+    assert values
 
 
 @pytest.mark.parametrize("kind", list(plot.KINDS))
@@ -148,6 +208,10 @@ def test_rope_config_from_a_config_json(tmp_path):
     path.write_text(json.dumps(config))
     settings = report.rope_settings(path)
     assert settings["head_dim"] == 64 and settings["factor"] == 4.0 and settings["original"] == 1024
+    assert settings["schedules"][0].rope_type == "yarn"  # the model's schedule first
+    built = report.build(tmp_path / "r", dim=8, length=4, train_steps=2, rope_config=path)
+    rows = dict(next(s for s in built.sections if s.key == "extension").numbers)
+    assert next(iter(rows)) == "config.json: yarn"
     with pytest.raises(ValueError, match="rope-config"):
         report.rope_settings(tmp_path / "missing.json")
 

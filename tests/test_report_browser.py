@@ -1,22 +1,35 @@
 """The report in a real browser: Debian's chromium, headless, driven by Playwright.
 
 CI installs the ``chromium`` package (``.ci/run``); Playwright's own browser
-download is not used. The page must load with no console errors and every
-image decoded (``naturalWidth > 0``); a full-page screenshot is saved as an
-artifact of the run (``$POSENC_ARTIFACTS`` or ``artifacts/`` in the checkout).
+download is not used. The page is opened from ``file://`` with every other
+request refused: it must load with no console errors or warnings, decode every
+image, and its explorers must show what posenc computes (the values, scores and
+counts are recomputed here, not read from the page's data). A full-page and an
+explorer screenshot are saved as artifacts of the run (``$POSENC_ARTIFACTS`` or
+``artifacts/`` in the checkout).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from posenc import report
+import posenc
+from posenc.faces import explorers, report
+from posenc.integration.analysis import explorer as data
 
 CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser")
+DIM, LENGTH, PRESET = 32, 16, "vaswani"
+LOCAL = ("file:", "data:", "blob:", "about:")
+ARTIFACTS = Path(os.environ.get("POSENC_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
 
 
 def _chromium() -> str | None:
@@ -27,32 +40,229 @@ def _chromium() -> str | None:
     return None
 
 
-def test_report_renders_in_chromium(tmp_path):
-    playwright = pytest.importorskip("playwright.sync_api")
+@dataclass
+class Opened:
+    """A freshly loaded report page, with what it logged and what it tried to fetch."""
+
+    page: Any
+    messages: list[str] = field(default_factory=list)
+    remote: list[str] = field(default_factory=list)
+
+    def text(self, selector: str) -> str:
+        return str(self.page.locator(selector).inner_text())
+
+    def html(self, selector: str) -> str:
+        return str(self.page.eval_on_selector(selector, "e => e.innerHTML"))
+
+    def canvas(self, selector: str) -> str:
+        return str(self.page.eval_on_selector(selector, "c => c.toDataURL()"))
+
+    def slide(self, selector: str, value: int) -> None:
+        # what a dragged slider does: set the value, then fire "input"
+        self.page.eval_on_selector(
+            selector,
+            "(e, v) => { e.value = v; e.dispatchEvent(new Event('input', {bubbles: true})); }",
+            str(value),
+        )
+
+    def selected(self, selector: str) -> str:
+        return str(self.page.eval_on_selector(selector, "s => s.selectedOptions[0].text"))
+
+    def clean(self) -> None:
+        assert self.messages == []
+        assert self.remote == []
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
+    out = tmp_path_factory.mktemp("report") / "report"
+    return report.build(out, dim=DIM, length=LENGTH, train_steps=20)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
     executable = _chromium()
     if executable is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    result = report.build(tmp_path / "report", dim=32, length=16, train_steps=20)
-    artifacts = Path(os.environ.get("POSENC_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
-    artifacts.mkdir(parents=True, exist_ok=True)
-    errors: list[str] = []
-    with playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(result.index.resolve().as_uri())
-            page.wait_for_load_state("load")
-            images = page.evaluate(
-                "() => Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
-            )
-            page.screenshot(path=str(artifacts / "report.png"), full_page=True)
-            sections = page.evaluate("() => document.querySelectorAll('section').length")
-        finally:
-            browser.close()
-    assert errors == []
-    assert len(images) == len(result.figures)
+    with sync_api.sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=executable, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def opened(browser: Any, built: report.Report) -> Iterator[Opened]:
+    context = browser.new_context(viewport={"width": 1100, "height": 900})
+    got = Opened(context.new_page())
+
+    def route(r: Any) -> None:
+        if r.request.url.startswith(LOCAL):
+            r.continue_()
+        else:
+            got.remote.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    got.page.on(
+        "console",
+        lambda m: (
+            got.messages.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+        ),
+    )
+    got.page.on("pageerror", lambda e: got.messages.append(f"pageerror: {e}"))
+    got.page.goto(built.index.resolve().as_uri())
+    got.page.wait_for_load_state("load")
+    yield got
+    context.close()
+
+
+def test_report_renders_offline(opened: Opened) -> None:
+    page = opened.page
+    images = page.evaluate(
+        "() => Array.from(document.images).map(i => [i.alt, i.complete, i.naturalWidth])"
+    )
+    assert images
     assert all(complete and width > 0 for _, complete, width in images), images
-    assert sections == len(result.sections)
-    assert (artifacts / "report.png").stat().st_size > 10_000
+    for name in ("sinusoidal", "rope", "extension"):
+        text = opened.text(f"#{name}-explorer")
+        assert text.strip(), name
+        assert "seed" not in text.lower()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+    page.locator("#sinusoidal-explorer").screenshot(path=str(ARTIFACTS / "explorer.png"))
+    assert (ARTIFACTS / "report.png").stat().st_size > 10_000
+    assert (ARTIFACTS / "explorer.png").stat().st_size > 10_000
+    opened.clean()
+
+
+def _shown(opened: Opened, dim: int, base: float, position: int) -> None:
+    """``#pe-values`` holds the first channels of posenc's table at ``position``, to 4 decimals."""
+    table = np.asarray(posenc.sinusoidal(LENGTH, dim, preset=PRESET, dtype="float64", base=base))
+    values = opened.page.locator("#pe-values .pe-value").all_inner_texts()
+    assert len(values) == min(8, dim)
+    assert values == [f"{v:.4f}" for v in table[position, : len(values)]]
+    assert opened.text("#position-value") == str(position)
+
+
+def test_sinusoidal_explorer_shows_posencs_values(opened: Opened) -> None:
+    page = opened.page
+    assert int(page.get_attribute("#position", "max")) == LENGTH - 1
+    assert opened.selected("#dim") == str(DIM)
+    assert opened.selected("#base") == "10,000"
+    before = (opened.html("#pe-clocks"), opened.html("#pe-values"))
+    for position in (0, 5, LENGTH - 1):
+        opened.slide("#position", position)
+        _shown(opened, DIM, 10000.0, position)
+    assert (opened.html("#pe-clocks"), opened.html("#pe-values")) != before
+    # keyboard: the slider takes arrow keys
+    page.focus("#position")
+    page.keyboard.press("ArrowLeft")
+    _shown(opened, DIM, 10000.0, LENGTH - 2)
+
+    canvas = opened.canvas("#sinusoidal-explorer canvas")
+    hands = opened.html("#pe-clocks")
+    page.select_option("#dim", label="64")
+    _shown(opened, 64, 10000.0, LENGTH - 2)
+    assert opened.canvas("#sinusoidal-explorer canvas") != canvas
+    assert opened.html("#pe-clocks") != hands
+
+    canvas, hands = opened.canvas("#sinusoidal-explorer canvas"), opened.html("#pe-clocks")
+    page.select_option("#base", index=0)
+    base = float(opened.selected("#base").replace(",", ""))
+    assert base != 10000.0
+    _shown(opened, 64, base, LENGTH - 2)
+    assert opened.canvas("#sinusoidal-explorer canvas") != canvas
+    assert opened.html("#pe-clocks") != hands
+    opened.slide("#position", 3)
+    _shown(opened, 64, base, 3)
+    opened.clean()
+
+
+def test_rope_explorer_scores_depend_on_the_offset(opened: Opened) -> None:
+    rope = data.rope_explorer()
+    score = rope["score"]
+    positions = rope["positions"]
+    page = opened.page
+    assert int(page.get_attribute("#rope-m", "max")) == positions - 1
+
+    def shown() -> tuple[int, int, str, str]:
+        m = int(page.input_value("#rope-m"))
+        n = int(page.input_value("#rope-n"))
+        offset = opened.text("#rope-offset").replace("\u2212", "-")
+        return m, n, offset, opened.text("#rope-score")
+
+    planes = opened.html("#rope-planes")
+    opened.slide("#rope-m", 20)
+    opened.slide("#rope-n", 7)
+    assert shown() == (20, 7, "13", f"{score[20, 7]:.6f}")
+    assert opened.html("#rope-planes") != planes
+    opened.slide("#rope-n", 41)
+    assert shown() == (20, 41, "-21", f"{score[20, 41]:.6f}")
+
+    opened.slide("#rope-n", 7)
+    page.check("#rope-lock")
+    planes = opened.html("#rope-planes")
+    first = shown()
+    opened.slide("#rope-m", 30)
+    moved = shown()
+    assert moved == (30, 17, "13", f"{score[30, 17]:.6f}")
+    assert opened.html("#rope-planes") != planes
+    # the same offset: the same score up to float64 rounding, within the last printed digit
+    assert abs(float(moved[3]) - float(first[3])) <= 1e-6
+    opened.slide("#rope-n", 40)
+    assert shown()[:3] == (53, 40, "13")
+    opened.slide("#rope-m", 5)  # n would be -8: both stop where the offset still fits
+    assert shown()[:3] == (13, 0, "13")
+    page.uncheck("#rope-lock")
+    opened.slide("#rope-m", 2)
+    assert shown() == (2, 0, "2", f"{score[2, 0]:.6f}")
+    opened.clean()
+
+
+def test_extension_explorer_matches_the_schedules(opened: Opened) -> None:
+    settings = explorers.rope_settings(None)
+    schedules = {s.label: s for s in settings["schedules"]}
+
+    def check() -> None:
+        schedule = schedules[opened.selected("#ext-schedule")]
+        trained = int(opened.selected("#ext-trained"))
+        option = re.fullmatch(r"(\d+) \(×([\d.]+)\)", opened.selected("#ext-factor"))
+        assert option is not None, opened.selected("#ext-factor")
+        target, factor = int(option[1]), float(option[2])
+        got = data.extension_explorer(
+            settings["head_dim"],
+            settings["base"],
+            trained=[trained],
+            factors=[factor],
+            schedules=[schedule],
+        )
+        want = data.describe(got["cases"][schedule.key, trained, factor], trained, factor)
+        assert target == want["target"]
+        counts = opened.page.eval_on_selector_all(
+            "#ext-summary [data-key]",
+            "es => Object.fromEntries(es.map(e => [e.dataset.key, e.textContent]))",
+        )
+        assert counts == {
+            "kept": str(want["kept"]),
+            "interpolated": str(want["interpolated"]),
+            "blended": str(want["blended"]),
+            "in_range": str(want["in_range"]),
+            "attention_scaling": f"{want['attention_scaling']:.4f}",
+        }
+        assert f"of {settings['head_dim'] // 2} pairs" in opened.text("#ext-summary")
+
+    assert opened.selected("#ext-schedule") == settings["schedules"][0].label
+    assert int(opened.selected("#ext-trained")) == settings["original"]
+    check()
+    for selector, index in (
+        ("#ext-schedule", 4),
+        ("#ext-trained", 0),
+        ("#ext-factor", 4),
+        ("#ext-schedule", 2),
+    ):
+        chart = opened.html("#ext-svg")
+        opened.page.select_option(selector, index=index)
+        assert opened.html("#ext-svg") != chart, selector
+        check()
+    opened.clean()

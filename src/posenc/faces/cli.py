@@ -496,11 +496,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser(
         "report",
-        help="write the explainer: figures and measured numbers in one HTML file",
-        description="Explain positional encodings (why exp and log, the shift operator, the "
-        "heatmap, clock hands, the norm sqrt(d/2), learned versus sinusoidal, RoPE, ALiBi "
-        "and T5, 2-D grids) with figures and numbers measured now; write DIR/index.html "
-        "(self-contained) and DIR/figures/*.png and *.svg.",
+        help="write the explainer: one interactive HTML page that works offline",
+        description="Explain positional encodings with figures, formulas, code and numbers "
+        "measured now: why positions at all, the sinusoidal table and its clock hands (with "
+        "a position slider and d and base controls), why exp and log, the shift rotation, "
+        "adding versus concatenating, the norm sqrt(d/2), precision, learned versus "
+        "sinusoidal beyond the trained length, RoPE (an explorer of q and k), context "
+        "extension schedules (an explorer), ALiBi and T5, 2-D grids. Writes DIR/index.html "
+        "(one file, no network needed) and DIR/figures/*.png and *.svg.",
     )
     rep.add_argument(
         "--out",
@@ -525,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rope-config",
         default=None,
         metavar="FILE",
-        help="a model's config.json for the RoPE scaling section",
+        help="a model's config.json: its RoPE schedule first in the context-extension explorer",
     )
     rep.add_argument(
         "--train-steps",
@@ -535,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps of the learned-table training run; default: %(default)s",
     )
     rep.add_argument("--lab", default=None, metavar="DIR",
-                     help="include the results of a `posenc lab run --out DIR`")  # fmt: skip
+                     help="show the results of `posenc lab run --out DIR` instead of the "
+                     "bundled copy and text runs")  # fmt: skip
     rep.set_defaults(run=_report)
 
     lab = sub.add_parser(

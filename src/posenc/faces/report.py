@@ -1,17 +1,19 @@
-"""``posenc report``: positional encodings explained with figures and numbers measured on the spot.
+"""``posenc report``: positional encodings explained, with figures, formulas and exact numbers.
 
-:func:`build` computes every section (its numbers with :mod:`posenc.analysis`,
-its figures with :mod:`posenc.plot`), writes each figure as PNG and
-SVG under ``out/figures/`` and one self-contained ``out/index.html`` (figures
-embedded as data URIs, no network). Nothing in the HTML is asserted that was
-not measured in the same run; the text says what each number is.
+:func:`build` writes one self-contained page, ``out/index.html``, that works
+offline from ``file://``: each section asks a question, answers it in a few
+sentences, gives the formula (MathML, converted from LaTeX by latex2mathml),
+a few lines of posenc code, a figure, and the numbers measured in this run
+(:mod:`posenc.analysis`). Three explorers let the reader move the position,
+the size and the base, the positions of a query and a key under RoPE, and
+the trained and target lengths of a context-extension schedule
+(:mod:`posenc.faces.explorers`: their data computed by posenc, drawn with d3).
+Static figures (:mod:`posenc.plot`) are embedded as SVG and also written to
+``out/figures/*.{png,svg}``.
 
-Sections: the table (heatmap); frequencies and why ``exp``/``log``; the shift
-operator and the one-column regression; clock hands; geometry (norms, dot
-products against offset, similarity, nearest distinct position, adding versus
-concatenating); precision against position; learned versus sinusoidal (a
-tiny training run); RoPE (relative scores, long-term decay, scaling
-schedules); ALiBi and T5 biases; 2-D grids.
+By default the page also shows the lab's bundled results (a copy task and a
+byte-level language model, trained at one length and tested beyond it);
+``lab=DIR`` shows a fresh ``posenc lab run`` instead.
 """
 
 from __future__ import annotations
@@ -23,28 +25,51 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from posenc.core import checks
+from posenc.faces.explorers import rope_settings
 from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve
 from posenc.integration import analysis
 
-__all__ = ["Report", "Section", "build", "rope_settings"]
+__all__ = ["Report", "Section", "build", "mathml", "rope_settings"]
+
+#: The lab results shown when no ``lab`` directory is given: ``posenc lab run`` and
+#: ``posenc lab run --task text`` at their defaults (results.json of each).
+BUNDLED_LAB = ("lab-copy.json", "lab-text.json")
 
 
 @dataclass
 class Section:
-    """One section: a title, what it answers, measured numbers, and figure names."""
+    """One question of the page: its answer, measured numbers, figures, formulas and code.
+
+    Attributes:
+        key: the section's HTML id.
+        title: the question, as a heading.
+        text: the answer, one paragraph per blank-line-separated block.
+        numbers: ``(what, value)`` rows measured in this run.
+        figures: names of :data:`posenc.plot.KINDS` figures shown.
+        formulas: LaTeX, each rendered as a MathML block.
+        code: a few lines of posenc code that compute what the section shows.
+        explorer: the interactive explorer shown (``"sinusoidal"``, ``"rope"``,
+            ``"extension"``), if any.
+        extra: HTML appended to the section (the lab's results).
+    """
 
     key: str
     title: str
     text: str
     numbers: list[tuple[str, str]] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
+    formulas: list[str] = field(default_factory=list)
+    code: str = ""
+    explorer: str | None = None
+    extra: str = ""
 
 
 @dataclass
@@ -65,6 +90,20 @@ def _fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def mathml(latex: str) -> str:
+    """``latex`` as a MathML ``<math display="block">`` element (latex2mathml)."""
+    from latex2mathml.converter import convert
+
+    return convert(latex, display="block")
+
+
+def _holds(error: float, bound: float) -> str:
+    """A property that holds to rounding, said as such rather than as a noise number."""
+    if error <= bound:
+        return f"yes: within float64 rounding (bound {_fmt(bound, 2)})"
+    return f"NO: error {_fmt(error)} above the float64 bound {_fmt(bound, 2)}"
+
+
 def _sections(
     dim: int,
     length: int,
@@ -78,48 +117,132 @@ def _sections(
     spec = resolve(preset)
     omega = spec.inv_freq(dim)
     table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
+    wl = 2 * np.pi / omega
+
+    perm = analysis.permutation_check()
+    sections.append(
+        Section(
+            "why",
+            "Why positions at all?",
+            "Attention compares every token with every other by content alone: the score "
+            "of query i and key j is a dot product of their vectors, and the output is a "
+            "weighted sum of values. Reorder the tokens and every score, weight and output "
+            "row is reordered the same way, nothing else changes: \u201cthe dog bit the "
+            "man\u201d and \u201cthe man bit the dog\u201d give the same set of outputs. "
+            "Self-attention is permutation-equivariant.\n\n"
+            "A positional encoding breaks the symmetry: it makes the same token at "
+            "another position a different vector (added to the input, as below), or it "
+            "makes the score depend on where the two tokens are (RoPE, ALiBi, T5, "
+            "further down).",
+            [
+                (
+                    "attention of the permuted tokens = the permuted attention, no positions",
+                    _holds(perm.max_difference, perm.bound),
+                ),
+                (
+                    "largest change of an output row once positions are added",
+                    f"{perm.with_positions:.3g}",
+                ),
+            ],
+            ["permutation"],
+            [
+                r"\mathrm{Attn}(X) = \mathrm{softmax}\!\left("
+                r"\frac{X W_Q (X W_K)^\top}{\sqrt{d}}\right) X W_V",
+                r"\mathrm{Attn}(P X) = P\,\mathrm{Attn}(X)"
+                r"\quad\text{for every permutation matrix } P",
+            ],
+            "from posenc import analysis\n"
+            "r = analysis.permutation_check(dim=16, tokens=6)\n"
+            "print(r.max_difference, r.with_positions)  # rounding (~1e-16), then ~0.7",
+        )
+    )
 
     sections.append(
         Section(
-            "heatmap",
-            "The table",
-            f"Each row is a position, each column a channel of the {preset} encoding: "
-            "pairs of sines and cosines whose frequency falls from left to right. The "
-            "fast channels on the left change at every position; the slow ones on the "
-            "right barely move over these positions.",
+            "sinusoidal",
+            "The sinusoidal encoding: a table, and a clock with many hands",
+            "Vaswani et al. (2017, section 3.5) give position p a vector of d numbers: "
+            "pairs of a sine and a cosine of p times a frequency \u03c9\u1d62 that falls "
+            "geometrically from 1 radian per position (pair 0) to nearly 1/10000 (the "
+            "last pair). Drawn as a table, one row per position, the fast channels on the "
+            "left change at every row and the slow ones on the right barely move.\n\n"
+            "Each (sin, cos) pair is a point on a unit circle: the tip of a clock hand "
+            "that turns by \u03c9\u1d62 radians per position. Drawn as (cos, sin) with "
+            "the y axis up, every hand turns counter-clockwise. The fast hands tell "
+            "neighbouring positions apart; the slow ones tell far-apart positions apart "
+            "without wrapping around. A position is the reading of all the hands "
+            "together. Move the slider: the marked row of the table is the hands' "
+            "reading, and the first values are printed exactly (posenc computes every "
+            "angle exactly and rounds once). The hands shown are spread "
+            "log-uniformly over the pairs, so fast, middle and slow ones all appear.",
             [
-                ("shape (positions x channels)", f"{length} x {dim}"),
-                ("smallest and largest value", f"{table.min():.4f}, {table.max():.4f}"),
+                ("shape of the table shown (positions x channels)", f"{length} x {dim}"),
                 (
-                    "columns that change by < 0.01 over all rows",
-                    str(int((np.ptp(table, axis=0) < 0.01).sum())),
+                    "shortest and longest wavelength (positions per turn)",
+                    f"{wl.min():.4f}, {wl.max():.5g}",
+                ),
+                (
+                    f"channels that change by less than 0.01 over positions 0-{length - 1}",
+                    f"{int((np.ptp(table, axis=0) < 0.01).sum())} of {dim}",
                 ),
             ],
-            ["heatmap"],
+            [],
+            [
+                r"\mathrm{PE}(p, 2i) = \sin(p\,\omega_i),\quad "
+                r"\mathrm{PE}(p, 2i+1) = \cos(p\,\omega_i),\quad "
+                r"\omega_i = 10000^{-2i/d}",
+            ],
+            "import posenc\n"
+            f"pe = posenc.sinusoidal({length}, {dim}, preset={preset!r})  # float32\n"
+            "print(pe.shape, pe[7, :8])",
+            explorer="sinusoidal",
         )
     )
 
     forms = analysis.exp_log_forms(dim)
-    wl = 2 * np.pi / omega
+    errors = analysis.exp_log_errors(dim)
     sections.append(
         Section(
-            "frequencies",
-            "Frequencies, wavelengths, and why exp and log",
-            "The frequencies form a geometric progression, so the wavelengths run from "
-            "2 pi to about 10000 * 2 pi positions. Code writes 1/10000^(2i/d) either as a "
-            "power or, following tensor2tensor, as exp(2i * -ln(10000)/d): the same "
-            "function. The log form needs one exp per channel instead of a power; "
-            "the numbers below measure both forms' error against 40-digit mpmath and "
-            "their speed (microseconds per call, this machine).",
+            "exp-log",
+            "Why does the code use exp and log?",
+            "The paper writes the frequency as a power, 1/10000^(2i/d). Most code "
+            "(tensor2tensor first, then the PyTorch tutorial, fairseq, diffusers) writes "
+            "exp(2i \u00b7 \u2212ln(10000)/d) instead: the same number, since "
+            "a^x = exp(x ln a). The log form needs one multiply and one exp per channel "
+            "and no power of a large base; it is a habit of speed, not of meaning.\n\n"
+            "Both forms round in float32: the frequency is off by a few parts in 10^7 "
+            "(left, in units of float32's spacing 2^-24). That error is multiplied by "
+            "the position: at position 10^6 an error of 10^-7 in \u03c9 turns a hand by "
+            "0.1 radian, which is why posenc computes angles exactly (see the precision "
+            "section).\n\n"
+            "One variant is a different encoding, not a rounding: the Annotated "
+            "Diffusion Model, fairseq, Whisper and DDPM divide by h \u2212 1 (h = d/2) "
+            "instead of h, so their slowest pair reaches exactly 1/10000 (right). A model "
+            "trained with one must be run with the same one: posenc names each as a "
+            "preset.",
             [
-                ("shortest and longest wavelength", f"{wl.min():.4f}, {wl.max():.5g}"),
-                ("ratio of neighbouring frequencies", f"{omega[1] / omega[0]:.6f}"),
+                (f"{name}: largest relative error of \u03c9 against 40-digit mpmath", _fmt(err))
+                for name, (err, _) in forms.items()
+                if name.endswith("float32")  # float64's are rounding noise, not the point
             ]
             + [
-                (f"{name}: max relative error, time", f"{_fmt(err)}, {t * 1e6:.2f} us")
-                for name, (err, t) in forms.items()
+                (
+                    "slowest frequency: paper (h) / h \u2212 1 variant",
+                    f"{errors.paper[-1]:.6g} / {errors.variant[-1]:.6g}",
+                ),
             ],
-            ["wavelengths"],
+            ["exp-log"],
+            [
+                r"\omega_i = \frac{1}{10000^{2i/d}} = "
+                r"\exp\!\left(2i \cdot \frac{-\ln 10000}{d}\right)",
+                r"\omega_i^{(h-1)} = \exp\!\left(\frac{-i \ln 10000}{h - 1}\right),\quad "
+                r"h = d/2",
+            ],
+            "import math, torch\n"
+            "i2 = torch.arange(0, 512, 2)\n"
+            "power = 1 / 10000 ** (i2 / 512)\n"
+            "explog = torch.exp(i2 * -(math.log(10000.0) / 512))\n"
+            "print((power - explog).abs().max())  # a few float32 ulp",
         )
     )
 
@@ -128,84 +251,127 @@ def _sections(
     sections.append(
         Section(
             "shift",
-            "PE(p + k) is a linear function of PE(p)",
-            "For each offset k there is one matrix M_k, block-diagonal with 2x2 "
-            "rotations by k * omega_i, such that PE(p + k) = M_k PE(p) for every p. A "
-            "regression of one column at p + k on the same column at p fails, because "
-            "a sine shifted is a mix of the sine and the cosine: with the (sin, cos) "
-            "pair as regressors the fit is exact.",
+            "Why is PE(p + k) a linear function of PE(p), when a regression says no?",
+            "The paper chose sinusoids because \u201cfor any fixed offset k, PE(p + k) "
+            "can be represented as a linear function of PE(p)\u201d. The function is a "
+            "rotation: by the angle-addition formulas, the pair of pair i at p + k is "
+            "the pair at p turned by k\u03c9\u1d62. The 2x2 matrix holds only "
+            "cos(k\u03c9\u1d62) and sin(k\u03c9\u1d62): constants for a fixed k, the "
+            "same for every p. Stacking one rotation per pair gives a block-diagonal "
+            "matrix M_k (left figure: its first 16 channels).\n\n"
+            "A regression of one column at p + k on the same column at p fails (right, "
+            "left panel) because sin(\u03c9(p + k)) needs cos(\u03c9p) as well: the "
+            "partner column. With the (sin, cos) pair as regressors the fit is exact "
+            "(right panel).",
             [
-                (f"max |PE(p+{k:g}) - M_k PE(p)| over all p", _fmt(e))
+                (f"PE(p + {k:g}) = M_{k:g} PE(p) at every p", _holds(e, sh.tolerance))
                 for k, e in zip(sh.offsets, sh.max_error, strict=True)
             ]
             + [
-                (f"R^2, channel {reg.column} at p+10 from itself", f"{reg.single_r2:.4f}"),
-                ("R^2 from its (sin, cos) pair", f"{reg.pair_r2:.15f}"),
+                (f"R\u00b2 of channel {reg.column} at p + 10 from itself", f"{reg.single_r2:.4f}"),
+                (
+                    "R\u00b2 from its (sin, cos) pair",
+                    "1 (to float64 rounding)" if reg.pair_r2 > 1 - 1e-12 else f"{reg.pair_r2:.6f}",
+                ),
             ],
             ["shift", "regression"],
+            [
+                r"\begin{pmatrix} \sin(\omega_i (p+k)) \\ \cos(\omega_i (p+k)) \end{pmatrix}"
+                r" = \begin{pmatrix} \cos(k\omega_i) & \sin(k\omega_i) \\"
+                r" -\sin(k\omega_i) & \cos(k\omega_i) \end{pmatrix}"
+                r" \begin{pmatrix} \sin(\omega_i p) \\ \cos(\omega_i p) \end{pmatrix}",
+                r"\mathrm{PE}(p + k) = M_k\,\mathrm{PE}(p),\quad M_k = "
+                r"\mathrm{diag}\big(R(k\omega_0), \ldots, R(k\omega_{d/2-1})\big)",
+            ],
+            "import numpy as np, posenc\n"
+            f"pe = posenc.sinusoidal({length + 10}, {dim}, dtype='float64')\n"
+            f"M = posenc.shift_matrix(10, {dim})\n"
+            "print(np.abs(pe[10:] - pe[:-10] @ M.T).max())  # float64 rounding",
         )
     )
 
+    ac = analysis.add_concat(dim=dim, length=length)
     sections.append(
         Section(
-            "clocks",
-            "Clock hands",
-            "Each (sin, cos) pair is the tip of a hand on a unit circle that turns by "
-            "omega_i radians per position: the first hands spin fast, the last ones "
-            "hardly move. A position is the reading of all the hands together.",
+            "add-concat",
+            "Adding or concatenating a position to a token?",
+            "The Transformer adds the encoding to the token embedding, after multiplying "
+            "the embedding by \u221ad (section 3.4). Seen in the two channels of one "
+            "(sin, cos) pair, each token is a point and the token at every position is "
+            "a point on a unit circle around it (left). At that scale the token "
+            "dominates and the position is a small offset, still mostly readable. "
+            "Without the \u221ad, embeddings initialised with entries of size 1/\u221ad "
+            "are tiny, every token's circle lies on top of the others, and the position "
+            "drowns the token (middle). (A token or a position is read back as the "
+            "best-matching embedding or table row.) Concatenating keeps token and "
+            "position in separate channels (right): nothing interferes, at the cost of "
+            "d more channels, and the model can still mix them in its first projection.",
             [
-                ("fastest hand (radians per position)", f"{omega[0]:.4g}"),
-                ("slowest hand (radians per position)", f"{omega[-1]:.4g}"),
-                ("positions for the slowest hand to turn once", f"{2 * np.pi / omega[-1]:.4g}"),
+                (
+                    f"added, times \u221ad (entries of std {ac.scaled_std:.2g}): "
+                    "position / token read back",
+                    f"{100 * ac.position_recovery_scaled:.1f}% / "
+                    f"{100 * ac.token_recovery_scaled:.1f}%",
+                ),
+                (
+                    f"added, no factor (entries of std {ac.unscaled_std:.2g}): "
+                    "position / token read back",
+                    f"{100 * ac.position_recovery_unscaled:.1f}% / "
+                    f"{100 * ac.token_recovery_unscaled:.1f}%",
+                ),
+                (
+                    "concatenated: position / token read back",
+                    f"{100 * ac.concat_position_recovery:.1f}% / "
+                    f"{100 * ac.concat_token_recovery:.1f}%",
+                ),
             ],
-            ["clocks"],
+            ["add-concat"],
+            [
+                r"x_p = \sqrt{d}\, e_{\text{token}} + \mathrm{PE}(p)"
+                r"\quad\text{or}\quad "
+                r"x_p = \big[\, e_{\text{token}} \,;\, \mathrm{PE}(p) \,\big]",
+            ],
+            "import torch, posenc\n"
+            f"emb = torch.nn.Embedding(1000, {dim})\n"
+            f"add = posenc.SinusoidalEmbedding({dim}, input_scale={dim} ** 0.5)\n"
+            "x = add(emb(torch.tensor([[5, 7, 9]])))  # sqrt(d) e + PE(p), p = 0, 1, 2",
         )
     )
 
     norms = analysis.norms(dim, length, preset=preset)
     dots = analysis.offset_dot_products(dim, length, (1, 10, 100), preset=preset)
-    geo = analysis.geometry(dim, length, preset)
     sections.append(
         Section(
             "geometry",
-            "Geometry: norms, dot products, distinguishable positions",
-            "Every pair lies on a unit circle, so every row has norm sqrt(d/2). The dot "
-            "product of two rows depends only on their offset, and all positions are "
-            "told apart: the nearest two distinct rows are far from each other compared "
-            "with float32 rounding. Added to a token embedding, a position can still be "
-            "read back (the best-matching row) while the token's entries are small; "
-            "concatenated, it is kept apart and always recoverable, at the cost of "
-            "channels.",
+            "Why is every norm \u221a(d/2), and what does a dot product measure?",
+            "Each (sin, cos) pair lies on the unit circle, so it contributes "
+            "sin\u00b2 + cos\u00b2 = 1 to the squared norm, whatever the position: every "
+            "row has norm \u221a(d/2). No position is louder than another.\n\n"
+            "The dot product of two rows is a sum of cos(k\u03c9\u1d62) over the pairs: "
+            "it depends on the offset k only, not on where the two positions are (left), "
+            "and it falls off, with ripples, as the offset grows. The cosine similarity "
+            "of every pair of positions (right) is therefore constant along diagonals.",
             [
                 (
-                    "row norms min / max / sqrt(d/2)",
-                    f"{norms.min:.12g} / {norms.max:.12g} / {math.sqrt(dim / 2):.12g}",
+                    f"norm of every row, positions 0-{length - 1}",
+                    f"{math.sqrt(dim / 2):.6g} = \u221a({dim}/2): "
+                    + _holds(norms.max_deviation, norms.tolerance),
                 )
             ]
             + [
-                (f"PE(p).PE(p+{k:g}): value, spread over p", f"{cf:.6g}, {_fmt(sp)}")
-                for k, cf, sp in zip(dots.offsets, dots.closed_form, dots.spread, strict=True)
+                (f"PE(p) \u00b7 PE(p + {k:g}), the same at every p", f"{cf:.6g}")
+                for k, cf in zip(dots.offsets, dots.closed_form, strict=True)
             ]
-            + [
-                (
-                    f"nearest distinct rows in the first {length}",
-                    f"{geo['first'][0]:.4f} (positions {geo['first'][1]}, {geo['first'][2]})",
-                ),
-                (
-                    "nearest distinct rows in the first 2000",
-                    f"{geo['2000'][0]:.4f} (positions {geo['2000'][1]}, {geo['2000'][2]})",
-                ),
-                ("all 2000 float32 rows distinct", str(geo["float32 distinct"])),
-            ]
-            + [
-                (
-                    f"position read back after adding a token, entries of std {s:g}",
-                    f"{100 * a:.1f}%",
-                )
-                for s, a in geo["recovery"].items()
-            ]
-            + [("position read back when concatenated", "100% (its own channels)")],
+            + [("the same at every p", _holds(max(dots.spread), dots.tolerance))],
             ["offsets", "similarity"],
+            [
+                r"\lVert \mathrm{PE}(p) \rVert^2 = \sum_{i=0}^{d/2-1}"
+                r"\left(\sin^2(p\omega_i) + \cos^2(p\omega_i)\right) = \frac{d}{2}",
+                r"\mathrm{PE}(p) \cdot \mathrm{PE}(p + k) = \sum_{i=0}^{d/2-1} \cos(k\omega_i)",
+            ],
+            "import numpy as np, posenc\n"
+            f"pe = posenc.sinusoidal(1000, {dim}, dtype='float64')\n"
+            "print(np.linalg.norm(pe, axis=1).min(), np.sqrt(pe.shape[1] / 2))",
         )
     )
 
@@ -213,14 +379,16 @@ def _sections(
     sections.append(
         Section(
             "precision",
-            "Precision against position",
-            "The usual formula multiplies a float32 position by float32 frequencies: the "
-            "angle's rounding error grows with the position, and so does the value's. "
-            "Under autocast the position itself becomes bfloat16 and nearby positions "
-            "collapse. posenc computes the angle exactly and rounds the result once.",
+            "How exact is the encoding far out?",
+            "The usual code multiplies a float32 position by a float32 frequency and "
+            "takes the sine: the product's rounding error grows with the position, so "
+            "far positions get wrong values, and under autocast the position itself "
+            "becomes bfloat16 and neighbouring positions collapse into one. posenc "
+            "reduces the angle modulo 2\u03c0 exactly and rounds once: its float32 error "
+            "stays at float32's resolution at any position.",
             [
                 (
-                    f"at position {p:.0e}: posenc / naive float32 / naive bfloat16",
+                    f"at position {p:.0e}: posenc / usual float32 / usual bfloat16",
                     f"{_fmt(a)} / {_fmt(b)} / {_fmt(c)}",
                 )
                 for p, a, b, c in zip(
@@ -232,6 +400,9 @@ def _sections(
                 )
             ],
             ["precision"],
+            [],
+            "import posenc\n"
+            "row = posenc.sinusoidal([10**6], 512)  # float32, exact to its rounding",
         )
     )
 
@@ -240,54 +411,130 @@ def _sections(
     sections.append(
         Section(
             "learned",
-            "Learned versus sinusoidal",
-            f"A learned table ({lt.shape[0]} positions x {lt.shape[1]} channels) trained "
-            f"from random initialisation for {learned.steps} steps on a task that needs "
-            "positions (copy the previous token, one causal attention layer). It learns "
-            "only the positions it sees and has no rule for the ones beyond; the "
-            "sinusoidal table is a fixed function of any position. A tiny run: the "
-            "learned table's structure is what this task needed, not what a language "
-            "model learns.",
+            "Learned versus sinusoidal: what happens beyond the trained length?",
+            f"A learned table is a free parameter per position. Here one of "
+            f"{lt.shape[0]} positions x {lt.shape[1]} channels is trained from random "
+            f"numbers for {learned.steps} steps on a task that needs positions (copy the "
+            "previous token, one causal attention layer). It learns a structure for the "
+            "positions it sees, and nothing for the others: a row it never trained is "
+            "its random initialisation, and a position past the table does not exist. "
+            "The sinusoidal table is a fixed rule, defined at every position, but a "
+            "model trained on short sequences has never seen the hands' readings of "
+            "the long ones.\n\n"
+            "The lab below trains small transformers at one length and tests them "
+            "beyond it: learned and sinusoidal encodings fall to zero past the trained "
+            "lengths, RoPE degrades, ALiBi (a bias on the scores, not a vector) holds.",
             [
-                ("copy accuracy after training", f"{100 * learned.accuracy:.1f}%"),
-                ("training time", f"{learned.seconds:.1f} s"),
+                ("copy accuracy of the tiny run", f"{100 * learned.accuracy:.1f}%"),
                 ("learned: mean cosine of neighbouring positions", f"{near:.3f}"),
-                ("learned: mean cosine of positions > 8 apart", f"{far_sim:.3f}"),
+                ("learned: mean cosine of positions more than 8 apart", f"{far_sim:.3f}"),
             ],
             ["learned"],
+            [],
+            "import torch, posenc\n"
+            "learned = posenc.LearnedPositionalEmbedding(512, 64)  # positions 0..511 only\n"
+            "fixed = posenc.SinusoidalEmbedding(64)  # any position\n"
+            "x = torch.zeros(4, 64)\n"
+            "y = fixed(x, positions=torch.arange(100_000, 100_004))",
         )
     )
 
     rel = analysis.rope_relative()
     _, bound, _ = analysis.rope_decay(rope["head_dim"], rope["base"], 2000)
-    sc = analysis.scaling_curves(rope["head_dim"], rope["base"], rope["factor"], rope["original"])
-    longest = {name: 2 * np.pi / w.min() for name, w in sc.items()}
     sections.append(
         Section(
             "rope",
-            "RoPE: scores depend on m - n only",
-            "RoPE rotates q and k by their own positions; their dot product then depends "
-            "only on the offset m - n (measured below as the spread of q_m . k_n over m "
-            "for each fixed offset, with the same q and k at every position). The bound "
-            "on |q . k| decays with distance (RoFormer, section 3.4.3). Scaling schedules "
-            "stretch the wavelengths to reach beyond the pretraining length, each "
-            "differently.",
+            "RoPE: the same clocks, turning the query and the key",
+            "RoPE (Su et al. 2021) uses the same frequencies, but instead of adding a "
+            "vector it rotates each (channel, channel) pair of the query by m\u03b8\u1d62 "
+            "and of the key by n\u03b8\u1d62, m and n being their positions. A rotation "
+            "keeps lengths and the dot product of two rotated vectors only sees the "
+            "difference of their angles: q_m \u00b7 k_n depends on m \u2212 n alone. Pick "
+            "m and n below; lock the offset and move both: the vectors turn, the score "
+            "does not move, and the score matrix is constant along every diagonal.\n\n"
+            "The average of the rotations over the pairs shrinks as the distance grows "
+            "(RoFormer, section 3.4.3): distant tokens interact less, on average.",
             [
-                ("spread of q_m.k_n at fixed m-n, float64", _fmt(rel["float64"])),
                 (
-                    "same in float32 (scale of the products)",
-                    f"{_fmt(rel['float32'])} ({rel['scale']:.3g})",
+                    "q_m \u00b7 k_n the same along every diagonal m \u2212 n",
+                    _holds(rel["float64"], 64 * 2**-52 * rel["scale"]),
                 ),
                 (
                     "decay bound at distance 100 / 1000 (relative to 0)",
                     f"{bound[100]:.3f} / {bound[1000]:.3f}",
                 ),
-            ]
-            + [
-                (f"{name}: longest wavelength (positions)", f"{w:.4g}")
-                for name, w in longest.items()
             ],
-            ["decay", "rope-scaling"],
+            ["decay"],
+            [
+                r"\begin{pmatrix} q'_{2i} \\ q'_{2i+1} \end{pmatrix} = "
+                r"\begin{pmatrix} \cos(m\theta_i) & -\sin(m\theta_i) \\"
+                r" \sin(m\theta_i) & \cos(m\theta_i) \end{pmatrix}"
+                r"\begin{pmatrix} q_{2i} \\ q_{2i+1} \end{pmatrix},\quad "
+                r"\theta_i = \mathrm{base}^{-2i/d}",
+                r"\langle R_m q,\, R_n k \rangle = \langle q,\, R_{n-m}\, k \rangle",
+            ],
+            "import torch, posenc\n"
+            "rope = posenc.Rotary(128)  # HF's half layout\n"
+            "q = k = torch.randn(1, 8, 16, 128)  # (batch, heads, seq, head_dim)\n"
+            "q, k = rope(q, k)",
+            explorer="rope",
+        )
+    )
+
+    from posenc.integration.analysis import explorer as ex
+
+    ext = ex.extension_explorer(
+        rope["head_dim"],
+        rope["base"],
+        trained=[rope["original"]],
+        factors=[rope["factor"]],
+        schedules=rope["schedules"],
+    )
+    rows = []
+    for s in ext["schedules"]:
+        d = ex.describe(
+            ext["cases"][s.key, rope["original"], rope["factor"]], rope["original"], rope["factor"]
+        )
+        rows.append(
+            (
+                s.label,
+                f"{d['kept']} kept, {d['interpolated']} interpolated, {d['blended']} "
+                f"blended; {d['in_range']} of {rope['head_dim'] // 2} in trained range; "
+                f"attention scaling {d['attention_scaling']:.4g}",
+            )
+        )
+    sections.append(
+        Section(
+            "extension",
+            "Context extension: how the schedules stretch the clocks",
+            f"A RoPE model trained on {rope['original']} positions has seen each pair "
+            "turn through angles up to trained length x \u03b8\u1d62. Run it on longer "
+            "inputs and the slow pairs reach angles it never saw. The scaling schedules "
+            "slow some hands down so that the target length looks like the trained one. "
+            "Linear interpolation divides every frequency by the factor (the fast "
+            "pairs, which turned many times in training, lose resolution). NTK-aware "
+            "scaling raises the base: fast pairs almost kept, slow ones divided. YaRN "
+            "and llama3 keep the fast pairs, interpolate the slow ones and blend "
+            "between, by each pair's wavelength against the trained length. A pair is "
+            "in range when every angle it reaches at the target length was reached in "
+            "training.\n\n"
+            f"Choose a schedule, a trained and a target length. The table is the "
+            f"same count for {rope['name']} at factor {rope['factor']:g}.",
+            rows,
+            [],
+            [
+                r"\theta'_i = \frac{\theta_i}{s}\ \text{(linear)},\quad "
+                r"\theta'_i = \big(\mathrm{base}\, s^{d/(d-2)}\big)^{-2i/d}\ \text{(NTK)}",
+                r"\theta'_i = (1 - \gamma_i)\,\frac{\theta_i}{s} + \gamma_i\,\theta_i,\quad "
+                r"\gamma_i = \mathrm{ramp}\!\left(\frac{L}{\lambda_i}\right)"
+                r"\ \text{(YaRN, llama3)}",
+            ],
+            "import posenc\n"
+            "rope = posenc.Rotary(128, base=500000.0, scaling={\n"
+            "    'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0,\n"
+            "    'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192})\n"
+            "print(rope.inv_freq[-4:])",
+            explorer="extension",
         )
     )
 
@@ -298,14 +545,30 @@ def _sections(
         Section(
             "biases",
             "ALiBi and T5: positions as a bias on the scores",
-            "ALiBi adds -m (i - j) to the score of query i and key j, with a fixed slope "
-            "m per head; T5 adds a learned value per head for each bucket of the "
-            "relative position, exact for small distances and logarithmic beyond.",
+            "Instead of touching the vectors, add a number to each attention score "
+            "that depends on the distance. ALiBi (Press et al. 2022) adds "
+            "\u2212m\u2095 (i \u2212 j): a straight penalty, steeper for some heads than "
+            "others (slopes 2^(\u22128h/H)). Nothing is learned and nothing depends on "
+            "the trained length, which is why it extrapolates (the lab section). T5 "
+            "(Raffel et al. 2020) learns one number per head for each bucket of the "
+            "relative position: exact for small distances, logarithmic beyond, and the "
+            "same bucket for everything past max_distance.",
             [
                 ("ALiBi slopes, 8 heads", ", ".join(f"2^{math.log2(s):g}" for s in slopes)),
-                ("T5 bucket starts (bidirectional, 32/128)", ", ".join(map(str, starts))),
+                (
+                    "T5 bucket starts (bidirectional, 32 buckets, max_distance 128)",
+                    ", ".join(map(str, starts)),
+                ),
             ],
             ["alibi", "t5"],
+            [
+                r"s_{ij} = \frac{q_i \cdot k_j}{\sqrt{d}} - m_h\,(i - j),\quad "
+                r"m_h = 2^{-8h/H}",
+                r"s_{ij} = q_i \cdot k_j + b_h\big(\mathrm{bucket}(j - i)\big)\ \text{(T5)}",
+            ],
+            "import torch, posenc\n"
+            "alibi = posenc.ALiBi(8)\n"
+            "bias = alibi.bias(16, 16)  # (heads, queries, keys), add to the scores",
         )
     )
 
@@ -314,18 +577,21 @@ def _sections(
         Section(
             "grid",
             "2-D grids: positions of image patches",
-            "A ViT's patches get a 2-D encoding: half the channels encode the row, half "
-            "the column (MAE's layout), each a 1-D sinusoidal encoding. Shown: a 14x14 "
-            "grid of 64 channels, one tile per channel.",
+            "A vision transformer's patches sit on a grid. MAE's encoding gives half the "
+            "channels a 1-D sinusoidal encoding of the patch's row and half of its "
+            "column. Shown: a 14 x 14 grid with 64 channels, one tile per channel; the "
+            "first half vary along one axis, the second half along the other.",
             [
-                ("grid rows x channels", f"{g.shape[0]} x {g.shape[1]}"),
+                ("grid positions x channels", f"{g.shape[0]} x {g.shape[1]}"),
                 (
-                    "channels that vary along rows only / columns only",
+                    "channels that vary along one axis only: rows / columns",
                     f"{int((np.ptp(g.reshape(14, 14, 64), axis=1).max(0) < 1e-12).sum())} / "
                     f"{int((np.ptp(g.reshape(14, 14, 64), axis=0).max(0) < 1e-12).sum())}",
                 ),
             ],
             ["grid"],
+            [],
+            "import posenc\ng = posenc.grid((14, 14), 64, preset='mae')  # (196, 64)",
         )
     )
     return sections
@@ -335,112 +601,123 @@ def _figure_options(
     dim: int, length: int, preset: str, rope: dict[str, Any], learned: analysis.Learned
 ) -> dict[str, dict[str, Any]]:
     base = {"dim": dim, "length": length, "preset": preset}
-    return {
-        "heatmap": base,
-        "wavelengths": base,
-        "shift": {**base, "offset": 10},
-        "regression": {**base, "offset": 10},
-        "clocks": base,
-        "offsets": base,
-        "similarity": base,
-        "precision": base,
-        "learned": {"learned_table": learned.table},
-        "decay": {"head_dim": rope["head_dim"], "base": rope["base"]},
-        "rope-scaling": {
-            "head_dim": rope["head_dim"],
-            "base": rope["base"],
-            "factor": rope["factor"],
-            "original": rope["original"],
-        },
-        "alibi": {},
-        "t5": {},
-        "grid": {},
-    }
-
-
-def rope_settings(config: str | Path | None) -> dict[str, Any]:
-    """head_dim, base, factor and original length for the RoPE section.
-
-    Llama-3.1's values by default; with a ``config.json`` path, that model's
-    (read by :func:`posenc.hf.rope_spec`), its factor defaulting to 8.
-    """
-    if config is None:
-        return {
-            "head_dim": 128,
-            "base": 500000.0,
-            "factor": 8.0,
-            "original": 8192,
-            "name": "Llama-3.1-like (head_dim 128, theta 500000)",
+    options: dict[str, dict[str, Any]] = {name: base for name in ("heatmap", "clocks")}
+    options.update(
+        {
+            "permutation": {},
+            "exp-log": {"dim": dim},
+            "shift": {**base, "offset": 10},
+            "regression": {**base, "offset": 10},
+            "add-concat": {"dim": dim, "length": length},
+            "offsets": base,
+            "similarity": base,
+            "precision": base,
+            "learned": {"learned_table": learned.table},
+            "decay": {"head_dim": rope["head_dim"], "base": rope["base"]},
+            "alibi": {},
+            "t5": {},
+            "grid": {},
         }
-    from posenc.integration.hf import rope_spec
-
-    path = Path(config)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ValueError(f"--rope-config: cannot read {str(path)!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--rope-config: {str(path)!r} is not JSON: {exc.msg}") from None
-    spec = rope_spec(raw)
-    factor = float(spec.params.get("factor", 8.0))
-    original = spec.original_max_position_embeddings or spec.max_position_embeddings or 4096
-    return {
-        "head_dim": spec.rotary_dim,
-        "base": spec.base,
-        "factor": factor,
-        "original": int(original),
-        "name": path.name,
-    }
+    )
+    return options
 
 
-def _lab_section(directory: Path) -> str:
-    """The results of a ``posenc lab run`` directory as a report section."""
+def _lab_sections(directory: Path | None) -> str:
+    """The lab's results as HTML: a fresh run's directory, or the bundled copy and text runs."""
     from posenc.faces.lab import results
     from posenc.faces.lab.run import LabConfig, Record
 
-    try:
-        doc = json.loads((directory / "results.json").read_text())
-    except OSError as exc:
-        raise ValueError(f"--lab: cannot read {str(directory / 'results.json')!r}: "
-                         f"{exc.strerror}") from None  # fmt: skip
-    config = LabConfig(**{**doc["config"], "encodings": tuple(doc["config"]["encodings"])})
-    return results.section([Record(**r) for r in doc["records"]], config)
+    if directory is None:
+        where = resources.files("posenc.faces") / "data"
+        docs = [json.loads((where / name).read_text()) for name in BUNDLED_LAB]
+    else:
+        path = directory / "results.json"
+        try:
+            docs = [json.loads(path.read_text())]
+        except OSError as exc:
+            raise ValueError(f"--lab: cannot read {str(path)!r}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--lab: {str(path)!r} is not JSON: {exc.msg}") from None
+    parts = []
+    for doc in docs:
+        config = LabConfig(**{**doc["config"], "encodings": tuple(doc["config"]["encodings"])})
+        parts.append(results.section([Record(**r) for r in doc["records"]], config))
+    return "\n".join(parts)
 
 
-def _img(path: Path) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(path.stem)}">'
+def _img(svg: Path, alt: str) -> str:
+    data = base64.b64encode(svg.read_bytes()).decode()
+    return f'<img src="data:image/svg+xml;base64,{data}" alt="{html.escape(alt)}">'
 
 
 _CSS = """
-body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;padding:0 1em;
-color:#222;line-height:1.45}
-h1{font-size:1.7em}h2{margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.8em 0}td{padding:.2em .8em;border-bottom:1px solid #eee}
-td:last-child{font-family:ui-monospace,monospace}img{max-width:100%;display:block;margin:1em 0}
-nav a{margin-right:.8em}
+:root{--ink:#1d2330;--muted:#5b6475;--rule:#e3e6ec;--accent:#3b5bdb;--code:#f5f6f8}
+body{font:16px/1.55 system-ui,-apple-system,"Segoe UI",sans-serif;color:var(--ink);
+max-width:980px;margin:0 auto;padding:1.5em 1.2em 4em}
+h1{font-size:2em;margin:.3em 0 .1em}h2{font-size:1.4em;margin:2.4em 0 .6em;
+padding-bottom:.2em;border-bottom:1px solid var(--rule)}
+p{margin:.6em 0}.lead{color:var(--muted)}
+nav{columns:2;font-size:.92em;margin:1em 0 2em;padding:.8em 1em;background:var(--code);
+border-radius:6px}nav a{display:block;color:var(--accent);text-decoration:none}
+math{font-family:"STIX Two Math","Cambria Math","Latin Modern Math","DejaVu Math TeX Gyre",
+math}math[display=block]{margin:.8em 0;font-size:1.12em;overflow-x:auto}
+pre{background:var(--code);padding:.7em 1em;border-radius:6px;overflow-x:auto;
+font-size:.88em;line-height:1.4}
+table.numbers{border-collapse:collapse;margin:.8em 0;font-size:.92em}
+table.numbers caption{text-align:left;color:var(--muted);font-size:.9em;padding-bottom:.2em}
+table.numbers td{padding:.25em .9em .25em 0;border-bottom:1px solid var(--rule);
+vertical-align:top}table.numbers td:last-child{font-family:ui-monospace,monospace}
+img{max-width:100%;display:block;margin:1em auto}
+section#lab img,section.lab img{max-width:100%}
 """
 
 
-def _html(sections: Sequence[Section], pngs: dict[str, Path], title: str, note: str) -> str:
-    parts = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1><p>{html.escape(note)}</p><nav>",
-        *(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in sections),
-        "</nav>",
-    ]
-    for s in sections:
-        parts.append(f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>')
-        parts.append(f"<p>{html.escape(s.text)}</p><table>")
+def _section_html(s: Section, figures: dict[str, Path], explorers: dict[str, str]) -> str:
+    parts = [f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>']
+    paragraphs = s.text.split("\n\n")
+    parts += [f"<p>{html.escape(p)}</p>" for p in paragraphs[:1]]
+    parts += [mathml(f) for f in s.formulas]
+    parts += [f"<p>{html.escape(p)}</p>" for p in paragraphs[1:]]
+    if s.explorer is not None:
+        parts.append(explorers[s.explorer])
+    parts += [_img(figures[f], f) for f in s.figures]
+    if s.code:
+        parts.append(f'<pre><code class="language-python">{html.escape(s.code)}</code></pre>')
+    if s.numbers:
+        parts.append('<table class="numbers"><caption>measured in this run</caption>')
         parts += [
             f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in s.numbers
         ]
         parts.append("</table>")
-        parts += [_img(pngs[f]) for f in s.figures]
-        parts.append("</section>")
-    parts.append("</body></html>")
+    parts.append(s.extra)
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _html(
+    sections: Sequence[Section],
+    figures: dict[str, Path],
+    title: str,
+    note: str,
+    explorer_data: dict[str, Any],
+) -> str:
+    from posenc.faces import explorers
+
+    boxes = explorers.containers()
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}{explorers.style()}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        f'<p class="lead">{html.escape(note)}</p><nav>',
+        *(f'<a href="#{s.key}">{html.escape(s.title)}</a>' for s in sections),
+        "</nav>",
+        *(_section_html(s, figures, boxes) for s in sections),
+        explorers.scripts(explorer_data),
+        "</body></html>",
+    ]
     return "\n".join(parts)
 
 
@@ -459,28 +736,33 @@ def build(
 
     Args:
         out: output directory (created).
-        dim: channels of the sinusoidal table (>= 4, even).
-        length: positions (>= 3).
+        dim: channels of the sinusoidal table (>= 4, even); the explorer also
+            offers 16 to 512.
+        length: positions (>= 3): the table's rows and the slider's range.
         preset: a sinusoidal preset name (``posenc presets``).
-        rope_config: a model's ``config.json`` for the RoPE scaling section.
+        rope_config: a model's ``config.json``: its RoPE schedule is shown first.
         train_steps: steps of the learned-table training run.
-        lab: a ``posenc lab run`` output directory whose results to include.
+        lab: a ``posenc lab run`` output directory whose results replace the
+            bundled ones.
         progress: called with a short message as each part starts.
 
     Raises:
-        ValueError: bad sizes, an unknown preset, an unreadable config, or an
-            output directory that cannot be written.
+        ValueError: bad sizes, an unknown preset, an unreadable config or lab
+            directory, or an output directory that cannot be written.
     """
-    from posenc.faces import plot
+    from posenc.faces import explorers, plot
 
     start = time.perf_counter()
     dim = checks.check_int(dim, "dim", minimum=4)
     if dim % 2:
         raise ValueError(f"dim must be even (pairs of sin and cos); got {dim}")
+    checks.check_channels(dim, "dim", minimum=4)
     length = checks.check_int(length, "length", minimum=3)
+    checks.check_elements(length * dim, "length x dim")
     checks.check_choice(preset, "preset", tuple(PRESETS))
     train_steps = checks.check_int(train_steps, "train_steps", minimum=1)
     rope = rope_settings(rope_config)
+    lab_html = _lab_sections(None if lab is None else Path(lab))
     out = Path(out)
     figures_dir = out / "figures"
     try:
@@ -496,25 +778,32 @@ def build(
     learned = analysis.train_learned(steps=train_steps)
     say("measuring")
     sections = _sections(dim, length, preset, rope, learned)
+    for s in sections:
+        if s.key == "learned":
+            s.extra = lab_html
+    say("explorers")
+    data = explorers.payload(length=length, preset=preset, dim=dim, rope=rope)
     options = _figure_options(dim, length, preset, rope, learned)
     files: dict[str, tuple[Path, Path]] = {}
     for s in sections:
         for name in s.figures:
             say(f"figure {name}")
-            fig = plot.figure(name, **options[name])
             png, svg = figures_dir / f"{name}.png", figures_dir / f"{name}.svg"
-            with atomic_write(svg) as f:
-                fig.savefig(f, format="svg")
-            plot.save(fig, png)
+            plot.save(plot.figure(name, **options[name]), svg, png)
             files[name] = (png, svg)
     note = (
-        f"Measured by posenc on this machine: {preset} preset, d = {dim}, {length} "
-        f"positions; RoPE section for {rope['name']}."
+        "Positional encodings explained with numbers that posenc computed on this "
+        f"machine: the {preset} preset at d = {dim} over {length} positions; RoPE scaling "
+        f"for {rope['name']}."
     )
     index = out / "index.html"
-    page = _html(sections, {k: v[0] for k, v in files.items()}, "posenc report", note)
-    if lab is not None:
-        page = page.replace("</body></html>", _lab_section(Path(lab)) + "\n</body></html>")
+    page = _html(
+        sections,
+        {k: v[1] for k, v in files.items()},
+        "Positional encodings, explained and measured",
+        note,
+        data,
+    )
     with atomic_write(index, "w") as f:
         f.write(page)
     return Report(sections, index, files, time.perf_counter() - start)

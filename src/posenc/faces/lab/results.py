@@ -85,19 +85,28 @@ def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=220)
     return buf.getvalue()
 
 
-def section(records: Sequence[Any], config: Any, png: bytes | None = None) -> str:
-    """The lab's results as an HTML ``<section>`` (figure embedded, summary table)."""
-    if png is None:
+def _svg(fig: Any) -> bytes:
+    import matplotlib
+
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text: small, sharp
+        fig.savefig(buf, format="svg")
+    return buf.getvalue()
+
+
+def section(records: Sequence[Any], config: Any, svg: bytes | None = None) -> str:
+    """The lab's results as an HTML ``<section id="lab-TASK">`` (SVG figure, summary table)."""
+    if svg is None:
         from posenc.faces.plot import pyplot
 
         fig = figure(records, config.train_len, _title(config))
-        png = _png(fig)
+        svg = _svg(fig)
         pyplot().close(fig)
-    data = base64.b64encode(png).decode()
+    data = base64.b64encode(svg).decode()
     rows = summary(records, config.train_len)
     cells = []
     for row in rows:
@@ -112,9 +121,10 @@ def section(records: Sequence[Any], config: Any, png: bytes | None = None) -> st
                      f"<td>{fmt('beyond')}</td></tr>")  # fmt: skip
     metric = rows[0]["metric"] if rows else "accuracy"
     return "\n".join([
-        f'<section id="lab"><h2>{html.escape(_title(config))}</h2>',
+        f'<section id="lab-{html.escape(config.task)}" class="lab">'
+        f"<h3>{html.escape(_title(config))}</h3>",
         f"<p>{html.escape(_caption(config))}</p>",
-        f'<img src="data:image/png;base64,{data}" alt="lab results">',
+        f'<img src="data:image/svg+xml;base64,{data}" alt="lab results: {config.task}">',
         f"<table><tr><th>encoding</th><th>{metric}, lengths 1-{config.train_len} "
         f"(seed min-max)</th><th>{metric}, lengths {config.train_len + 1}-{config.test_len}"
         "</th></tr>",
@@ -142,8 +152,9 @@ def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Pat
 
     out = Path(out)
     fig = figure(records, config.train_len, _title(config))
+    svg = _svg(fig)
     with atomic_write(out / "results.svg") as f:
-        fig.savefig(f, format="svg")
+        f.write(svg)
     png = _png(fig)
     pyplot().close(fig)
     with atomic_write(out / "results.png") as f:
@@ -151,7 +162,7 @@ def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Pat
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(_title(config))}</title></head><body>"
-        f"{section(records, config, png)}</body></html>"
+        f"{section(records, config, svg)}</body></html>"
     )
     with atomic_write(out / "index.html", "w") as f:
         f.write(page)
