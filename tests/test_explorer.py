@@ -19,7 +19,7 @@ from posenc.integration.analysis import explorer as ex
 
 
 def decode(blob):
-    dtype = {"float64": "<f8", "uint8": "u1"}[blob["dtype"]]
+    dtype = {"float64": "<f8", "float32": "<f4", "uint8": "u1"}[blob["dtype"]]
     return np.frombuffer(base64.b64decode(blob["b64"]), dtype=dtype).reshape(blob["shape"])
 
 
@@ -140,6 +140,8 @@ def test_payload_round_trips_through_json():
     key = f"{s['dims'].index(16)}|{s['bases'].index(10000.0)}"
     first = decode(s["combos"][key]["first"])
     np.testing.assert_array_equal(first, posenc.sinusoidal(6, 16, dtype="float64")[:, :8])
+    hands = decode(s["combos"][key]["cos"])
+    assert hands.dtype == np.float32 and hands.shape == (6, 8)
     heat = decode(s["combos"][key]["heat"])
     lo, hi = s["combos"][key]["heat_range"]
     table = posenc.sinusoidal(6, 16, dtype="float64")

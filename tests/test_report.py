@@ -138,8 +138,11 @@ def test_bundled_lab_results_by_default(small):
     assert 'id="lab-copy"' in learned  # inside the learned-versus-sinusoidal section
 
 
-def test_page_at_the_defaults_fits_in_4_mib(tmp_path):
-    built = report.build(tmp_path / "r", train_steps=2)
+@pytest.mark.parametrize(
+    "size", [{}, {"dim": report.MAX_DIM, "length": report.MAX_LENGTH}], ids=["defaults", "maxima"]
+)
+def test_page_fits_in_4_mib(tmp_path, size):
+    built = report.build(tmp_path / "r", train_steps=2, **size)
     assert built.index.stat().st_size <= 4 * MiB
     values = re.findall(r'<math[^>]*display="block"', built.index.read_text())
     assert values
@@ -174,6 +177,8 @@ def test_cli_report_prints_summary_and_path(tmp_path, capsys):
     [
         (["report", "--dim", "-3"], "--dim"),
         (["report", "--dim", "7"], "dim must be even"),
+        (["report", "--dim", "4096"], "at most 1024"),
+        (["report", "--length", "100000"], "length must be at most 128"),
         (["report", "--preset", "nope"], "--preset"),
         (["report", "--length", "1"], "--length"),
         (["plot", "nope", "-o", "x.png"], "KIND"),

@@ -512,10 +512,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="output directory; default: %(default)s",
     )
     rep.add_argument(
-        "--dim", type=_int_at_least(4), default=512, help="channels (even); default: %(default)s"
+        "--dim",
+        type=_int_at_least(4),
+        default=512,
+        help="channels (even, at most 1024); default: %(default)s",
     )
     rep.add_argument(
-        "--length", type=_int_at_least(3), default=50, help="positions; default: %(default)s"
+        "--length",
+        type=_int_at_least(3),
+        default=50,
+        help="positions: the table's rows and the slider's range (at most 128); "
+        "default: %(default)s",
     )
     rep.add_argument(
         "--preset",

@@ -39,6 +39,11 @@ from posenc.integration import analysis
 
 __all__ = ["Report", "Section", "build", "mathml", "rope_settings"]
 
+#: The page embeds the explorer's table for every d and base it offers, so its size grows
+#: with both; at these maxima it stays under 4 MiB.
+MAX_LENGTH = 128
+MAX_DIM = 1024
+
 #: The lab results shown when no ``lab`` directory is given: ``posenc lab run`` and
 #: ``posenc lab run --task text`` at their defaults (results.json of each).
 BUNDLED_LAB = ("lab-copy.json", "lab-text.json")
@@ -736,9 +741,10 @@ def build(
 
     Args:
         out: output directory (created).
-        dim: channels of the sinusoidal table (>= 4, even); the explorer also
-            offers 16 to 512.
-        length: positions (>= 3): the table's rows and the slider's range.
+        dim: channels of the sinusoidal table (even, 4 to :data:`MAX_DIM`); the
+            explorer also offers 16 to 512.
+        length: positions (3 to :data:`MAX_LENGTH`): the table's rows and the
+            slider's range.
         preset: a sinusoidal preset name (``posenc presets``).
         rope_config: a model's ``config.json``: its RoPE schedule is shown first.
         train_steps: steps of the learned-table training run.
@@ -754,11 +760,16 @@ def build(
 
     start = time.perf_counter()
     dim = checks.check_int(dim, "dim", minimum=4)
-    if dim % 2:
-        raise ValueError(f"dim must be even (pairs of sin and cos); got {dim}")
-    checks.check_channels(dim, "dim", minimum=4)
+    if dim % 2 or dim > MAX_DIM:
+        raise ValueError(
+            f"dim must be even (pairs of sin and cos) and at most {MAX_DIM}; got {dim}"
+        )
     length = checks.check_int(length, "length", minimum=3)
-    checks.check_elements(length * dim, "length x dim")
+    if length > MAX_LENGTH:
+        raise ValueError(
+            f"length must be at most {MAX_LENGTH} (the page embeds the table for every d and "
+            f"base its explorer offers); got {length}"
+        )
     checks.check_choice(preset, "preset", tuple(PRESETS))
     train_steps = checks.check_int(train_steps, "train_steps", minimum=1)
     rope = rope_settings(rope_config)

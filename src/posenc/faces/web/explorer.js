@@ -17,7 +17,12 @@
     const text = atob(a.b64);
     const bytes = new Uint8Array(new ArrayBuffer(text.length));
     for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
-    const out = a.dtype === "uint8" ? bytes : new Float64Array(bytes.buffer);
+    const out =
+      a.dtype === "uint8"
+        ? bytes
+        : a.dtype === "float32"
+          ? new Float32Array(bytes.buffer)
+          : new Float64Array(bytes.buffer);
     out.shape = a.shape;
     decoded.set(a, out);
     return out;
