@@ -478,6 +478,101 @@ def test_patch_refuses_mismatched_frequencies() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# The module's own output decides the form of the tables, and is checked before the swap.
+
+FORMS = {
+    # family: (config class, its kwargs, rotary class, form the module returns)
+    "cohere": ("CohereConfig", {}, "CohereRotaryEmbedding", "interleaved"),
+    "gpt_oss": ("GptOssConfig", {}, "GptOssRotaryEmbedding", "half_width"),
+    "deepseek_v2": ("DeepseekV2Config", {}, "DeepseekV2RotaryEmbedding", "complex"),
+    "llama": ("LlamaConfig", {}, "LlamaRotaryEmbedding", "half"),
+}
+
+
+def _module_of(family: str) -> torch.nn.Module:
+    import importlib
+
+    config_name, kwargs, rotary_name, _ = FORMS[family]
+    models = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    configs = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
+    holder = torch.nn.Module()
+    holder.rotary_emb = getattr(models, rotary_name)(getattr(configs, config_name)(**kwargs))
+    return holder
+
+
+@pytest.mark.parametrize("family", list(FORMS))
+def test_patch_returns_tables_in_the_modules_own_form(family: str) -> None:
+    holder = _module_of(family)
+    x = torch.zeros(1, 4096, 8)
+    positions = torch.arange(4096)[None]
+    theirs = holder.rotary_emb(x, positions)
+    hf.patch_model(holder)
+    assert holder.rotary_emb.form == FORMS[family][3]
+    ours = holder.rotary_emb(x, positions)
+    pairs = [(theirs, ours)] if isinstance(theirs, torch.Tensor) else zip(theirs, ours, strict=True)
+    freqs = holder.rotary_emb.frequencies(None)
+    # the module docstring's bound, P = 4095, delta from its inv_freq (a few 2**-23)
+    tol = freqs.attention_scaling * (4095 * max(freqs.inv_freq) * 40 * 2.0**-23 + 2.0**-22)
+    for t, o in pairs:
+        assert t.shape == o.shape and t.dtype == o.dtype
+        assert float((t - o).abs().max()) <= tol
+
+
+def test_patch_refuses_a_module_whose_tables_differ() -> None:
+    holder = _module_of("llama")
+    real = type(holder.rotary_emb).forward
+
+    def doubled(self: Any, x: Any, position_ids: Any) -> Any:  # a model with its own twist
+        cos, sin = real(self, x, position_ids)
+        return cos, sin * 1.01
+
+    holder.rotary_emb.forward = doubled.__get__(holder.rotary_emb)
+    with pytest.raises(ValueError, match=r"rotary_emb \(LlamaRotaryEmbedding\).*differ.*half"):
+        hf.patch_model(holder)
+    assert type(holder.rotary_emb).__name__ == "LlamaRotaryEmbedding"  # left as it was
+
+
+def test_patch_turns_a_failing_module_or_config_into_a_value_error() -> None:
+    holder = _module_of("llama")
+
+    def broken(self: Any, x: Any, position_ids: Any) -> Any:
+        raise RuntimeError("boom")
+
+    holder.rotary_emb.forward = broken.__get__(holder.rotary_emb)
+    with pytest.raises(ValueError, match=r"forward.*RuntimeError: boom"):
+        hf.patch_model(holder)
+
+    class Ambiguous(Exception):
+        pass
+
+    holder = _module_of("llama")
+
+    class Raising:  # transformers' configs can raise their own errors on attribute access
+        def __init__(self, config: Any) -> None:
+            self._config = config
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "head_dim":
+                raise Ambiguous("head_dim differs per layer")
+            return getattr(self._config, name)
+
+    holder.rotary_emb.config = Raising(holder.rotary_emb.config)
+    with pytest.raises(ValueError, match=r"reading its config failed.*Ambiguous"):
+        hf.patch_model(holder)
+
+
+def test_patch_refuses_an_unknown_output_form() -> None:
+    holder = _module_of("llama")
+
+    def three(self: Any, x: Any, position_ids: Any) -> Any:
+        return x, x, x
+
+    holder.rotary_emb.forward = three.__get__(holder.rotary_emb)
+    with pytest.raises(ValueError, match="returns a tuple of"):
+        hf.patch_model(holder)
+
+
+# --------------------------------------------------------------------------------------
 # rope_spec on dicts and config objects.
 
 BASE_DICT = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 256}

@@ -141,6 +141,129 @@ def _mrope_spec(module: Any, spec: RopeSpec, name: str) -> RopeSpec:
     )
 
 
+def _describe(out: Any) -> str:
+    """What a rotary module returned, in a few words (shapes and dtypes)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return f"a {out.dtype} tensor of shape {tuple(out.shape)}"
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of " + ", ".join(_describe(o) for o in out)
+    return f"a {type(out).__name__}"
+
+
+def _candidate_forms(out: Any, rotary_dim: int) -> list[str]:
+    """The output forms of :data:`FORMS` that ``out``'s structure and widths allow."""
+    import torch
+
+    if isinstance(out, torch.Tensor) and out.is_complex() and out.shape[-1] == rotary_dim // 2:
+        return ["complex"]
+    if (
+        isinstance(out, (tuple, list))
+        and len(out) == 2
+        and all(isinstance(o, torch.Tensor) and not o.is_complex() for o in out)
+        and out[0].shape == out[1].shape
+    ):
+        if out[0].shape[-1] == rotary_dim:
+            return ["half", "interleaved"]
+        if out[0].shape[-1] == rotary_dim // 2:
+            return ["half_width"]
+    return []
+
+
+def _difference(theirs: Any, ours: Any) -> tuple[float, str]:
+    """Largest |theirs - ours| over the outputs, and where (output, position, channel)."""
+    import torch
+
+    parts_t = [theirs] if isinstance(theirs, torch.Tensor) else list(theirs)
+    parts_o = [ours] if isinstance(ours, torch.Tensor) else list(ours)
+    worst, where = -1.0, ""
+    for k, (t, o) in enumerate(zip(parts_t, parts_o, strict=True)):
+        if t.shape != o.shape or t.dtype != o.dtype:
+            return math.inf, f"output {k}: {_describe(t)} against posenc's {_describe(o)}"
+        diff = (t.cpu().to(torch.complex128 if t.is_complex() else torch.float64) - o.cpu()).abs()
+        if diff.numel() and float(diff.max()) > worst:
+            flat = int(diff.argmax())
+            index = list(torch.unravel_index(torch.tensor(flat), diff.shape))
+            worst = float(diff.max())
+            where = f"output {k}, position index {int(index[-2])}, channel {int(index[-1])}"
+    return worst, where
+
+
+def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, label: str) -> str:
+    """The output form of ``module``, after checking posenc's tables in that form equal its own.
+
+    The module (a copy: length-dependent modules change state when called) is
+    called as ``forward(x, position_ids[, layer_type])`` on positions ``0 .. 63``;
+    its output decides the candidate forms, and the first whose values agree
+    with posenc's within HF's float32 error is returned.
+
+    Raises:
+        ValueError: naming the module, when it cannot be called that way, returns
+            something else, or no form agrees (with the largest difference and where).
+    """
+    import copy
+
+    import torch
+
+    from posenc.integration.hf_module import HFRotaryEmbedding
+
+    buffers = list(module.buffers())
+    device = buffers[0].device if buffers else torch.device("cpu")
+    spec = next(iter(specs.values()))
+    positions = torch.arange(64, device=device)[None]
+    x = torch.zeros(1, 64, spec.rotary_dim, device=device)
+    theirs_module = copy.deepcopy(module)
+    outputs: dict[str | None, Any] = {}
+    for key in specs:
+        try:
+            with torch.no_grad():
+                if key is None:
+                    outputs[key] = theirs_module(x, positions)
+                else:
+                    outputs[key] = theirs_module(x, positions, layer_type=key)
+        except Exception as exc:  # the model's own code: any failure means "cannot verify"
+            call = "forward(x, position_ids" + (")" if key is None else f", layer_type={key!r})")
+            raise ValueError(
+                f"{label}: calling it as {call} failed ({type(exc).__name__}: {exc}); posenc.hf "
+                "cannot check its output, so it is not patched"
+            ) from None
+    first = outputs[next(iter(specs))]
+    candidates = _candidate_forms(first, spec.rotary_dim)
+    if not candidates:
+        raise ValueError(
+            f"{label}: returns {_describe(first)} for rotary_dim {spec.rotary_dim}; posenc.hf "
+            "knows (cos, sin) in the half or interleaved layout, half-width (cos, sin), and one "
+            "complex tensor, so it is not patched"
+        )
+    misses = []
+    for form in candidates:
+        ours_module = HFRotaryEmbedding(specs, config=config, form=form).to(device)
+        worst_all, where_all, tol_all = 0.0, "", 0.0
+        for key, theirs in outputs.items():
+            ours = ours_module(x, positions, layer_type=key)
+            freqs = ours_module.frequencies(None, key)
+            # HF's float32 table error over positions up to P (see _mrope_spec)
+            top = 63 * float(max(freqs.inv_freq, default=0.0))
+            tol = freqs.attention_scaling * (
+                top * (_inv_freq_rtol(specs[key]) + 2.0**-24) + 2.0**-22
+            )
+            worst, where = _difference(theirs, ours)
+            if worst > tol and worst - tol >= worst_all - tol_all:
+                worst_all, where_all, tol_all = worst, (f"{key}: " if key else "") + where, tol
+        if not where_all:
+            return form
+        misses.append(f"{form}: {_fmt_diff(worst_all)} at {where_all} (tolerance {tol_all:.1e})")
+    raise ValueError(
+        f"{label}: its tables differ from posenc's ({'; '.join(misses)}); this model computes "
+        "RoPE in a way posenc.hf does not recognise, so it is not patched"
+    )
+
+
+def _fmt_diff(x: float) -> str:
+    return "a different shape or dtype" if math.isinf(x) else f"max |difference| {x:.3g}"
+
+
 def patch_model(model: Any) -> Any:
     """Replace every HF rotary module of ``model`` with an exact :class:`HFRotaryEmbedding`.
 
@@ -149,8 +272,12 @@ def patch_model(model: Any) -> Any:
     ``config``, ``rope_type`` and ``inv_freq`` (or ``{layer_type}_inv_freq``
     for per-layer-type modules such as Gemma 3's, whose ``forward`` takes a
     ``layer_type``). Each is checked against its own float32 ``inv_freq``
-    before it is replaced, so a model computing RoPE some other way is
-    refused instead of silently changed. M-RoPE modules (Qwen2-VL,
+    and then called on probe positions: its output decides the form of the
+    replacement's tables (``(cos, sin)`` in the half or interleaved layout,
+    half-width, or one complex tensor; :data:`posenc.integration.hf_module.FORMS`),
+    and posenc's tables in that form must equal it within HF's float32 error,
+    so a model computing RoPE some other way is refused instead of silently
+    changed. M-RoPE modules (Qwen2-VL,
     Qwen3-VL text models) are also checked against their own tables on a
     probe, which settles their section order. A model built on the meta device
     (deferred initialisation) is checked against a copy of each rotary module
@@ -164,9 +291,11 @@ def patch_model(model: Any) -> Any:
         ``model``, patched in place.
 
     Raises:
-        ValueError: a rotary module that does not follow HF's contract
-            (vision rotary modules of full VL models among them), frequencies
-            or M-RoPE tables that do not match, or no rotary module at all.
+        ValueError: naming the module and its class: a rotary module that
+            does not follow HF's contract (vision rotary modules of full VL
+            models among them), whose config cannot be read, whose forward
+            fails on the probe, or whose frequencies, output form or tables
+            do not match posenc's; or no rotary module at all.
     """
     found = [
         (name, module)
@@ -191,32 +320,36 @@ def patch_model(model: Any) -> Any:
         if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
             raise ValueError(f"{label}: M-RoPE with one RoPE per layer type is not supported")
         checked = _with_values(module, config, label)
+        form = "half"
         if takes_layer_type or isinstance(rope_type, Mapping):
             types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
             if not types_:
                 raise ValueError(f"{label} takes a layer_type but names no layer types")
             for lt in types_:
-                specs[lt] = rope_spec(config, layer_type=lt)
+                specs[lt] = _read_spec(config, label, layer_type=lt)
                 _check_type(label, specs[lt], rope_type[lt])
                 _check_against_module(checked, specs[lt], label, prefix=f"{lt}_")
+            form = _verify_output(checked, specs, config, label)
         else:
-            spec = rope_spec(config)
+            spec = _read_spec(config, label)
             _check_type(label, spec, rope_type)
             _check_against_module(checked, spec, label)
             if multi_axis:
-                spec = _mrope_spec(checked, spec, label)
+                specs[None] = _mrope_spec(checked, spec, label)
             elif spec.mrope_section is not None:
                 raise ValueError(
                     f"{label}: its config has mrope_section but the module is not an M-RoPE "
                     "module; posenc.hf cannot tell how it uses the sections"
                 )
-            specs[None] = spec
-        replacements.append((name, module, specs, config))
+            else:
+                specs[None] = spec
+                form = _verify_output(checked, specs, config, label)
+        replacements.append((name, module, specs, config, form))
 
     from posenc.integration.hf_module import HFRotaryEmbedding
 
-    for name, module, specs, config in replacements:
-        new = HFRotaryEmbedding(specs, config=config)
+    for name, module, specs, config, form in replacements:
+        new = HFRotaryEmbedding(specs, config=config, form=form)
         buffers = list(module.buffers())
         if buffers:
             new.to(buffers[0].device)
@@ -249,6 +382,23 @@ def _with_values(module: Any, config: Any, label: str) -> Any:
             f"config to check it ({type(exc).__name__}: {exc}); patch the model once its "
             "tensors are materialised"
         ) from exc
+
+
+def _read_spec(config: Any, label: str, layer_type: str | None = None) -> RopeSpec:
+    """:func:`rope_spec` of a module's config, with anything but a ValueError said as one.
+
+    transformers' configs can raise their own errors on attribute access (Gemma 4's
+    per-layer ``head_dim`` raises ``AmbiguousGlobalPerLayerAttributeError``).
+    """
+    try:
+        return rope_spec(config, layer_type=layer_type)
+    except (ValueError, TypeError):
+        raise
+    except Exception as exc:
+        raise ValueError(
+            f"{label}: reading its config failed ({type(exc).__name__}: {exc}); posenc.hf "
+            "cannot tell its RoPE settings, so it is not patched"
+        ) from None
 
 
 def _check_type(label: str, spec: RopeSpec, module_type: Any) -> None:

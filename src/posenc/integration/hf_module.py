@@ -20,7 +20,14 @@ from posenc.families.rotary.multiaxis import mrope_cos_sin
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import cos_sin
 
-__all__ = ["HFRotaryEmbedding"]
+__all__ = ["FORMS", "HFRotaryEmbedding"]
+
+#: How an HF rotary module returns its tables, as :func:`posenc.hf.patch_model` reads them
+#: from the module's own output: ``(cos, sin)`` in the half layout (``cat(theta, theta)``:
+#: Llama and most), interleaved (``theta0, theta0, theta1, ...``: Cohere, BLT), half-width
+#: (``theta`` once; the model widens it: gpt-oss, DeepSeek-V4), or one complex tensor
+#: ``scaling * exp(i theta)`` (DeepSeek-V2, Llama 4).
+FORMS = ("half", "interleaved", "half_width", "complex")
 
 
 class HFRotaryEmbedding(DerivedBuffers):
@@ -30,7 +37,10 @@ class HFRotaryEmbedding(DerivedBuffers):
     shape ``position_ids.shape + (rotary_dim,)`` in HF's half layout
     (``cat(theta, theta)``), times the attention scaling, in ``x.dtype`` on
     ``x.device``: the contract of ``LlamaRotaryEmbedding.forward`` (and of
-    Gemma 3's, which takes ``layer_type``).
+    Gemma 3's, which takes ``layer_type``). ``form`` gives the other forms
+    HF's modules use (:data:`FORMS`): interleaved ``(cos, sin)`` (Cohere),
+    half-width ones (gpt-oss, DeepSeek-V4), or one complex64 tensor
+    (DeepSeek-V2, Llama 4).
 
     Sequence-length-dependent types (``dynamic``, ``longrope``) follow HF's
     ``dynamic_rope_update`` with ``seq_len = max(position_ids) + 1``, through
@@ -55,12 +65,21 @@ class HFRotaryEmbedding(DerivedBuffers):
         specs: ``{None: spec}`` for a model with one RoPE, ``{layer_type:
             spec}`` for one RoPE per layer type.
         config: the HF config, kept as ``self.config`` for code that reads it.
+        form: what ``forward`` returns, one of :data:`FORMS` (the module it
+            replaces decides): ``(cos, sin)`` in the half or interleaved layout,
+            half-width ``(cos, sin)`` of ``rotary_dim / 2``, or one complex64
+            tensor ``scaling * exp(i theta)`` of ``rotary_dim / 2``.
     """
 
-    def __init__(self, specs: Mapping[str | None, RopeSpec], config: Any = None) -> None:
+    def __init__(
+        self, specs: Mapping[str | None, RopeSpec], config: Any = None, form: str = "half"
+    ) -> None:
         super().__init__()
         if not specs:
             raise ValueError("specs must hold at least one RopeSpec")
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {', '.join(FORMS)}; got {form!r}")
+        self.form = form
         self.specs = dict(specs)
         self.config = config
         self.per_layer_type = None not in self.specs
@@ -122,7 +141,7 @@ class HFRotaryEmbedding(DerivedBuffers):
     @torch.no_grad()
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Any:
         spec = self._spec(layer_type)
         seq_len = None
         if spec.rope_type in LENGTH_DEPENDENT:
@@ -143,10 +162,19 @@ class HFRotaryEmbedding(DerivedBuffers):
                 interleaved=bool(spec.mrope_interleaved),
                 dtype=x.dtype,
             )
-        return cos_sin(position_ids.to(x.device), freqs, layout="half", dtype=x.dtype)
+        positions = position_ids.to(x.device)
+        if self.form in ("half", "interleaved"):
+            return cos_sin(positions, freqs, layout=self.form, dtype=x.dtype)  # type: ignore[arg-type]
+        # half-width and complex: each angle once (the first half of the half layout)
+        wide = x.dtype if self.form == "half_width" else torch.float32
+        c, s = cos_sin(positions, freqs, layout="half", dtype=wide)
+        half = c.shape[-1] // 2
+        c, s = c[..., :half], s[..., :half]
+        # HF builds its complex table from float32 angles whatever x's dtype: complex64
+        return (c, s) if self.form == "half_width" else torch.complex(c, s)
 
     def extra_repr(self) -> str:
-        return ", ".join(
+        return (f"form={self.form}, " if self.form != "half" else "") + ", ".join(
             f"{k or 'rope'}: {s.rope_type}, base={s.base:g}, rotary_dim={s.rotary_dim}"
             + (
                 ""
