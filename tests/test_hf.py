@@ -1090,3 +1090,15 @@ def test_patched_module_takes_small_int_position_ids(dtype: torch.dtype) -> None
         got = rotary(torch.zeros(1), position_ids.to(dtype))
         for a, b in zip(got, rotary(torch.zeros(1), position_ids), strict=True):
             assert torch.equal(a, b)
+
+
+def test_from_hf_config_refuses_to_guess() -> None:
+    # no RoPE settings at all: no base of 10000 is assumed
+    with pytest.raises(ValueError, match=r"no RoPE settings.*Rotary\(head_dim, base=10000.0\)"):
+        Rotary.from_hf_config(dict(BASE_DICT))
+    assert Rotary.from_hf_config({**BASE_DICT, "rope_theta": 10000.0}).rotary_dim == 16
+    # M-RoPE: one rotation per axis; the error names what to call instead
+    scaling = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    mrope = {**BASE_DICT, "rope_theta": 1e6, "rope_scaling": scaling}
+    with pytest.raises(ValueError, match=r"M-RoPE.*mrope_cos_sin.*patch_model"):
+        Rotary.from_hf_config(mrope)

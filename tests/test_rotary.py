@@ -920,7 +920,9 @@ ABSURD_CALLS = {
     "pixel_frequencies(2**40)": "axis_dim",
     "xpos_scale(torch.arange(4), 2**40, center=0)": "rotary_dim",
     "rope_spec({'head_dim': 2**40})": "head_dim",
-    "Rotary.from_hf_config({'hidden_size': 2**40, 'num_attention_heads': 1})": "head_dim",
+    "Rotary.from_hf_config({'hidden_size': 2**40, 'num_attention_heads': 1, 'rope_theta': 1e4})": (
+        "head_dim"
+    ),
 }
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_THETA",
     "FrozenParams",
     "RopeSpec",
+    "has_rope_settings",
     "parse_rope_type",
     "raw_parameters",
     "rope_layer_types",
@@ -195,6 +196,16 @@ def _text_config(config: Any) -> Any:
         return config
     text = _get(config, "text_config")
     return config if text is None else text
+
+
+#: Where a config can say anything about its RoPE (v5, v4, GPT-NeoX's base).
+ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base")
+
+
+def has_rope_settings(config: Any) -> bool:
+    """Whether ``config`` (or its ``text_config``) names any RoPE setting at all."""
+    return any(_has(c, k) for c in (config, _get(config, "text_config")) if c is not None
+               for k in ROPE_KEYS)  # fmt: skip
 
 
 def raw_parameters(config: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
 from posenc.core.tables import LOCK, ExactTables, Tables
 from posenc.families.rotary.apply import apply_rotary
-from posenc.families.rotary.config import parse_rope_type, rope_spec
+from posenc.families.rotary.config import has_rope_settings, parse_rope_type, rope_spec
 from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
@@ -139,9 +139,24 @@ class Rotary(ExactTables, DerivedBuffers):
 
         Raises:
             ValueError: unknown rope type, missing or extra keys (named), no
-                head dim information, M-RoPE configs.
+                head dim information; a config with no RoPE settings at all (no
+                base is guessed); an M-RoPE config (one RoPE per position axis:
+                the error names what to call instead).
         """
-        spec = rope_spec(config, layer_type)
+        spec = rope_spec(config, layer_type)  # names any bad value first
+        if not has_rope_settings(config):
+            raise ValueError(
+                "config has no RoPE settings (none of rope_parameters, rope_scaling, rope_theta, "
+                "rotary_emb_base, also under text_config): posenc does not guess a base; for "
+                "RoPE with the RoFormer defaults say so, posenc.Rotary(head_dim, base=10000.0)"
+            )
+        if spec.mrope_section is not None:
+            raise ValueError(
+                f"config describes M-RoPE (mrope_section={list(spec.mrope_section)}): one "
+                "rotation per position axis, which Rotary (one axis) cannot apply; use "
+                "posenc.rotary.multiaxis.mrope_cos_sin(position_ids, rope_spec(config)."
+                "frequencies(), ...) or posenc.hf.patch_model(model)"
+            )
         scaling = None
         if spec.rope_type != "default":
             scaling = {"rope_type": spec.rope_type, **spec.params}
