@@ -10,6 +10,8 @@ Subcommands:
 - ``posenc presets``: list the named conventions and where each comes from.
 - ``posenc report``: the explainer (figures and measured numbers) as one HTML file.
 - ``posenc plot KIND``: any single figure of the report, as PNG or SVG.
+- ``posenc rope CONFIG``: how posenc reads a model's RoPE configuration, exact
+  golden tables (``--golden``), and another engine's tables checked (``--compare``).
 
 Errors in the input (posenc's ``ValueError``/``TypeError``, sizes beyond
 posenc's limits) and files that cannot be written (``OSError``) print one line,
@@ -350,6 +352,21 @@ def _lab_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rope(args: argparse.Namespace) -> int:
+    from posenc.faces import rope
+
+    return rope.run(
+        args.config,
+        sets=args.set or (),
+        as_json=args.json,
+        golden=args.golden,
+        positions=args.positions,
+        compare_file=args.compare,
+        layout=args.layout,
+        layer_type=args.layer_type,
+    )
+
+
 def _presets(args: argparse.Namespace) -> int:
     for name, spec in PRESETS.items():
         fields = f"layout={spec.layout} order={spec.order} base={spec.base:g} shift={spec.shift:g}"
@@ -607,6 +624,68 @@ def build_parser() -> argparse.ArgumentParser:
         help="sinusoidal preset (see `posenc presets`)",
     )
     pl.set_defaults(run=_plot)
+
+    rp = sub.add_parser(
+        "rope",
+        help="how posenc reads a model's RoPE config; golden tables; compare another engine's",
+        description="Print how posenc reads a model's RoPE configuration, per layer type: "
+        "rope type, base, head and rotary dims, layout, every scaling parameter with the "
+        "config key it came from, the attention scaling, the wavelengths against the "
+        "trained window, NoPE layers and M-RoPE sections. --golden writes posenc's exact "
+        "float64 tables (inv_freq, cos, sin in the half and interleaved layouts) to check "
+        "another engine against; --compare checks another engine's tables and names the "
+        "likely misreading. Exit status 1 when --compare finds a divergence.",
+    )
+    rp.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="a config.json, a directory holding one, or a transformers config class name "
+        "(LlamaConfig, Gemma3TextConfig, Qwen2VLConfig ...: its defaults)",
+    )
+    rp.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="change one value before reading: VALUE is JSON when it parses, else a string; "
+        "dotted keys set nested values (rope_parameters.factor=8, text_config.rope_theta=1e6); "
+        "repeatable",
+    )
+    rp.add_argument("--json", action="store_true", help="print the reading as JSON")
+    rp.add_argument(
+        "--golden",
+        default=None,
+        metavar="FILE.npz",
+        help="write posenc's exact tables: inv_freq, positions, cos, sin (half layout, times "
+        "the attention scaling), cos_interleaved, sin_interleaved; per layer type prefixed "
+        "<layer_type>/",
+    )
+    rp.add_argument(
+        "--positions",
+        default=None,
+        metavar="SPEC",
+        help="positions of --golden: start:stop, start:stop:step or a comma list "
+        "(0:4096, 0:131072:1024, 0,1,100000)",
+    )
+    rp.add_argument(
+        "--compare",
+        default=None,
+        metavar="FILE.npz",
+        help="another engine's tables: inv_freq, and/or cos and sin (with positions, default "
+        "0..n-1); exit 1 if they diverge, with the likely cause",
+    )
+    rp.add_argument(
+        "--layout",
+        default=None,
+        choices=("half", "interleaved"),
+        help="layout of the --compare file's cos and sin; default: detected",
+    )
+    rp.add_argument(
+        "--layer-type",
+        default=None,
+        metavar="NAME",
+        help="the layer type unprefixed --compare arrays belong to; default: each is tried",
+    )
+    rp.set_defaults(run=_rope)
     return parser
 
 
