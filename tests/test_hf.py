@@ -1102,3 +1102,63 @@ def test_from_hf_config_refuses_to_guess() -> None:
     mrope = {**BASE_DICT, "rope_theta": 1e6, "rope_scaling": scaling}
     with pytest.raises(ValueError, match=r"M-RoPE.*mrope_cos_sin.*patch_model"):
         Rotary.from_hf_config(mrope)
+
+
+# --------------------------------------------------------------------------------------
+# Vision towers' axial RoPE: each output channel's axis and frequency read from the module.
+
+AXIAL = {
+    # family: (vision config class, rotary class)
+    "qwen2_vl": ("Qwen2VLVisionConfig", "Qwen2VLVisionRotaryEmbedding"),
+    "qwen3_vl": ("Qwen3VLVisionConfig", "Qwen3VLVisionRotaryEmbedding"),
+    "glm4v": ("Glm4vVisionConfig", "Glm4vVisionRotaryEmbedding"),
+}
+
+
+def _axial_holder(family: str) -> torch.nn.Module:
+    import importlib
+
+    config_name, rotary_name = AXIAL[family]
+    models = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    configs = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
+    holder = torch.nn.Module()
+    holder.rotary_pos_emb = getattr(models, rotary_name)(getattr(configs, config_name)())
+    return holder
+
+
+@pytest.mark.parametrize("family", list(AXIAL))
+def test_patched_vision_rotary_matches_on_a_patch_grid(family: str) -> None:
+    import copy
+    import pickle
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import get_vision_position_ids
+
+    holder = _axial_holder(family)
+    # what the vision towers pass: (patches, 2) rows and columns of a 40 x 60 patch image
+    grid = get_vision_position_ids(torch.tensor([[1, 40, 60]]), 2, kwargs={})
+    x = torch.zeros(1, grid.numel() // 2, 8)
+    theirs = holder.rotary_pos_emb(x, grid)
+    hf.patch_model(holder)
+    new = holder.rotary_pos_emb
+    assert type(new).__name__ == "HFGatheredRotaryEmbedding" and new.axis_last
+    ours = new(x, grid)
+    # HF's float32 angles at positions up to P = 59: P * omega * (delta + 2**-24), omega <= 1
+    tol = 59 * (4 + math.log(10000.0)) * 2.0**-23 + 2.0**-22
+    for t, o in zip(theirs, ours, strict=True):
+        assert t.shape == o.shape and t.dtype == o.dtype
+        assert float((t - o).abs().max()) <= tol
+    for twin in (copy.deepcopy(new), pickle.loads(pickle.dumps(new))):
+        for a, b in zip(twin(x, grid), ours, strict=True):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="position_ids must be"):
+        new(x, torch.zeros(5, 3, dtype=torch.long))
+
+
+def test_patch_refuses_vision_frequencies_it_does_not_recognise() -> None:
+    from transformers.models.pixtral.configuration_pixtral import PixtralVisionConfig
+    from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding
+
+    holder = torch.nn.Module()
+    holder.rope = PixtralVisionRotaryEmbedding(PixtralVisionConfig())
+    with pytest.raises(ValueError, match=r"rope \(PixtralVisionRotaryEmbedding\).*inv_freq"):
+        hf.patch_model(holder)

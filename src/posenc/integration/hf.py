@@ -118,8 +118,14 @@ def _mrope_spec(module: Any, spec: RopeSpec, name: str) -> RopeSpec:
     device = inv_freq.device if isinstance(inv_freq, torch.Tensor) else torch.device("cpu")
     steps = torch.arange(16, device=device)
     probe = torch.stack([steps, 2 * steps + 1, 3 * steps + 2])[:, None, :]  # (3, 1, 16)
-    with torch.no_grad():
-        theirs = module(torch.zeros(1, device=device), probe)
+    try:
+        with torch.no_grad():
+            theirs = module(torch.zeros(1, device=device), probe)
+    except Exception as exc:  # the model's own code, e.g. an M-RoPE of 4 axes, not 3
+        raise ValueError(
+            f"{name}: calling it on (3, batch, seq) M-RoPE positions failed "
+            f"({type(exc).__name__}: {exc}); posenc.hf cannot check it, so it is not patched"
+        ) from None
     freqs = spec.frequencies(seq_len=int(probe.max()) + 1)
     # HF's table error over positions up to P: s (P max(omega) (rtol + 2**-24) + 2**-22)
     top = float(probe.max()) * float(max(freqs.inv_freq, default=0.0))
@@ -264,6 +270,128 @@ def _fmt_diff(x: float) -> str:
     return "a different shape or dtype" if math.isinf(x) else f"max |difference| {x:.3g}"
 
 
+def _axial_frequencies(module: Any, config: Any, label: str) -> tuple[float, int]:
+    """``(base, rotary_dim)`` whose ``base ** (-2k / rotary_dim)`` are the module's ``inv_freq``.
+
+    Vision towers take ``rotary_dim`` from a fraction of the head (a half,
+    a quarter) that differs by family; their float32 ``inv_freq`` tells it.
+    """
+    import torch
+
+    from posenc.families.rotary.schedules import frequencies
+
+    inv_freq = getattr(module, "inv_freq", None)
+    params = raw_parameters(config)
+    base = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1 or base is None:
+        raise ValueError(
+            f"{label}: an axial rotary module without a 1-D inv_freq and a rope_theta; "
+            "posenc.hf cannot tell its frequencies, so it is not patched"
+        )
+    theirs = inv_freq.detach().to("cpu", torch.float64)
+    rotary_dim = 2 * len(theirs)
+    ours = frequencies("default", rotary_dim, float(base)).inv_freq
+    rtol = (4 + abs(math.log(float(base)))) * 2.0**-23
+    if not all(abs(t - o) <= rtol * o for t, o in zip(theirs.tolist(), ours.tolist(), strict=True)):
+        raise ValueError(
+            f"{label}: its inv_freq is not rope_theta ** (-2k / {rotary_dim}); posenc.hf does not "
+            "recognise these frequencies, so it is not patched"
+        )
+    return float(base), rotary_dim
+
+
+def _axial_probe(axes: int, count: int, scale: int, device: Any) -> Any:
+    """``(axes, count)`` distinct integer positions per axis, as patches of an image have."""
+    import torch
+
+    n = torch.arange(count, device=device)
+    return torch.stack([(n * (2 * a + 3) * scale + 7 * a) % (61 * scale) for a in range(axes)])
+
+
+def _gather_reading(
+    module: Any, base: float, rotary_dim: int, axes: int, axis_last: bool, scaling: float,
+    device: Any,
+) -> Any:  # fmt: skip
+    """The module read as exact (axis, frequency) channels for one probe layout, or why not."""
+    import torch
+
+    from posenc.integration.hf_module import HFGatheredRotaryEmbedding
+
+    count = 48
+
+    def call(probe: Any) -> Any:
+        probe = probe.T if axis_last else probe
+        with torch.no_grad():
+            return module(torch.zeros(1, count, rotary_dim, device=device), probe)
+
+    probe = _axial_probe(axes, count, 1, device)
+    try:
+        out = call(probe)
+    except Exception as exc:  # the model's own code: this layout of axes is not its own
+        return f"{type(exc).__name__}: {exc}"
+    if not (
+        isinstance(out, (tuple, list))
+        and len(out) == 2
+        and all(isinstance(o, torch.Tensor) and o.shape[:-1] == (count,) for o in out)
+    ):
+        return f"returned {_describe(out)}"
+    k = rotary_dim // 2
+    every = HFGatheredRotaryEmbedding(
+        base, rotary_dim, [a for a in range(axes) for _ in range(k)],
+        [f for _ in range(axes) for f in range(k)], axes, scaling,
+    )(torch.zeros(1, dtype=torch.float64), probe)  # fmt: skip
+    cand_c, cand_s = (t.double().cpu() for t in every)
+    their_c, their_s = (t.double().cpu() for t in out)
+    # (channels, candidates): the largest difference of each output channel from each
+    err = ((their_c[:, :, None] - cand_c[:, None, :]).abs().amax(0)
+           + (their_s[:, :, None] - cand_s[:, None, :]).abs().amax(0))  # fmt: skip
+    best = err.argmin(1)
+    new = HFGatheredRotaryEmbedding(
+        base, rotary_dim, (best // k).tolist(), (best % k).tolist(), axes, scaling,
+        axis_last=axis_last,
+    ).to(device)  # fmt: skip
+    wide = _axial_probe(axes, count, 5, device)
+    theirs = call(wide)
+    ours = new(torch.zeros(1, count, rotary_dim, device=device), wide.T if axis_last else wide)
+    top = float(wide.max()) * float(max(new.freqs.inv_freq, default=0.0))
+    tol = scaling * (top * ((4 + abs(math.log(base))) * 2.0**-23 + 2.0**-24) + 2.0**-22)
+    worst, where = _difference(tuple(theirs), ours)
+    if worst <= tol:
+        return new
+    return f"{_fmt_diff(worst)} at {where} (tolerance {tol:.1e})"
+
+
+def _gathered(module: Any, config: Any, label: str) -> Any:
+    """An exact :class:`HFGatheredRotaryEmbedding` equal to an HF axial module, or a ValueError.
+
+    The module is called on positions of 2, 3 and 4 axes; for the first that it
+    takes, each output channel's axis and frequency are found by matching its
+    cos and sin columns against posenc's exact tables of every (axis, frequency),
+    then the whole replacement is checked on a second, wider probe.
+    """
+    import copy
+
+    import torch
+
+    base, rotary_dim = _axial_frequencies(module, config, label)
+    scaling = float(getattr(module, "attention_scaling", 1.0) or 1.0)
+    buffers = list(module.buffers())
+    device = buffers[0].device if buffers else torch.device("cpu")
+    theirs_module = copy.deepcopy(module)
+    failures = []
+    for axes, axis_last in [(a, last) for a in (2, 3, 4) for last in (False, True)]:
+        new = _gather_reading(theirs_module, base, rotary_dim, axes, axis_last, scaling, device)
+        if isinstance(new, str):
+            failures.append(f"{axes} axes {'last' if axis_last else 'first'}: {new}")
+            continue
+        new.config = config
+        return new
+    raise ValueError(
+        f"{label}: no reading of its channels as (axis, frequency) of exact tables matches its "
+        f"output ({'; '.join(failures)}); posenc.hf does not recognise it, so it is not patched"
+    )
+
+
 def patch_model(model: Any) -> Any:
     """Replace every HF rotary module of ``model`` with an exact :class:`HFRotaryEmbedding`.
 
@@ -304,7 +432,7 @@ def patch_model(model: Any) -> Any:
     ]
     if not found:
         raise ValueError("model has no module whose class name ends with 'RotaryEmbedding'")
-    replacements = []
+    replacements: list[tuple[str, Any, dict[str | None, RopeSpec], Any, Any]] = []
     for name, module in found:
         label = f"{name or 'model'} ({type(module).__name__})"
         config = getattr(module, "config", None)
@@ -314,6 +442,10 @@ def patch_model(model: Any) -> Any:
                 f"{label} lacks HF's config/rope_type attributes and forward(x, position_ids) "
                 "contract; posenc.hf cannot patch it"
             )
+        if rope_type == "axial":  # a vision tower's RoPE over patch rows and columns
+            built = _gathered(_with_values(module, config, label), config, label)
+            replacements.append((name, module, {}, config, built))
+            continue
         takes_layer_type = "layer_type" in inspect.signature(module.forward).parameters
         specs: dict[str | None, RopeSpec] = {}
         multi_axis = _is_multi_axis(module)
@@ -349,7 +481,7 @@ def patch_model(model: Any) -> Any:
     from posenc.integration.hf_module import HFRotaryEmbedding
 
     for name, module, specs, config, form in replacements:
-        new = HFRotaryEmbedding(specs, config=config, form=form)
+        new = form if specs == {} else HFRotaryEmbedding(specs, config=config, form=form)
         buffers = list(module.buffers())
         if buffers:
             new.to(buffers[0].device)

@@ -20,7 +20,7 @@ from posenc.families.rotary.multiaxis import mrope_cos_sin
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import cos_sin
 
-__all__ = ["FORMS", "HFRotaryEmbedding"]
+__all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFRotaryEmbedding"]
 
 #: How an HF rotary module returns its tables, as :func:`posenc.hf.patch_model` reads them
 #: from the module's own output: ``(cos, sin)`` in the half layout (``cat(theta, theta)``:
@@ -182,4 +182,94 @@ class HFRotaryEmbedding(DerivedBuffers):
                 else f", mrope_section={list(s.mrope_section)}, interleaved={s.mrope_interleaved}"
             )
             for k, s in self.specs.items()
+        )
+
+
+class HFGatheredRotaryEmbedding(DerivedBuffers):
+    """Drop-in for HF's multi-axis rotary modules (vision towers' axial RoPE), exact.
+
+    ``forward(x, position_ids) -> (cos, sin)``: ``position_ids`` is ``(axes,
+    *rest)``, or ``(*rest, axes)`` with ``axis_last`` (a patch's row and column,
+    or its time, row and column); output
+    channel ``c`` of both tables is ``scaling * cos(position_ids[axis[c]] *
+    omega[freq[c]])`` (and ``sin``), shape ``rest + (channels,)``, in
+    ``x.dtype``. The frequencies are the unscaled ``base ** (-2k / rotary_dim)``
+    of the module it replaces; which axis and frequency each output channel
+    carries is read by :func:`posenc.hf.patch_model` from that module's own
+    output (each family of HF vision tower recombines rows and columns in its
+    own order: halves, interleaved, sections), and checked on a second probe.
+
+    Args:
+        base: ``rope_theta``.
+        rotary_dim: twice the number of frequencies.
+        axis, freq: per output channel, its position axis and frequency index.
+        axes: how many position axes ``position_ids`` has.
+        axis_last: the axes are ``position_ids``' last dim (``(patches, axes)``)
+            rather than its first.
+        attention_scaling: multiplies cos and sin.
+        config: the HF config, kept as ``self.config``.
+    """
+
+    def __init__(
+        self,
+        base: float,
+        rotary_dim: int,
+        axis: Any,
+        freq: Any,
+        axes: int,
+        attention_scaling: float = 1.0,
+        config: Any = None,
+        axis_last: bool = False,
+    ) -> None:
+        super().__init__()
+        from posenc.families.rotary.schedules import frequencies
+
+        self.base = float(base)
+        self.rotary_dim = int(rotary_dim)
+        self.freqs = frequencies("default", self.rotary_dim, self.base)
+        self.axis = [int(a) for a in axis]
+        self.freq = [int(f) for f in freq]
+        if len(self.axis) != len(self.freq):
+            raise ValueError("axis and freq must give one entry per output channel")
+        self.axes = int(axes)
+        if any(not 0 <= a < self.axes for a in self.axis):
+            raise ValueError(f"axis entries must lie in [0, {self.axes})")
+        if any(not 0 <= f < self.rotary_dim // 2 for f in self.freq):
+            raise ValueError(f"freq entries must lie in [0, {self.rotary_dim // 2})")
+        self.attention_scaling = float(attention_scaling)
+        self.config = config
+        self.axis_last = bool(axis_last)
+        self.rope_type = "axial"
+        self.reset_parameters()
+
+    def _derived_buffers(self) -> dict[str, torch.Tensor]:
+        return {"inv_freq": torch.tensor(self.freqs.inv_freq, dtype=torch.float32)}
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[Any, Any]:
+        if self.axis_last and position_ids.ndim >= 1:
+            position_ids = position_ids.movedim(-1, 0)
+        if position_ids.ndim < 1 or position_ids.shape[0] != self.axes:
+            shape = f"(..., {self.axes})" if self.axis_last else f"({self.axes}, ...)"
+            raise ValueError(
+                f"position_ids must be {shape}, one entry per axis; got shape "
+                f"{tuple(position_ids.shape)}"
+            )
+        # (axes, *rest, K) exact tables, then each output channel's (axis, frequency)
+        c, s = cos_sin(position_ids.to(x.device), self.freqs, layout="half", dtype=torch.float64)
+        k = self.rotary_dim // 2
+        c, s = c[..., :k], s[..., :k]
+        axis = torch.tensor(self.axis, device=c.device)
+        freq = torch.tensor(self.freq, device=c.device)
+        rest = tuple(range(1, c.ndim - 1))
+        c = c.permute(*rest, 0, -1)[..., axis, freq]  # (*rest, channels)
+        s = s.permute(*rest, 0, -1)[..., axis, freq]
+        if self.attention_scaling != 1.0:
+            c, s = c * self.attention_scaling, s * self.attention_scaling
+        return c.to(x.dtype), s.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"axial: base={self.base:g}, rotary_dim={self.rotary_dim}, axes={self.axes}, "
+            f"channels={len(self.axis)}"
         )
