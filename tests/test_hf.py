@@ -1071,6 +1071,7 @@ def test_rope_spec_pickles_and_copies() -> None:
         ({"partial_rotary_factor": float("nan")}, ValueError, "partial_rotary_factor must be"),
         ({"rotary_pct": 1.5}, ValueError, r"rotary_pct must lie in \(0, 1\]"),
         ({"max_position_embeddings": 2.5}, TypeError, "max_position_embeddings must be an int"),
+        ({"max_position_embeddings": 0.0}, ValueError, "max_position_embeddings must be an int"),
     ],
 )
 def test_rope_spec_names_bad_values(config: dict[str, Any], exc: type, named: str) -> None:
@@ -1162,3 +1163,21 @@ def test_patch_refuses_vision_frequencies_it_does_not_recognise() -> None:
     holder.rope = PixtralVisionRotaryEmbedding(PixtralVisionConfig())
     with pytest.raises(ValueError, match=r"rope \(PixtralVisionRotaryEmbedding\).*inv_freq"):
         hf.patch_model(holder)
+
+
+def test_rope_spec_takes_a_whole_float_size() -> None:
+    # MusicFlamingo's config.json has max_position_embeddings 1200.0; transformers takes it
+    spec = hf.rope_spec({**BASE_DICT, "max_position_embeddings": 1200.0, "rope_theta": 1e4})
+    assert spec.max_position_embeddings == 1200 and isinstance(spec.max_position_embeddings, int)
+
+
+def test_rope_spec_skips_keys_hf_never_reads_for_the_frequencies() -> None:
+    # Ministral 3 / Mistral 4: llama_4_scaling_beta scales queries in attention, and a copy of
+    # max_position_embeddings inside a yarn dict is not read by HF's yarn init
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+            "original_max_position_embeddings": 16384}  # fmt: skip
+    plain = hf.rope_spec({**BASE_DICT, "rope_parameters": yarn})
+    extra = {**yarn, "llama_4_scaling_beta": 0.1, "max_position_embeddings": 262144}
+    assert hf.rope_spec({**BASE_DICT, "rope_parameters": extra}) == plain
+    with pytest.raises(ValueError, match="does not take bogus"):
+        hf.rope_spec({**BASE_DICT, "rope_parameters": {**yarn, "bogus": 1}})

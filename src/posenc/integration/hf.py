@@ -258,12 +258,41 @@ def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, 
             if worst > tol and worst - tol >= worst_all - tol_all:
                 worst_all, where_all, tol_all = worst, (f"{key}: " if key else "") + where, tol
         if not where_all:
+            _refuse_multi_axis(theirs_module, ours_module, specs, x, label)
             return form
         misses.append(f"{form}: {_fmt_diff(worst_all)} at {where_all} (tolerance {tol_all:.1e})")
     raise ValueError(
         f"{label}: its tables differ from posenc's ({'; '.join(misses)}); this model computes "
         "RoPE in a way posenc.hf does not recognise, so it is not patched"
     )
+
+
+def _refuse_multi_axis(theirs: Any, ours: Any, specs: Any, x: Any, label: str) -> None:
+    """Refuse a one-axis reading of a module that also takes positions of several axes.
+
+    A module that broadcasts ``(batch, seq)`` positions to several axes (NeoMME's
+    row and column RoPE, with no M-RoPE key in its config) looks like one-axis
+    RoPE on a one-axis probe; given ``(axes, batch, seq)`` positions, as its model
+    passes them, it is not.
+    """
+    import torch
+
+    steps = torch.arange(x.shape[1], device=x.device)
+    for axes in (2, 3, 4):
+        probe = torch.stack([(2 * a + 1) * steps + a for a in range(axes)])[:, None, :]
+        try:
+            with torch.no_grad():
+                out = [theirs(x, probe, layer_type=k) if k else theirs(x, probe) for k in specs]
+        except Exception:  # the model's own code: it does not take this many axes
+            continue
+        first = out[0] if isinstance(out[0], torch.Tensor) else out[0][0]
+        if tuple(first.shape[:-1]) != (1, x.shape[1]):
+            continue
+        raise ValueError(
+            f"{label}: it also takes positions of {axes} axes ((axes, batch, seq)), which a "
+            "one-axis replacement would read differently; posenc.hf does not recognise this "
+            "multi-axis RoPE (its config names no mrope_section), so it is not patched"
+        )
 
 
 def _fmt_diff(x: float) -> str:
@@ -446,7 +475,14 @@ def patch_model(model: Any) -> Any:
             built = _gathered(_with_values(module, config, label), config, label)
             replacements.append((name, module, {}, config, built))
             continue
-        takes_layer_type = "layer_type" in inspect.signature(module.forward).parameters
+        one_type = isinstance(rope_type, Mapping) and not rope_type  # ESM's {}: one RoPE
+        if one_type:
+            rope_type = None
+        layer_type_arg = inspect.signature(module.forward).parameters.get("layer_type")
+        # ESM and Evolla take an optional layer_type and have one RoPE: that is not per type
+        takes_layer_type = layer_type_arg is not None and (
+            isinstance(rope_type, Mapping) or layer_type_arg.default is inspect.Parameter.empty
+        )
         specs: dict[str | None, RopeSpec] = {}
         multi_axis = _is_multi_axis(module)
         if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
@@ -459,12 +495,13 @@ def patch_model(model: Any) -> Any:
                 raise ValueError(f"{label} takes a layer_type but names no layer types")
             for lt in types_:
                 specs[lt] = _read_spec(config, label, layer_type=lt)
-                _check_type(label, specs[lt], rope_type[lt])
+                _check_type(label, specs[lt], rope_type[lt] if rope_type else None)
                 _check_against_module(checked, specs[lt], label, prefix=f"{lt}_")
             form = _verify_output(checked, specs, config, label)
         else:
             spec = _read_spec(config, label)
-            _check_type(label, spec, rope_type)
+            if not one_type:
+                _check_type(label, spec, rope_type)
             _check_against_module(checked, spec, label)
             if multi_axis:
                 specs[None] = _mrope_spec(checked, spec, label)

@@ -71,6 +71,9 @@ TYPE_ALIASES = {"su": "longrope"}
 _ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
 #: Keys of ``rope_parameters`` that are not schedule parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+#: Keys of ``rope_parameters`` that transformers reads elsewhere, never for the frequencies:
+#: Ministral 3 and Mistral 4 scale the queries by ``llama_4_scaling_beta`` in attention.
+NOT_FREQUENCIES = ("llama_4_scaling_beta",)
 #: Keys that mark a multi-axis RoPE.
 MULTI_AXIS_KEYS = ("mrope_section", "mrope_interleaved")
 #: M-RoPE position axes: temporal, height, width.
@@ -245,6 +248,9 @@ def rope_layer_types(config: Any) -> tuple[str, ...]:
 
 
 def _config_int(value: Any, name: str) -> int:
+    """A size from a config: an int, or a float holding a whole number (MusicFlamingo's 1200.0)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     return checks.check_int(value, name, minimum=1)
 
 
@@ -380,9 +386,14 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     max_pos = _get(config, "max_position_embeddings")
     if max_pos is not None:
         max_pos = _config_int(max_pos, "max_position_embeddings")
-    params = {k: v for k, v in parameters.items() if k not in _GENERAL_KEYS}
+    params = {
+        k: v for k, v in parameters.items() if k not in _GENERAL_KEYS and k not in NOT_FREQUENCIES
+    }
     known = PARAMETERS.get(rope_type)
     takes = set(known[0] | known[1]) if known is not None else set()
+    if "max_position_embeddings" not in takes:
+        # a copy of the config attribute that this type's HF init function never reads
+        params.pop("max_position_embeddings", None)
 
     original = None
     if rope_type in _ORIGINAL_MAX_TYPES:
