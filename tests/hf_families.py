@@ -1,0 +1,1136 @@
+"""Every transformers model family with a rotary module, built tiny and patched.
+
+For each family of the installed transformers whose modeling code defines a
+``*RotaryEmbedding`` class, :func:`tiny_model` builds a small random-weight model
+from the family's own config class (nothing is downloaded), and :func:`check`
+runs it before and after :func:`posenc.hf.patch_model`. The outcome is one of:
+
+- ``same``: the patched model's main output equals the original's within
+  :func:`tolerance`;
+- ``refused``: ``patch_model`` raised ``ValueError`` (the detail is its message);
+- ``different``: patched without error, but the output moved beyond the
+  tolerance (a silent change: the one outcome that must never happen);
+- ``crash``: ``patch_model`` or the patched forward raised anything else;
+- ``build-failed``: the harness could not build or run the unpatched model (a
+  harness problem, not posenc's).
+
+Run as a script (``python tests/hf_families.py [family ...]``) it checks every
+family in a few worker processes and writes ``survey.json`` plus a summary.
+Workers run families one after another, each under a deadline; a worker that
+overruns one, or dies, is replaced, and the phase it last reported (build,
+patch, forward) decides whether that family ``build-failed`` or ``crash``-ed.
+
+The sizes are small but the depth is the config's own: per-layer settings
+(``layer_types``, ``mlp_layer_types``, layer index lists, KV-sharing sources)
+then stay consistent without being rewritten, and a 64-wide layer costs little.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+STATUSES = ("same", "refused", "different", "crash", "build-failed")
+SEQ_LEN = 12
+WIDTH = 64
+HEADS = 4
+HEAD_DIM = WIDTH // HEADS
+FFN = 128
+EXPERT_FFN = 64
+EXPERTS = 4
+# every token goes to every expert: top-k routing is discontinuous, and an output that
+# jumps when a near tie between experts flips could not tell a table error from a wrong table
+TOP_K = EXPERTS
+# weights well above HF's default scale (0.02): attention is then sharp enough that the
+# output feels the positions, so a wrong table would move it by O(1); not as sharp as
+# tests/test_hf.py's 0.5, with which deep models come near hard attention and their
+# output jumps when a near tie flips
+INIT_RANGE = 0.2
+DEFAULT_TIMEOUT = 180.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What :func:`check` found for one family."""
+
+    family: str
+    status: str
+    detail: str
+    target: str = ""
+    seconds: float = 0.0
+    max_diff: float | None = None
+    scale: float | None = None
+    sensitivity: float | None = None
+    rotary: tuple[str, ...] = ()
+    exercised: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------------------
+# Families.
+
+
+def _models_dir() -> Path:
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        raise ImportError("transformers is not installed")
+    return Path(spec.origin).parent / "models"
+
+
+ROTARY_CLASS = re.compile(r"^class (\w*RotaryEmbedding)\(", re.M)
+
+
+def families() -> list[str]:
+    """Sorted names of the transformers model families that define a ``*RotaryEmbedding``."""
+    found = {
+        path.parent.name
+        for path in _models_dir().glob("*/modeling_*.py")
+        if ROTARY_CLASS.search(path.read_text(encoding="utf-8"))
+    }
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------------------
+# Shrinking configs.
+
+HIDDEN_KEYS = {
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "embed_dim",
+    "dim",
+    "hidden_dim",
+    "width",
+    "embedding_dim",
+    "embedding_size",
+    "lru_width",
+    "out_hidden_size",
+    "text_hidden_size",
+    "thinker_hidden_size",
+    "vision_output_dim",
+    "projector_hidden_size",
+    "projection_dim",
+    "encoder_hidden_size",
+    "decoder_hidden_size",
+    "audio_hidden_size",
+    "hidden_size_global",
+    "attention_hidden_size",
+    "moe_hidden_size",
+    "cross_attention_hidden_size",
+    "output_hidden_size",
+    "projection_hidden_size",
+    "projector_input_dim",
+    "projector_output_dim",
+    "projection_hidden_dim",
+    "adapter_out_dim",
+    "decoder_dim",
+    "audio_embed_dim",
+    "mm_embed_dim",
+    "merged_hidden_size",
+    "hidden_size_per_layer_input",
+    "ple_embed_dim",
+    "condition_dim",
+}
+HEAD_KEYS = {
+    "num_attention_heads",
+    "num_heads",
+    "n_head",
+    "n_heads",
+    "attention_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_num_attention_heads",
+    "decoder_num_attention_heads",
+    "index_n_heads",
+    "linear_num_heads",
+    "linear_num_key_heads",
+    "num_sliding_attention_heads",
+    "resampler_heads",
+}
+# which head count a KV head count is compared with: the attention's own first
+_OWN_HEADS = ("num_attention_heads", "num_heads", "n_head", "n_heads", "attention_heads")
+HEAD_ORDER = (*_OWN_HEADS, *sorted(HEAD_KEYS - set(_OWN_HEADS)))
+KV_HEAD_KEYS = {
+    "num_key_value_heads",
+    "num_kv_heads",
+    "kv_n_heads",
+    "encoder_num_key_value_heads",
+    "decoder_num_key_value_heads",
+    "num_query_groups",
+}
+HEAD_DIM_KEYS = {
+    "head_dim",
+    "kv_channels",
+    "attention_head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_head_dim",
+    "index_head_dim",
+    "mamba_d_head",
+    "mamba_head_dim",
+    "mamba_headdim",
+    "resampler_dim_head",
+}
+FFN_SUFFIXES = ("intermediate_size", "ffn_dim", "ffn_hidden_size", "mlp_dim", "intermediate_dim")
+EXPERT_FFN_KEYS = {
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "moe_shared_expert_intermediate_size",
+    "expert_ffn_hidden_size",
+    "share_expert_dim",
+    "shared_intermediate_size",
+}
+EXPERT_KEYS = {"num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"}
+TOP_K_KEYS = {"num_experts_per_tok", "moe_k", "moe_topk", "moe_top_k", "num_experts_per_token"}
+STATE_KEYS = {"mamba_d_state", "ssm_state_size", "d_state", "state_size"}
+MLA = {
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "o_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+}
+NONE_FILL = {
+    "num_key_value_heads": HEADS,
+    "num_experts_per_tok": TOP_K,
+    "n_routed_experts": EXPERTS,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "vocab_size": 128,
+}
+
+
+def _alternate(*kinds: str) -> Callable[[Mapping[str, Any]], list[str]]:
+    """Per-layer types cycling through ``kinds``, as many as the config has layers."""
+    return lambda d: [kinds[i % len(kinds)] for i in range(d["num_hidden_layers"])]
+
+
+def _first_dense(d: Mapping[str, Any]) -> list[str]:
+    return ["dense"] + ["sparse"] * (d["num_hidden_layers"] - 1)
+
+
+# Per-family settings, applied after the generic shrink to every (sub-)config dict that
+# has the key (set, or None): a value, or a callable of that dict. Most fill settings
+# that the family's default config leaves unset but its model needs, or switch on the
+# rotary path of hybrid models whose default config has no attention layer using it.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "bamba": {"attn_layer_indices": [1, 3]},
+    "chameleon": {"vocabulary_map": {"<image>": 8196}},
+    "cohere_compass": {
+        "rope_parameters": lambda d: (
+            d["rope_parameters"]
+            or {
+                t: {"rope_type": "default", "rope_theta": 10000.0}
+                for t in set(d.get("layer_types") or ["full_attention"])
+            }
+        )
+    },
+    "deepseek_ocr2": {"mlp_layer_types": _first_dense},
+    "diffusion_gemma": {
+        "num_experts": EXPERTS,
+        "top_k_experts": EXPERTS,
+        "moe_intermediate_size": EXPERT_FFN,
+    },
+    "dots3_note": {
+        "num_key_value_heads": HEADS,
+        "head_dim": lambda d: d["qk_nope_head_dim"] + d["qk_rope_head_dim"],
+    },
+    "esm": {"position_embedding_type": "rotary", "vocab_size": 33, "pad_token_id": 1},
+    "glm5_next": {"num_key_value_heads": HEADS},
+    "granitemoehybrid": {
+        "position_embedding_type": "rope",
+        "layer_types": _alternate("mamba", "attention"),
+    },
+    "lfm2_moe": {"layer_types": _alternate("conv", "full_attention")},
+    "qwen4_exp": {
+        "indexer_n_heads": HEADS,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": HEAD_DIM,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+    },
+    "step3p7": {"sliding_window": 8},
+    # Zamba2's shared attention block reads the concatenation of two hidden states
+    "zamba2": {
+        "use_mem_rope": True,
+        "attention_hidden_size": 2 * WIDTH,
+        "attention_head_dim": 2 * HEAD_DIM,
+    },
+    # ZAYA supports top-1 routing only
+    "zaya": {"num_experts_per_tok": 1},
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_sub_config(value: Any) -> bool:
+    return isinstance(value, dict) and "model_type" in value
+
+
+def _shrink_int(key: str, value: int, original: Mapping[str, Any]) -> int:
+    """The small value of one integer config entry (``value`` when it is not a size)."""
+    if key in MLA:
+        return min(value, MLA[key]) if value > 0 else value
+    if key in HIDDEN_KEYS or (key.endswith("_hidden_size") and key not in EXPERT_FFN_KEYS):
+        return min(value, WIDTH)
+    if key in HEAD_KEYS:
+        return min(value, HEADS)
+    if key in KV_HEAD_KEYS:
+        heads = next((original[k] for k in HEAD_ORDER if _is_int(original.get(k))), None)
+        # multi-head attention stays multi-head, grouped stays grouped
+        return min(value, HEADS) if value == heads else min(value, 2)
+    if key == "linear_num_value_heads":
+        keys = original.get("linear_num_key_heads")
+        ratio = value // keys if _is_int(keys) and keys and value % keys == 0 else 1
+        return min(value, HEADS * ratio)
+    if key in HEAD_DIM_KEYS:
+        return min(value, HEAD_DIM)
+    if key in EXPERT_FFN_KEYS:
+        return min(value, EXPERT_FFN)
+    if key.endswith(FFN_SUFFIXES):
+        return min(value, FFN)
+    if key in EXPERT_KEYS:
+        return min(value, EXPERTS)
+    if key in TOP_K_KEYS:
+        experts = next((original[k] for k in sorted(EXPERT_KEYS) if _is_int(original.get(k))), None)
+        return min(experts, TOP_K) if experts else min(value, TOP_K)
+    if key in ("n_group", "topk_group", "num_expert_group"):
+        return 1
+    if key in STATE_KEYS:
+        return min(value, 16)
+    return value
+
+
+def _rescale_section(section: list[int], total: int) -> list[int]:
+    """``section`` scaled to sum to ``total``, by largest remainders (each part >= 1)."""
+    whole = sum(section)
+    raw = [s * total / whole for s in section]
+    parts = [max(1, math.floor(r)) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - math.floor(raw[i]), reverse=True)
+    i = 0
+    while sum(parts) < total:
+        parts[order[i % len(order)]] += 1
+        i += 1
+    while sum(parts) > total:
+        j = max(range(len(parts)), key=lambda k: parts[k])
+        parts[j] -= 1
+    return parts
+
+
+def _head_dim(d: Mapping[str, Any]) -> int | None:
+    if _is_int(d.get("head_dim")):
+        return int(d["head_dim"])
+    hidden = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if _is_int(d.get(k))), None)
+    heads = next(
+        (d[k] for k in ("num_attention_heads", "num_heads", "n_head") if _is_int(d.get(k))), None
+    )
+    if hidden and heads:
+        return int(hidden) // int(heads)
+    return None
+
+
+def _shrink_rope(params: Any, old_dim: int | None, new_dim: int | None) -> Any:
+    """Rope parameters whose per-frequency lists and M-RoPE sections follow the new head_dim."""
+    if not isinstance(params, dict) or not old_dim or not new_dim:
+        return params
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            out[key] = _shrink_rope(value, old_dim, new_dim)
+        elif key == "mrope_section":
+            out[key] = value  # _fix_mrope rescales it
+        elif isinstance(value, list) and len(value) in (old_dim // 2, old_dim):
+            out[key] = value[: new_dim // 2 if len(value) == old_dim // 2 else new_dim]
+        else:
+            out[key] = value
+    return out
+
+
+def _rope_dicts(params: Any) -> list[dict[str, Any]]:
+    """The rope parameter dicts in ``params``: itself, or one per layer type."""
+    if not isinstance(params, dict):
+        return []
+    if "rope_type" in params or "rope_theta" in params or "mrope_section" in params:
+        return [params]
+    return [v for v in params.values() if isinstance(v, dict)]
+
+
+def _fix_mrope(new: dict[str, Any], default: list[int] | None) -> None:
+    """Scale M-RoPE sections (the config's, or the module's default) to the new head_dim.
+
+    The sections split the rotary half-dimension; scaled with the head, each must keep
+    at least one frequency, so a head too small for them is widened.
+    """
+    for rope in _rope_dicts(new.get("rope_parameters")):
+        section = rope.get("mrope_section") or default
+        if not section:
+            continue
+        partial = rope.get("partial_rotary_factor", new.get("partial_rotary_factor")) or 1.0
+        head = _head_dim(new) or HEAD_DIM
+        if head * partial < 2 * len(section):
+            head = 4 * math.ceil(len(section) / partial / 2)
+            new["head_dim"] = head
+        rope["mrope_section"] = _rescale_section(list(section), int(head * partial) // 2)
+
+
+def shrink(config: dict[str, Any], mrope_default: list[int] | None = None) -> dict[str, Any]:
+    """A config dict (``to_dict()``) with its sizes made small, sub-configs included.
+
+    Args:
+        config: a config's ``to_dict()``.
+        mrope_default: the M-RoPE sections the family's rotary module assumes when the
+            config names none (they must shrink with the head too).
+    """
+    old_dim = _head_dim(config)
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if _is_sub_config(value):
+            out[key] = shrink(value, mrope_default)
+        elif _is_int(value):
+            out[key] = _shrink_int(key, value, config)
+        elif (
+            isinstance(value, list)
+            and value
+            and all(_is_int(v) for v in value)
+            and (key in EXPERT_FFN_KEYS or key.endswith(FFN_SUFFIXES))
+        ):
+            out[key] = [min(v, EXPERT_FFN if key in EXPERT_FFN_KEYS else FFN) for v in value]
+        else:
+            out[key] = value
+    for key, value in NONE_FILL.items():
+        # some default configs leave a size unset that their models then need
+        if key in out and out[key] is None:
+            out[key] = value
+    if "head_dim" in out and out["head_dim"] is None and "num_attention_heads" in out:
+        out["head_dim"] = HEAD_DIM
+    if "initializer_range" in out and isinstance(out["initializer_range"], float):
+        out["initializer_range"] = INIT_RANGE
+    if _is_int(config.get("head_dim")) and config.get("head_dim") == config.get("qk_rope_head_dim"):
+        # MLA (DeepSeek): head_dim names the rotary part of each head
+        out["head_dim"] = out["qk_rope_head_dim"]
+    new_dim = _head_dim(out)
+    if "qk_head_dim" in out and _is_int(out.get("qk_nope_head_dim")):
+        out["qk_head_dim"] = out["qk_nope_head_dim"] + out.get("qk_rope_head_dim", 0)
+    if _is_int(out.get("rotary_dim")) and old_dim and new_dim:
+        out["rotary_dim"] = max(2, out["rotary_dim"] * new_dim // old_dim // 2 * 2)
+    if _is_int(out.get("mamba_n_heads")) and _is_int(out.get("mamba_d_head")):
+        expand = out.get("mamba_expand", 2)
+        width = out.get("hidden_size", WIDTH)
+        out["mamba_n_heads"] = max(1, int(expand * width) // out["mamba_d_head"])
+    for key in ("rope_parameters", "rope_scaling"):
+        if key in out:
+            rope_dim = old_dim
+            if _is_int(out.get("qk_rope_head_dim")) and _is_int(config.get("qk_rope_head_dim")):
+                rope_dim, new_rope = config["qk_rope_head_dim"], out["qk_rope_head_dim"]
+                out[key] = _shrink_rope(out[key], rope_dim, new_rope)
+            else:
+                out[key] = _shrink_rope(out[key], old_dim, new_dim)
+    _fix_mrope(out, mrope_default)
+    for key in list(out):
+        # layer counts stay (see the module docstring); image sizes shrink to 4x4 patches
+        if key == "image_size" and _is_int(out.get("patch_size")):
+            value = out[key]
+            small = 4 * out["patch_size"]
+            out[key] = [small, small] if isinstance(value, list) else small
+    return out
+
+
+def _apply_overrides(family: str, config: dict[str, Any]) -> None:
+    override = OVERRIDES.get(family, {})
+    for value in config.values():
+        if _is_sub_config(value):
+            _apply_overrides(family, value)
+    for key, value in override.items():
+        if key in config:
+            config[key] = value(config) if callable(value) else value
+
+
+# --------------------------------------------------------------------------------------
+# Building models.
+
+
+def _family_modules(family: str) -> list[Any]:
+    folder = _models_dir() / family
+    names = sorted(p.stem for p in folder.glob("modeling_*.py"))
+    return [importlib.import_module(f"transformers.models.{family}.{n}") for n in names]
+
+
+def _model_classes(family: str) -> list[type]:
+    """The family's concrete model classes, best first: causal LM, base model, the rest."""
+    from transformers import PreTrainedModel
+
+    modules = _family_modules(family)
+    seen: dict[str, type] = {}
+    for module in modules:
+        for name, obj in vars(module).items():
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, PreTrainedModel)
+                and obj.__module__ == module.__name__
+                and not name.endswith("PreTrainedModel")
+                and getattr(obj, "config_class", None) is not None
+            ):
+                seen[name] = obj
+
+    def rank(name: str) -> tuple[int, int, str]:
+        if name.endswith("ForCausalLM"):
+            r = 0
+        elif name.endswith("Model") and "For" not in name:
+            r = 1
+        elif name.endswith("ForConditionalGeneration"):
+            r = 2
+        else:
+            r = 3
+        return (r, len(name), name)
+
+    return [seen[n] for n in sorted(seen, key=rank)]
+
+
+def _rotary_names(model: Any) -> list[str]:
+    return [
+        name
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("RotaryEmbedding")
+    ]
+
+
+MROPE_DEFAULT = re.compile(r"\"mrope_section\",\s*(\[[\d,\s]+\])")
+
+
+def _mrope_default(family: str) -> list[int] | None:
+    """The ``mrope_section`` the family's rotary module falls back on, read from its source."""
+    for path in sorted((_models_dir() / family).glob("modeling_*.py")):
+        match = MROPE_DEFAULT.search(path.read_text(encoding="utf-8"))
+        if match:
+            return [int(v) for v in json.loads(match.group(1))]
+    return None
+
+
+def build_config(family: str, model_cls: type) -> Any:
+    """A small config of ``model_cls``'s config class: its defaults, shrunk."""
+    config_cls = model_cls.config_class  # type: ignore[attr-defined]
+    full = config_cls().to_dict()
+    small = shrink(full, _mrope_default(family))
+    _apply_overrides(family, small)
+    config = config_cls.from_dict(small)
+    return config
+
+
+def _instantiate(model_cls: type, config: Any) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = model_cls(config)
+    return model.float().eval()
+
+
+def tiny_model(family: str) -> Any:
+    """A small random-weight model of ``family`` that contains a rotary module, in eval mode.
+
+    The family's model classes are tried best first (:func:`_model_classes`); the
+    first that builds, holds a ``*RotaryEmbedding`` and runs a forward on
+    :func:`probe_inputs` is kept.
+
+    Raises:
+        RuntimeError: no class of the family could; the message lists each class's error.
+    """
+    return _tiny(family)[0]
+
+
+def _tiny(family: str) -> tuple[Any, dict[str, Any], Any, list[str]]:
+    """The model of :func:`tiny_model`, its probe inputs, its output, and the classes skipped."""
+    import torch
+
+    torch.set_default_dtype(torch.float32)
+    errors: list[str] = []
+    for model_cls in _model_classes(family):
+        try:
+            model = _instantiate(model_cls, build_config(family, model_cls))
+            if not _rotary_names(model):
+                errors.append(f"{model_cls.__name__}: no rotary module")
+                continue
+            kwargs = probe_inputs(model)
+            output = _forward(model, kwargs)
+        except Exception as exc:
+            errors.append(f"{model_cls.__name__}: {_describe(exc)}")
+            continue
+        return model, kwargs, output, errors
+    if not errors:
+        errors.append("no model classes")
+    raise RuntimeError(" | ".join(errors))
+
+
+# --------------------------------------------------------------------------------------
+# Inputs and outputs.
+
+
+def _special_ids(config: Any) -> set[int]:
+    """Every integer a config names as a token id, at any depth."""
+    ids: set[int] = set()
+
+    def visit(d: Mapping[str, Any]) -> None:
+        for key, value in d.items():
+            key = str(key)
+            if isinstance(value, Mapping):
+                visit(value)
+            elif key.endswith(("token_id", "token_ids", "token_index", "_id")) or "token" in key:
+                values = value if isinstance(value, list) else [value]
+                ids.update(v for v in values if _is_int(v))
+
+    visit(config.to_dict())
+    return ids
+
+
+def _vocab_size(model: Any) -> int:
+    try:
+        emb = model.get_input_embeddings()
+        size = getattr(emb, "num_embeddings", None)
+        if isinstance(size, int):
+            return size
+    except (NotImplementedError, AttributeError):
+        pass
+    text = (
+        model.config.get_text_config(decoder=True)
+        if hasattr(model.config, "get_text_config")
+        else model.config
+    )
+    return int(getattr(text, "vocab_size", 0) or 128)
+
+
+def _token_ids(model: Any, n: int = SEQ_LEN) -> Any:
+    import torch
+
+    specials = _special_ids(model.config)
+    vocab = _vocab_size(model)
+    pool = [i for i in range(3, min(vocab, 4096)) if i not in specials]
+    gen = torch.Generator().manual_seed(1)
+    pick = torch.randint(0, len(pool), (1, n), generator=gen)
+    return torch.tensor(pool)[pick]
+
+
+PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {}
+
+
+def _pixels(config: Any) -> Any:
+    """A random image batch of one, at the (shrunk) size the vision config names."""
+    import torch
+
+    vision = getattr(config, "vision_config", None) or config
+    size = getattr(vision, "image_size", None) or 4 * getattr(vision, "patch_size", 14)
+    size = size if isinstance(size, (list, tuple)) else (size, size)
+    channels = getattr(vision, "num_channels", None) or 3
+    gen = torch.Generator().manual_seed(3)
+    return torch.randn(1, channels, *size, generator=gen)
+
+
+def probe_inputs(model: Any) -> dict[str, Any]:
+    """Keyword arguments for a forward of ``model`` that runs its rotary module(s)."""
+    import torch
+
+    family = getattr(model.config, "model_type", "")
+    for key in (family, type(model).__name__):
+        if key in PROBES:
+            return PROBES[key](model)
+    params = inspect.signature(model.forward).parameters
+    kwargs: dict[str, Any] = {}
+    if "input_ids" in params:
+        kwargs["input_ids"] = _token_ids(model)
+    if "decoder_input_ids" in params and "input_ids" in params:
+        kwargs["decoder_input_ids"] = _token_ids(model, SEQ_LEN // 2)
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    if "input_ids" not in kwargs and "pixel_values" in params:
+        kwargs["pixel_values"] = _pixels(model.config)
+        if "image_sizes" in params:
+            kwargs["image_sizes"] = torch.tensor([kwargs["pixel_values"].shape[-2:]])
+    if not kwargs or set(kwargs) == {"use_cache"}:
+        raise NotImplementedError(
+            f"no probe for {type(model).__name__}: forward takes {list(params)[:6]}"
+        )
+    return kwargs
+
+
+def main_output(output: Any) -> Any:
+    """The tensor a forward is judged by: logits, else the last hidden state, else the first."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    for name in ("logits", "last_hidden_state", "prediction_logits", "audio_values"):
+        value = getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    items = output.values() if isinstance(output, Mapping) else output
+    for value in items:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value
+    raise TypeError(f"no tensor in the output ({type(output).__name__})")
+
+
+def _forward(model: Any, kwargs: Mapping[str, Any]) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return main_output(model(**kwargs)).detach().float().clone()
+
+
+# |posenc - HF| for the tables over SEQ_LEN positions (tests/test_hf.py derives it):
+# s (P omega (delta + 2**-24) + 2**-22), HF's frequency error delta being a few 2**-23
+# plus ln(base) of them (<= 30 2**-23 for base <= 1e10); omega <= 1, s <= about 1.5
+TABLE_ERROR = 1.5 * (SEQ_LEN * 31 * 2.0**-23 + 2.0**-22)
+
+
+def tolerance(scale: float, floor: float = 0.0) -> float:
+    """How far the patched output may move from the original.
+
+    posenc's tables differ from HF's float32 ones by at most ``TABLE_ERROR`` (about
+    ``5e-5`` over these positions). How much a table error moves the output depends
+    on the model: measured here as ``floor``, the output's response when HF's own
+    tables are moved by ``TABLE_ERROR`` in random directions; the patched model may
+    move 4 times that. Deep random models amplify the error chaotically, so ``floor``
+    is what keeps the check honest for them; ``1e-4`` of the output's scale is the
+    least allowed (a shallow model can respond less to noise than to a systematic
+    shift of the same size). A wrong table (another rotary dim, section order,
+    scaling) moves the output by O(scale), far beyond either.
+    """
+    bound = max(1e-4 * scale, 4 * floor) if math.isfinite(floor) else 1e-4 * scale
+    return bound + 1e-30
+
+
+# --------------------------------------------------------------------------------------
+# The check.
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of ``exc``'s traceback: file:line (function)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = f.filename
+    for marker in ("site-packages/", "/src/", "/tests/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f" [at {path}:{f.lineno} {f.name}]"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_one_line(exc)}{_where(exc)}"
+
+
+def _record_calls(model: Any, names: Iterable[str]) -> tuple[list[str], list[Any]]:
+    called: list[str] = []
+    handles = []
+    for name in names:
+        module = model.get_submodule(name)
+
+        def hook(_m: Any, _args: Any, _out: Any, name: str = name) -> None:
+            if name not in called:
+                called.append(name)
+
+        handles.append(module.register_forward_hook(hook))
+    return called, handles
+
+
+def _no_rotation(out: Any) -> Any:
+    """A rotary output that rotates by nothing: cos 1 and sin 0 (angles 0 for raw angles)."""
+    import torch
+
+    if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
+        return torch.ones_like(out[0]), torch.zeros_like(out[1])
+    if isinstance(out, torch.Tensor):
+        return torch.zeros_like(out)
+    return out
+
+
+def _table_noise(out: Any) -> Any:
+    """A rotary output moved by ``TABLE_ERROR`` in random directions, entry by entry."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return t
+        sign = torch.randint(0, 2, t.shape, generator=gen).to(t.dtype) * 2 - 1
+        return t + TABLE_ERROR * sign * t.abs().amax().clamp(min=1.0)
+
+    if isinstance(out, tuple):
+        return tuple(move(t) for t in out)
+    return move(out)
+
+
+def _respond(
+    model: Any,
+    names: Iterable[str],
+    kwargs: Mapping[str, Any],
+    ref: Any,
+    change: Callable[[Any], Any],
+) -> float:
+    """How far the output moves when every rotary module's output goes through ``change``."""
+    handles = [
+        model.get_submodule(n).register_forward_hook(lambda _m, _a, out: change(out)) for n in names
+    ]
+    try:
+        moved = _forward(model, kwargs)
+    except Exception:
+        return float("nan")
+    finally:
+        for h in handles:
+            h.remove()
+    if moved.shape != ref.shape:
+        return float("nan")
+    return float((moved - ref).abs().max())
+
+
+def check(family: str, report: Callable[[str], None] | None = None) -> Outcome:
+    """Build ``family`` tiny, patch it with :func:`posenc.hf.patch_model`, compare outputs.
+
+    Args:
+        family: a name from :func:`families`.
+        report: called with the phase ("build", "patch", "forward") as it starts, so
+            that a supervisor can tell where a hung or killed check was.
+    """
+    import torch
+
+    from posenc import hf
+
+    say = report or (lambda _phase: None)
+    start = time.monotonic()
+
+    def done(status: str, detail: str, **extra: Any) -> Outcome:
+        return Outcome(family, status, detail, seconds=round(time.monotonic() - start, 2), **extra)
+
+    say("build")
+    try:
+        model, kwargs, before, skipped = _tiny(family)
+        target = type(model).__name__
+        rotary = _rotary_names(model)
+        called, handles = _record_calls(model, rotary)
+        again = _forward(model, kwargs)
+        for h in handles:
+            h.remove()
+        if not torch.isfinite(before).all():
+            raise FloatingPointError(f"{target}: the unpatched output is not finite")
+        if not torch.equal(before, again):
+            raise RuntimeError(f"{target}: the unpatched forward is not deterministic")
+        sensitivity = _respond(model, called, kwargs, before, _no_rotation) if called else 0.0
+        floor = _respond(model, called, kwargs, before, _table_noise) if called else 0.0
+    except Exception as exc:
+        return done("build-failed", _describe(exc))
+    info = {"target": target, "rotary": tuple(rotary), "exercised": tuple(called)}
+    notes = []
+    if skipped:
+        notes.append("skipped " + "; ".join(s.split(":")[0] for s in skipped))
+    unexercised = [n for n in rotary if n not in called]
+    if unexercised:
+        notes.append(f"not exercised: {', '.join(unexercised)}")
+    note = "".join(f"; {n}" for n in notes)
+
+    say("patch")
+    try:
+        hf.patch_model(model)
+    except ValueError as exc:
+        return done("refused", _one_line(exc, 500), **info)
+    except Exception as exc:
+        return done("crash", "patch_model: " + _describe(exc), **info)
+
+    say("forward")
+    try:
+        after = _forward(model, kwargs)
+    except Exception as exc:
+        return done("crash", "patched forward: " + _describe(exc), **info)
+    scale = float(before.abs().max())
+    tol = tolerance(scale, floor)
+    numbers = {"scale": scale, "sensitivity": sensitivity}
+    measured = f"(scale {scale:.3g}, sensitivity {sensitivity:.3g}){note}"
+    if after.shape != before.shape:
+        detail = f"output shape {tuple(after.shape)} != {tuple(before.shape)}"
+        return done("different", detail, **info, **numbers)
+    diff = float((after - before).abs().max()) if after.numel() else 0.0
+    if not math.isfinite(diff) or diff > tol:
+        detail = f"max|diff| {diff:.3g} > tol {tol:.3g} {measured}"
+        return done("different", detail, max_diff=diff, **info, **numbers)
+    if not sensitivity > 10 * tol:
+        # the comparison could not have told a wrong table from a right one
+        detail = (
+            f"check cannot see the rotary tables: removing the rotation moves the output by "
+            f"{sensitivity:.3g}, tol {tol:.3g} (patched: max|diff| {diff:.3g}){note}"
+        )
+        return done("build-failed", detail, max_diff=diff, **info, **numbers)
+    detail = f"max|diff| {diff:.3g} <= tol {tol:.3g} {measured}"
+    return done("same", detail, max_diff=diff, **info, **numbers)
+
+
+# --------------------------------------------------------------------------------------
+# Running many families in worker processes.
+
+
+def _worker() -> None:
+    """Read family names on stdin; write one JSON line per phase and result on stdout.
+
+    Each family is checked in a child forked from this process, which has imported
+    torch, transformers and posenc once: a fresh copy of that state per family (some
+    models change global state, such as registered attention functions), without
+    paying for the imports again. The model code may print: the real stdout is kept
+    for the protocol and fd 1 is pointed at stderr.
+    """
+    import logging
+    import warnings
+
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import torch
+    import transformers  # noqa: F401 - imported once, before the forks
+
+    import posenc.integration.hf_module  # noqa: F401
+
+    torch.set_num_threads(1)
+    for line in sys.stdin:
+        family = line.strip()
+        if not family:
+            continue
+        # the family's modules are imported here, before the fork, so that later
+        # families of the same lineage find them imported (importing changes no model
+        # state); the building itself happens in the child
+        with contextlib.suppress(Exception):
+            _family_modules(family)
+        out.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+
+                def report(phase: str, family: str = family) -> None:
+                    out.write(json.dumps({"family": family, "phase": phase}) + "\n")
+
+                try:
+                    outcome = check(family, report)
+                except BaseException as exc:  # a child must answer for its family
+                    outcome = Outcome(family, "crash", "harness: " + _describe(exc))
+                out.write(json.dumps({"outcome": dataclasses.asdict(outcome)}) + "\n")
+                out.flush()
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            out.write(json.dumps({"died": family, "status": status}) + "\n")
+
+
+class _Worker:
+    def __init__(self, log: Any) -> None:
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONWARNINGS": "ignore",
+            # transformers iterates sets in places; a fixed hash seed makes every run alike
+            "PYTHONHASHSEED": "0",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
+        )
+        assert self.proc.stdout is not None
+        self.stdout: IO[str] = self.proc.stdout
+        self.family: str | None = None
+        self.phase = "start"
+        self.deadline = math.inf
+        self.buffer = ""
+
+    def send(self, family: str, timeout: float) -> None:
+        self.family, self.phase = family, "start"
+        self.deadline = time.monotonic() + timeout
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(family + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        # the worker and the child it forked for the family
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def _lost(family: str, phase: str, why: str, seconds: float) -> Outcome:
+    status = "crash" if phase in ("patch", "forward") else "build-failed"
+    return Outcome(family, status, f"{why} during {phase}", seconds=round(seconds, 2))
+
+
+def run(
+    names: Iterable[str] | None = None,
+    workers: int = 2,
+    timeout: float = DEFAULT_TIMEOUT,
+    log: Any = subprocess.DEVNULL,
+) -> list[Outcome]:
+    """:func:`check` every family in ``names`` (default: all) in ``workers`` processes."""
+    todo = list(families() if names is None else names)
+    results: dict[str, Outcome] = {}
+    pool = [_Worker(log) for _ in range(min(workers, len(todo)))]
+    sel = selectors.DefaultSelector()
+    started: dict[str, float] = {}
+    retried: set[str] = set()
+
+    def feed(w: _Worker) -> None:
+        if todo:
+            family = todo.pop(0)
+            started[family] = time.monotonic()
+            w.send(family, timeout)
+        else:
+            w.family = None
+            w.deadline = math.inf
+
+    def replace(w: _Worker) -> _Worker:
+        sel.unregister(w.stdout)
+        w.kill()
+        fresh = _Worker(log)
+        sel.register(fresh.stdout, selectors.EVENT_READ, fresh)
+        return fresh
+
+    for w in pool:
+        sel.register(w.stdout, selectors.EVENT_READ, w)
+        feed(w)
+    while any(w.family is not None for w in pool):
+        now = time.monotonic()
+        wait = max(0.0, min(w.deadline for w in pool) - now)
+        for key, _ in sel.select(timeout=min(wait, 5.0)):
+            w = key.data
+            line = w.stdout.readline()
+            if not line:  # the worker died
+                fam = w.family
+                if fam is not None:
+                    code = w.proc.poll()
+                    why = f"worker died (exit {code})"
+                    results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
+                i = pool.index(w)
+                pool[i] = replace(w)
+                feed(pool[i])
+                continue
+            msg = json.loads(line)
+            if "phase" in msg:
+                w.phase = msg["phase"]
+            elif "died" in msg:
+                fam = msg["died"]
+                why = f"checking process died (wait status {msg['status']})"
+                results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
+                feed(w)
+            elif "outcome" in msg:
+                o = msg["outcome"]
+                o["rotary"], o["exercised"] = tuple(o["rotary"]), tuple(o["exercised"])
+                results[o["family"]] = Outcome(**o)
+                feed(w)
+        now = time.monotonic()
+        for i, w in enumerate(pool):
+            if w.family is not None and now > w.deadline:
+                fam = w.family
+                if fam not in retried:
+                    # a forked child can, rarely, hang on a lock held at fork time: such a
+                    # hang says nothing about posenc, so the family runs once more, fresh
+                    retried.add(fam)
+                    todo.insert(0, fam)
+                else:
+                    why = f"timed out twice after {timeout:.0f}s"
+                    results[fam] = _lost(fam, w.phase, why, now - started[fam])
+                pool[i] = replace(w)
+                feed(pool[i])
+    for w in pool:
+        sel.unregister(w.stdout)
+        assert w.proc.stdin is not None
+        w.proc.stdin.close()
+        w.proc.wait()
+        w.close()
+    return [results[f] for f in sorted(results)]
+
+
+# --------------------------------------------------------------------------------------
+# The survey.
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """Counts per status, then every family that is not ``same`` with its detail."""
+    lines = []
+    counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
+    lines.append("  ".join(f"{s}: {n}" for s, n in counts.items()) + f"  (total {len(outcomes)})")
+    for status in STATUSES[1:]:
+        group = [o for o in outcomes if o.status == status]
+        if group:
+            lines.append(f"\n== {status} ({len(group)})")
+            lines.extend(f"{o.family:28s} {o.target:40s} {o.detail}" for o in group)
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Survey the families named in ``argv`` (default: all) and write the results."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("families", nargs="*")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/work/families"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(args.out / "workers.log", "w") as log:
+        outcomes = run(args.families or None, args.workers, args.timeout, log)
+    elapsed = time.monotonic() - start
+    name = "survey.json" if not args.families else "survey-partial.json"
+    payload = {"seconds": round(elapsed, 1), "outcomes": [dataclasses.asdict(o) for o in outcomes]}
+    from posenc.faces.files import atomic_write
+
+    with atomic_write(args.out / name, "w") as f:
+        f.write(json.dumps(payload, indent=1))
+    print(summary(outcomes))
+    print(f"\n{len(outcomes)} families in {elapsed:.0f}s with {args.workers} workers")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        _worker()
+    else:
+        sys.exit(main(sys.argv[1:]))
