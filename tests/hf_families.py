@@ -1111,7 +1111,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("families", nargs="*")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/work/families"))
+    out = Path(__file__).parents[1] / "artifacts" / "hf-families"
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
