@@ -1181,3 +1181,11 @@ def test_rope_spec_skips_keys_hf_never_reads_for_the_frequencies() -> None:
     assert hf.rope_spec({**BASE_DICT, "rope_parameters": extra}) == plain
     with pytest.raises(ValueError, match="does not take bogus"):
         hf.rope_spec({**BASE_DICT, "rope_parameters": {**yarn, "bogus": 1}})
+
+
+def test_rope_spec_reads_qwen2_vl_mrope_type_as_default() -> None:
+    # Qwen2-VL's config.json: rope_scaling {"type": "mrope", "mrope_section": [...]}
+    config = {**BASE_DICT, "rope_theta": 1e6,
+              "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}  # fmt: skip
+    spec = hf.rope_spec(config)
+    assert spec.rope_type == "default" and spec.mrope_section == (2, 3, 3)

@@ -254,7 +254,7 @@ def _set_in_dict(data: dict[str, Any], keys: tuple[str, ...], value: Any) -> Non
 
 
 def _rewrite_mrope_type(loaded: Loaded) -> None:
-    """Read ``type: "mrope"`` as ``default``, as transformers' Qwen2-VL configs do.
+    """Note where ``type: "mrope"`` is read as ``default``, as transformers' Qwen2-VL configs do.
 
     Qwen2-VL's and Qwen2.5-VL's ``config.json`` say ``rope_scaling = {"type":
     "mrope", "mrope_section": [...]}``; transformers' config classes rewrite the
@@ -271,8 +271,7 @@ def _rewrite_mrope_type(loaded: Loaded) -> None:
     dicts += [(f"{prefix}{group}.{k}", v) for k, v in raw.items() if isinstance(v, dict)]
     for where, d in dicts:
         for key in ("rope_type", "type"):
-            if d.get(key) == "mrope":
-                d[key] = "default"
+            if d.get(key) == "mrope":  # posenc.rotary.config reads it as "default"
                 loaded.renamed[where] = f"{where}.{key} 'mrope'"
                 loaded.notes.append(
                     f"{where}.{key} 'mrope' is read as 'default', as transformers' "

@@ -65,8 +65,10 @@ __all__ = [
 
 #: HF's ``RotaryEmbeddingConfigMixin.default_theta``: the base when a config names none.
 DEFAULT_THETA = 10_000.0
-#: Old names of rope types: ``su`` is Phi-3's first name for ``longrope``.
-TYPE_ALIASES = {"su": "longrope"}
+#: Old names of rope types: ``su`` is Phi-3's first name for ``longrope``; Qwen2-VL's and
+#: Qwen2.5-VL's config.json say ``mrope``, which their transformers config classes read as
+#: ``default`` (the sections are M-RoPE's, the frequencies the default ones).
+TYPE_ALIASES = {"su": "longrope", "mrope": "default"}
 #: Types that read ``original_max_position_embeddings`` (HF ``standardize_rope_params``).
 _ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
 #: Keys of ``rope_parameters`` that are not schedule parameters.
