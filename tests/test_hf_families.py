@@ -36,10 +36,6 @@ ALLOWED_REFUSALS: dict[str, str] = {
     "cohere_compass": "not yet: M-RoPE with one RoPE per layer type",
     "glm4v": "not yet: M-RoPE whose sections are repeat-interleaved (neither Qwen order)",
     "glm_ocr": "not yet: GLM-4V's M-RoPE order (see glm4v)",
-    "gemma4": "not yet: head_dim per layer (transformers' AmbiguousGlobalPerLayerAttributeError)",
-    "gemma4_unified": "not yet: Gemma 4's per-layer head_dim (see gemma4)",
-    "diffusion_gemma": "not yet: Gemma 4's per-layer head_dim (see gemma4)",
-    "embedding_gemma2": "not yet: Gemma 4's per-layer head_dim (see gemma4)",
     "mimo_v2_flash": "not yet: partial_rotary_factor giving an odd rotary dim at the tiny size",
 }
 

@@ -557,8 +557,17 @@ def _read_spec(config: Any, label: str, layer_type: str | None = None) -> RopeSp
     """:func:`rope_spec` of a module's config, with anything but a ValueError said as one.
 
     transformers' configs can raise their own errors on attribute access (Gemma 4's
-    per-layer ``head_dim`` raises ``AmbiguousGlobalPerLayerAttributeError``).
+    per-layer ``head_dim`` raises ``AmbiguousGlobalPerLayerAttributeError`` on the global
+    config, so a layer type is read from its own ``per_layer_config`` entry).
     """
+    per_layer = getattr(config, "per_layer_config", None) if layer_type else None
+    if per_layer is not None:
+        # Gemma 4: head_dim varies by layer type, and each type's config resolves it (the
+        # rotary module builds each type's frequencies from that config too)
+        try:
+            config = per_layer[layer_type]
+        except (KeyError, IndexError, TypeError):
+            pass
     try:
         return rope_spec(config, layer_type=layer_type)
     except (ValueError, TypeError):
