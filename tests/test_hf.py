@@ -1189,3 +1189,31 @@ def test_rope_spec_reads_qwen2_vl_mrope_type_as_default() -> None:
               "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}  # fmt: skip
     spec = hf.rope_spec(config)
     assert spec.rope_type == "default" and spec.mrope_section == (2, 3, 3)
+
+
+def test_patched_glm4v_text_mrope_in_its_own_order() -> None:
+    # GLM-4V repeats each M-RoPE section's angles: neither Qwen order, read from the output
+    from transformers.models.glm4v.configuration_glm4v import Glm4vTextConfig
+    from transformers.models.glm4v.modeling_glm4v import Glm4vTextRotaryEmbedding
+
+    holder = torch.nn.Module()
+    config = Glm4vTextConfig(hidden_size=256, num_attention_heads=4)  # head_dim 64: 8+12+12
+    holder.rotary_emb = Glm4vTextRotaryEmbedding(config)
+    steps = torch.arange(300)
+    positions = torch.stack([steps // 100, (steps // 10) % 10 + 3, steps % 10 + 7])[:, None]
+    x = torch.zeros(1, 300, 8)
+    theirs = holder.rotary_emb(x, positions)
+    hf.patch_model(holder)
+    assert type(holder.rotary_emb).__name__ == "HFGatheredRotaryEmbedding"
+    ours = holder.rotary_emb(x, positions)
+    tol = 16 * (4 + math.log(10000.0)) * 2.0**-23 + 2.0**-22  # positions up to 16
+    for t, o in zip(theirs, ours, strict=True):
+        assert t.shape == o.shape and float((t - o).abs().max()) <= tol
+    # (batch, seq) positions: the same on every axis, as HF broadcasts them
+    flat = torch.arange(20)[None]
+    for t, o in zip(
+        Glm4vTextRotaryEmbedding(config)(x, flat),
+        holder.rotary_emb(x, flat),
+        strict=True,
+    ):
+        assert float((t - o).abs().max()) <= 20 * (4 + math.log(10000.0)) * 2.0**-23 + 2.0**-22

@@ -34,8 +34,6 @@ ALLOWED_REFUSALS: dict[str, str] = {
     "shape than rotary_dim / 2)",
     "neomme": "not yet: 2-axis M-RoPE per layer type with no mrope_section in its config",
     "cohere_compass": "not yet: M-RoPE with one RoPE per layer type",
-    "glm4v": "not yet: M-RoPE whose sections are repeat-interleaved (neither Qwen order)",
-    "glm_ocr": "not yet: GLM-4V's M-RoPE order (see glm4v)",
     "mimo_v2_flash": "not yet: partial_rotary_factor giving an odd rotary dim at the tiny size",
 }
 

@@ -339,19 +339,27 @@ def _axial_probe(axes: int, count: int, scale: int, device: Any) -> Any:
 
 def _gather_reading(
     module: Any, base: float, rotary_dim: int, axes: int, axis_last: bool, scaling: float,
-    device: Any,
+    device: Any, batched: bool = False,
 ) -> Any:  # fmt: skip
-    """The module read as exact (axis, frequency) channels for one probe layout, or why not."""
+    """The module read as exact (axis, frequency) channels for one probe layout, or why not.
+
+    ``batched``: a text model's M-RoPE, called with ``(axes, batch, seq)`` positions.
+    """
     import torch
 
     from posenc.integration.hf_module import HFGatheredRotaryEmbedding
 
     count = 48
 
+    def shaped(probe: Any) -> Any:
+        return probe[:, None, :] if batched else probe.T if axis_last else probe
+
     def call(probe: Any) -> Any:
-        probe = probe.T if axis_last else probe
         with torch.no_grad():
-            return module(torch.zeros(1, count, rotary_dim, device=device), probe)
+            out = module(torch.zeros(1, count, rotary_dim, device=device), shaped(probe))
+        if batched and isinstance(out, (tuple, list)):
+            out = tuple(o[0] if isinstance(o, torch.Tensor) and o.ndim == 3 else o for o in out)
+        return out
 
     probe = _axial_probe(axes, count, 1, device)
     try:
@@ -377,17 +385,41 @@ def _gather_reading(
     best = err.argmin(1)
     new = HFGatheredRotaryEmbedding(
         base, rotary_dim, (best // k).tolist(), (best % k).tolist(), axes, scaling,
-        axis_last=axis_last,
+        axis_last=axis_last, broadcast=batched,
     ).to(device)  # fmt: skip
     wide = _axial_probe(axes, count, 5, device)
     theirs = call(wide)
-    ours = new(torch.zeros(1, count, rotary_dim, device=device), wide.T if axis_last else wide)
+    ours = new(torch.zeros(1, count, rotary_dim, device=device), shaped(wide))
+    ours = tuple(o[0] for o in ours) if batched else ours
     top = float(wide.max()) * float(max(new.freqs.inv_freq, default=0.0))
     tol = scaling * (top * ((4 + abs(math.log(base))) * 2.0**-23 + 2.0**-24) + 2.0**-22)
     worst, where = _difference(tuple(theirs), ours)
     if worst <= tol:
         return new
     return f"{_fmt_diff(worst)} at {where} (tolerance {tol:.1e})"
+
+
+def _gathered_mrope(module: Any, config: Any, spec: RopeSpec, label: str, why: Exception) -> Any:
+    """A text model's M-RoPE in an order of its own, read as (axis, frequency) channels."""
+    import copy
+
+    import torch
+
+    if spec.rope_type != "default":
+        raise why
+    try:
+        base, rotary_dim = _axial_frequencies(module, config, label)
+    except ValueError:
+        raise why from None
+    buffers = list(module.buffers())
+    device = buffers[0].device if buffers else torch.device("cpu")
+    theirs = copy.deepcopy(module)
+    for axes in (3, 4):
+        new = _gather_reading(theirs, base, rotary_dim, axes, False, 1.0, device, batched=True)
+        if not isinstance(new, str):
+            new.config = config
+            return new
+    raise why
 
 
 def _gathered(module: Any, config: Any, label: str) -> Any:
@@ -504,7 +536,14 @@ def patch_model(model: Any) -> Any:
                 _check_type(label, spec, rope_type)
             _check_against_module(checked, spec, label)
             if multi_axis:
-                specs[None] = _mrope_spec(checked, spec, label)
+                try:
+                    specs[None] = _mrope_spec(checked, spec, label)
+                except ValueError as exc:
+                    # an M-RoPE order of its own (GLM-4V repeats each section's angles):
+                    # read each channel's axis and frequency from its output instead
+                    built = _gathered_mrope(checked, config, spec, label, exc)
+                    replacements.append((name, module, {}, config, built))
+                    continue
             elif spec.mrope_section is not None:
                 raise ValueError(
                     f"{label}: its config has mrope_section but the module is not an M-RoPE "

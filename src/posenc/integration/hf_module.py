@@ -206,6 +206,8 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         axes: how many position axes ``position_ids`` has.
         axis_last: the axes are ``position_ids``' last dim (``(patches, axes)``)
             rather than its first.
+        broadcast: ``(batch, seq)`` positions are the same on every axis (a text
+            model's M-RoPE, called with ``(axes, batch, seq)`` positions otherwise).
         attention_scaling: multiplies cos and sin.
         config: the HF config, kept as ``self.config``.
     """
@@ -220,6 +222,7 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         attention_scaling: float = 1.0,
         config: Any = None,
         axis_last: bool = False,
+        broadcast: bool = False,
     ) -> None:
         super().__init__()
         from posenc.families.rotary.schedules import frequencies
@@ -239,6 +242,7 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         self.attention_scaling = float(attention_scaling)
         self.config = config
         self.axis_last = bool(axis_last)
+        self.broadcast = bool(broadcast)
         self.rope_type = "axial"
         self.reset_parameters()
 
@@ -247,6 +251,9 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[Any, Any]:
+        if self.broadcast and position_ids.ndim == 2:
+            # a text model's M-RoPE takes (batch, seq) positions as the same on every axis
+            position_ids = position_ids.expand(self.axes, -1, -1)
         if self.axis_last and position_ids.ndim >= 1:
             position_ids = position_ids.movedim(-1, 0)
         if position_ids.ndim < 1 or position_ids.shape[0] != self.axes:
