@@ -441,8 +441,9 @@ def test_patched_mrope_model_matches_hf(name: str) -> None:
 def test_patch_refuses_mrope_module_in_an_unknown_order() -> None:
     model = _mrope_model("qwen2-vl")
     rotary = _rotary(model)
-    # a module recomposing its sections in some third order
-    rotary.recomposition_frequencies = lambda f: torch.cat([f[2], f[2]], -1)
+    # a module mixing its axes (any order of (axis, frequency) channels is read and kept;
+    # a sum of two axes' cosines is no channel of exact tables)
+    rotary.recomposition_frequencies = lambda f: torch.cat([f[2] + f[1], f[2] + f[1]], -1)
     with pytest.raises(ValueError, match="does not recognise"):
         hf.patch_model(model)
 
