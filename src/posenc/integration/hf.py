@@ -605,8 +605,8 @@ def _read_spec(config: Any, label: str, layer_type: str | None = None) -> RopeSp
         # rotary module builds each type's frequencies from that config too)
         try:
             config = per_layer[layer_type]
-        except (KeyError, IndexError, TypeError):
-            pass
+        except Exception:  # transformers' own lookup: DeepSeek-V4's rope types ("main") are
+            pass  # not its attention layer types, and its global config holds them
     try:
         return rope_spec(config, layer_type=layer_type)
     except (ValueError, TypeError):
