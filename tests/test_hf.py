@@ -1218,3 +1218,25 @@ def test_patched_glm4v_text_mrope_in_its_own_order() -> None:
         strict=True,
     ):
         assert float((t - o).abs().max()) <= 20 * (4 + math.log(10000.0)) * 2.0**-23 + 2.0**-22
+
+
+def test_patched_vision_rotary_saves_and_builds_on_the_meta_device() -> None:
+    import io
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import get_vision_position_ids
+
+    grid = get_vision_position_ids(torch.tensor([[1, 8, 12]]), 2, kwargs={})
+    x = torch.zeros(1, grid.shape[0], 8)
+    want = hf.patch_model(_axial_holder("qwen2_vl")).rotary_pos_emb(x, grid)
+    buffer = io.BytesIO()
+    torch.save(hf.patch_model(_axial_holder("qwen2_vl")), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for a, b in zip(loaded.rotary_pos_emb(x, grid), want, strict=True):
+        assert torch.equal(a, b)
+    with torch.device("meta"):
+        deferred = _axial_holder("qwen2_vl")
+    hf.patch_model(deferred)  # checked against a twin built on the CPU from its config
+    deferred.to_empty(device="cpu")
+    for a, b in zip(deferred.rotary_pos_emb(x, grid), want, strict=True):
+        assert torch.equal(a, b)
