@@ -1240,3 +1240,39 @@ def test_patched_vision_rotary_saves_and_builds_on_the_meta_device() -> None:
     deferred.to_empty(device="cpu")
     for a, b in zip(deferred.rotary_pos_emb(x, grid), want, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["neomme"])
+def test_patched_mrope_per_layer_type(family: str) -> None:
+    # NeoMME (2 axes, no mrope_section in its config): one M-RoPE per layer type, each read
+    # channel by channel from the module's output (Cohere Compass, 3 axes, in the family test)
+    import copy
+    import importlib
+
+    models = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    configs = importlib.import_module(f"transformers.models.{family}.configuration_{family}")
+    config_class = next(getattr(configs, n) for n in dir(configs) if n.endswith("Config")
+                        and n != "PreTrainedConfig" and "Vision" not in n)  # fmt: skip
+    config = config_class()
+    config = getattr(config, "text_config", None) or config
+    rotary_class = next(getattr(models, n) for n in dir(models) if n.endswith("RotaryEmbedding")
+                        and "Vision" not in n)  # fmt: skip
+    holder = torch.nn.Module()
+    holder.rotary_emb = rotary_class(config)
+    steps = torch.arange(60)
+    axes = 2 if family == "neomme" else 3
+    positions = torch.stack([steps // 7 + a * (steps % 7) for a in range(axes)])[:, None]
+    x = torch.zeros(1, 60, 8)
+    want = {lt: holder.rotary_emb(x, positions, lt) for lt in holder.rotary_emb.rope_type}
+    hf.patch_model(holder)
+    new = holder.rotary_emb
+    assert type(new).__name__ == "HFLayerTypes"
+    tol = 70 * (4 + math.log(1e6)) * 2.0**-23 + 2.0**-22  # positions below 70
+    for lt, tables in want.items():
+        assert torch.equal(getattr(new, f"{lt}_inv_freq"), new.per_type[lt].inv_freq)
+        for t, o in zip(tables, new(x, positions, lt), strict=True):
+            assert t.shape == o.shape and float((t - o).abs().max()) <= tol
+        for a, b in zip(copy.deepcopy(new)(x, positions, lt), new(x, positions, lt), strict=True):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="layer_type must be one of"):
+        new(x, positions, "nope")

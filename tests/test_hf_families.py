@@ -32,8 +32,6 @@ ALLOWED_REFUSALS: dict[str, str] = {
     "sam3": "genuine: a fixed-grid rotary whose output ignores position_ids",
     "ernie4_5_vl_moe": "genuine: frequencies pre-permuted by the model (inv_freq of another "
     "shape than rotary_dim / 2)",
-    "neomme": "not yet: 2-axis M-RoPE per layer type with no mrope_section in its config",
-    "cohere_compass": "not yet: M-RoPE with one RoPE per layer type",
     "mimo_v2_flash": "not yet: partial_rotary_factor giving an odd rotary dim at the tiny size",
 }
 
@@ -71,7 +69,7 @@ NOT_CHECKED: dict[str, str] = {
         "the shrinker breaks a validator of its config",
     ),
     **dict.fromkeys(
-        ["zaya", "glm5_next", "inkling2", "nemotron3_5_transcribe"],
+        ["zaya", "glm5_next", "inkling2", "nemotron3_5_transcribe", "neomme"],
         "the probed path does not use the rotary tables",
     ),
     **dict.fromkeys(

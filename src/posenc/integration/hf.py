@@ -267,6 +267,10 @@ def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, 
     )
 
 
+class _TakesAxes(ValueError):
+    """A module that looks one-axis on a one-axis probe but takes several axes."""
+
+
 def _refuse_multi_axis(theirs: Any, ours: Any, specs: Any, x: Any, label: str) -> None:
     """Refuse a one-axis reading of a module that also takes positions of several axes.
 
@@ -288,7 +292,7 @@ def _refuse_multi_axis(theirs: Any, ours: Any, specs: Any, x: Any, label: str) -
         first = out[0] if isinstance(out[0], torch.Tensor) else out[0][0]
         if tuple(first.shape[:-1]) != (1, x.shape[1]):
             continue
-        raise ValueError(
+        raise _TakesAxes(
             f"{label}: it also takes positions of {axes} axes ((axes, batch, seq)), which a "
             "one-axis replacement would read differently; posenc.hf does not recognise this "
             "multi-axis RoPE (its config names no mrope_section), so it is not patched"
@@ -299,7 +303,9 @@ def _fmt_diff(x: float) -> str:
     return "a different shape or dtype" if math.isinf(x) else f"max |difference| {x:.3g}"
 
 
-def _axial_frequencies(module: Any, config: Any, label: str) -> tuple[float, int]:
+def _axial_frequencies(
+    module: Any, config: Any, label: str, layer_type: str | None = None
+) -> tuple[float, int]:
     """``(base, rotary_dim)`` whose ``base ** (-2k / rotary_dim)`` are the module's ``inv_freq``.
 
     Vision towers take ``rotary_dim`` from a fraction of the head (a half,
@@ -309,8 +315,10 @@ def _axial_frequencies(module: Any, config: Any, label: str) -> tuple[float, int
 
     from posenc.families.rotary.schedules import frequencies
 
-    inv_freq = getattr(module, "inv_freq", None)
+    inv_freq = getattr(module, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
     params = raw_parameters(config)
+    if layer_type and isinstance(params.get(layer_type), Mapping):
+        params = dict(params[layer_type])
     base = params.get("rope_theta", getattr(config, "rope_theta", None))
     if not isinstance(inv_freq, torch.Tensor) or inv_freq.ndim != 1 or base is None:
         raise ValueError(
@@ -339,7 +347,7 @@ def _axial_probe(axes: int, count: int, scale: int, device: Any) -> Any:
 
 def _gather_reading(
     module: Any, base: float, rotary_dim: int, axes: int, axis_last: bool, scaling: float,
-    device: Any, batched: bool = False,
+    device: Any, batched: bool = False, layer_type: str | None = None,
 ) -> Any:  # fmt: skip
     """The module read as exact (axis, frequency) channels for one probe layout, or why not.
 
@@ -355,8 +363,12 @@ def _gather_reading(
         return probe[:, None, :] if batched else probe.T if axis_last else probe
 
     def call(probe: Any) -> Any:
+        zeros = torch.zeros(1, count, rotary_dim, device=device)
         with torch.no_grad():
-            out = module(torch.zeros(1, count, rotary_dim, device=device), shaped(probe))
+            if layer_type is None:
+                out = module(zeros, shaped(probe))
+            else:
+                out = module(zeros, shaped(probe), layer_type=layer_type)
         if batched and isinstance(out, (tuple, list)):
             out = tuple(o[0] if isinstance(o, torch.Tensor) and o.ndim == 3 else o for o in out)
         return out
@@ -399,7 +411,14 @@ def _gather_reading(
     return f"{_fmt_diff(worst)} at {where} (tolerance {tol:.1e})"
 
 
-def _gathered_mrope(module: Any, config: Any, spec: RopeSpec, label: str, why: Exception) -> Any:
+def _gathered_mrope(
+    module: Any,
+    config: Any,
+    spec: RopeSpec,
+    label: str,
+    why: Exception,
+    layer_type: str | None = None,
+) -> Any:
     """A text model's M-RoPE in an order of its own, read as (axis, frequency) channels."""
     import copy
 
@@ -408,18 +427,43 @@ def _gathered_mrope(module: Any, config: Any, spec: RopeSpec, label: str, why: E
     if spec.rope_type != "default":
         raise why
     try:
-        base, rotary_dim = _axial_frequencies(module, config, label)
+        base, rotary_dim = _axial_frequencies(module, config, label, layer_type)
     except ValueError:
         raise why from None
+    name = f"{layer_type}_attention_scaling" if layer_type else "attention_scaling"
+    scaling = float(getattr(module, name, 1.0) or 1.0)
     buffers = list(module.buffers())
     device = buffers[0].device if buffers else torch.device("cpu")
     theirs = copy.deepcopy(module)
-    for axes in (3, 4):
-        new = _gather_reading(theirs, base, rotary_dim, axes, False, 1.0, device, batched=True)
+    for axes in (2, 3, 4):
+        new = _gather_reading(
+            theirs, base, rotary_dim, axes, False, scaling, device, batched=True,
+            layer_type=layer_type,
+        )  # fmt: skip
         if not isinstance(new, str):
             new.config = config
             return new
     raise why
+
+
+def _gathered_layer_types(
+    module: Any, config: Any, rope_type: Any, label: str, why: Exception | None
+) -> Any:
+    """M-RoPE per layer type (Cohere Compass, NeoMME): each type read from the module's output."""
+    from posenc.integration.hf_module import HFLayerTypes
+
+    types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
+    if not types_:
+        raise ValueError(f"{label} takes a layer_type but names no layer types")
+    why = why or ValueError(
+        f"{label}: its M-RoPE per layer type matches no reading of its channels as "
+        "(axis, frequency) of exact tables; posenc.hf does not recognise it, so it is not patched"
+    )
+    per_type = {
+        lt: _gathered_mrope(module, config, _read_spec(config, label, lt), label, why, lt)
+        for lt in types_
+    }
+    return HFLayerTypes(per_type, config)
 
 
 def _gathered(module: Any, config: Any, label: str) -> Any:
@@ -517,9 +561,11 @@ def patch_model(model: Any) -> Any:
         )
         specs: dict[str | None, RopeSpec] = {}
         multi_axis = _is_multi_axis(module)
-        if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
-            raise ValueError(f"{label}: M-RoPE with one RoPE per layer type is not supported")
         checked = _with_values(module, config, label)
+        if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
+            built = _gathered_layer_types(checked, config, rope_type, label, None)
+            replacements.append((name, module, {}, config, built))
+            continue
         form = "half"
         if takes_layer_type or isinstance(rope_type, Mapping):
             types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
@@ -529,7 +575,12 @@ def patch_model(model: Any) -> Any:
                 specs[lt] = _read_spec(config, label, layer_type=lt)
                 _check_type(label, specs[lt], rope_type[lt] if rope_type else None)
                 _check_against_module(checked, specs[lt], label, prefix=f"{lt}_")
-            form = _verify_output(checked, specs, config, label)
+            try:
+                form = _verify_output(checked, specs, config, label)
+            except _TakesAxes as exc:  # NeoMME: M-RoPE per layer type, no mrope_section
+                built = _gathered_layer_types(checked, config, rope_type, label, exc)
+                replacements.append((name, module, {}, config, built))
+                continue
         else:
             spec = _read_spec(config, label)
             if not one_type:

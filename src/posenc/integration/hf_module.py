@@ -20,7 +20,7 @@ from posenc.families.rotary.multiaxis import mrope_cos_sin
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import cos_sin
 
-__all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFRotaryEmbedding"]
+__all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFLayerTypes", "HFRotaryEmbedding"]
 
 #: How an HF rotary module returns its tables, as :func:`posenc.hf.patch_model` reads them
 #: from the module's own output: ``(cos, sin)`` in the half layout (``cat(theta, theta)``:
@@ -280,3 +280,39 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
             f"axial: base={self.base:g}, rotary_dim={self.rotary_dim}, axes={self.axes}, "
             f"channels={len(self.axis)}"
         )
+
+
+class HFLayerTypes(torch.nn.Module):
+    """One exact rotary module per layer type, behind HF's ``forward(x, position_ids, layer_type)``.
+
+    For models whose per-layer-type RoPE is multi-axis (Cohere Compass, NeoMME):
+    each type's :class:`HFGatheredRotaryEmbedding` was read from the module it
+    replaces. ``{layer_type}_inv_freq`` gives each type's frequencies, as HF names them.
+
+    Args:
+        per_type: layer type -> its rotary module.
+        config: the HF config, kept as ``self.config``.
+    """
+
+    def __init__(self, per_type: Mapping[str, torch.nn.Module], config: Any = None) -> None:
+        super().__init__()
+        if not per_type:
+            raise ValueError("per_type must hold at least one layer type")
+        self.per_type = torch.nn.ModuleDict(dict(per_type))
+        self.config = config
+        self.layer_types = sorted(per_type)
+        self.rope_type = {k: getattr(m, "rope_type", "default") for k, m in per_type.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        per_type = self._modules.get("per_type")
+        kind = name[: -len("_inv_freq")] if name.endswith("_inv_freq") else None
+        if isinstance(per_type, torch.nn.ModuleDict) and kind is not None and kind in per_type:
+            return per_type[kind].inv_freq
+        return super().__getattr__(name)
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> Any:
+        if layer_type is None or layer_type not in self.per_type:
+            raise ValueError(f"layer_type must be one of {self.layer_types}; got {layer_type!r}")
+        return self.per_type[layer_type](x, position_ids)
