@@ -12,11 +12,21 @@ Config reading lives beside the schedules it feeds
 (:mod:`posenc.rotary.config`); :func:`rope_spec`, :class:`RopeSpec` and
 :func:`rope_layer_types` are re-exported here, where they have always been.
 
-An M-RoPE model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL text models) gets a module that
-takes ``(3, batch, seq)`` positions and computes
-:func:`posenc.rotary.multiaxis.mrope_cos_sin`; whether the model's own module
-interleaves its sections is read from the config when it says, and always checked
-against the module's own output on a probe.
+Every module is called on probe positions before it is replaced, and its own
+output decides what replaces it:
+
+- one-axis RoPE: :class:`HFRotaryEmbedding` in the module's output form
+  (:data:`posenc.integration.hf_module.FORMS`: half or interleaved ``(cos, sin)``,
+  half-width, complex), its tables equal to the module's within HF's float32 error;
+- M-RoPE in Qwen's orders (Qwen2-VL, Qwen2.5-VL, Qwen3-VL text models): an
+  :class:`HFRotaryEmbedding` computing :func:`posenc.rotary.multiaxis.mrope_cos_sin`
+  for ``(3, batch, seq)`` positions, the order checked on a probe;
+- anything multi-axis else (vision towers' axial RoPE, GLM-4V's M-RoPE order, M-RoPE
+  per layer type): :class:`HFGatheredRotaryEmbedding` (per layer type inside an
+  :class:`HFLayerTypes`), each output channel's axis and frequency read from the
+  module's output against exact tables and checked on a second, wider probe.
+
+What matches none of these is refused with a ``ValueError`` naming the module.
 """
 
 from __future__ import annotations
