@@ -259,6 +259,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": _alternate("mamba", "attention"),
     },
     "lfm2_moe": {"layer_types": _alternate("conv", "full_attention")},
+    # HunYuan-VL's 4-axis M-RoPE reads its sections from the config (no module default)
+    "hunyuan_vl": {
+        "rope_parameters": lambda d: {**(d["rope_parameters"] or {}), "mrope_section": [2] * 4}
+    },
     "qwen4_exp": {
         "indexer_n_heads": HEADS,
         "indexer_kv_heads": 1,

@@ -1276,3 +1276,15 @@ def test_patched_mrope_per_layer_type(family: str) -> None:
             assert torch.equal(a, b)
     with pytest.raises(ValueError, match="layer_type must be one of"):
         new(x, positions, "nope")
+
+
+def test_patched_module_keeps_the_settings_models_read_off_it() -> None:
+    # HunYuan-VL reads its rotary module's mrope_section to build position ids (the family
+    # test runs it); here a plain setting of a one-axis module
+    holder = _module_of("llama")
+    holder.rotary_emb.window_layout = [2, 2, 2, 2]
+    cached = holder.rotary_emb.max_seq_len_cached
+    hf.patch_model(holder)
+    assert type(holder.rotary_emb).__name__ == "HFRotaryEmbedding"
+    assert holder.rotary_emb.window_layout == [2, 2, 2, 2]
+    assert holder.rotary_emb.max_seq_len_cached == cached

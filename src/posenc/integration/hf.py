@@ -619,6 +619,7 @@ def patch_model(model: Any) -> Any:
 
     for name, module, specs, config, form in replacements:
         new = form if specs == {} else HFRotaryEmbedding(specs, config=config, form=form)
+        _keep_attributes(module, new)
         buffers = list(module.buffers())
         if buffers:
             new.to(buffers[0].device)
@@ -629,6 +630,25 @@ def patch_model(model: Any) -> Any:
         else:
             raise ValueError("patch_model takes a model that contains a rotary module, not one")
     return model
+
+
+_PLAIN = (bool, int, float, str)
+
+
+def _keep_attributes(old: Any, new: Any) -> None:
+    """Copy the old module's plain attributes that the new one lacks, for the model's code.
+
+    Models read settings off their rotary module (HunYuan-VL its ``mrope_section`` to
+    build position ids); the replacement keeps them, as plain values.
+    """
+    import copy
+
+    for key, value in vars(old).items():
+        plain = isinstance(value, _PLAIN) or (
+            isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value)
+        )
+        if plain and not key.startswith("_") and not hasattr(new, key):
+            setattr(new, key, copy.copy(value))
 
 
 def _with_values(module: Any, config: Any, label: str) -> Any:
