@@ -53,7 +53,9 @@ from posenc.families.rotary.config import (
     RopeSpec,
     raw_parameters,
     rope_layer_types,
+    rope_part,
     rope_spec,
+    setting,
 )
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
 
@@ -406,7 +408,7 @@ def _apply_after(config: Any, sets: list[tuple[tuple[str, ...], Any]]) -> list[s
         if keys[-1] in ("rope_theta", "partial_rotary_factor"):
             # v5 moved these into rope_parameters: the class put them there (or not)
             owner_found, owner = _lookup(config, keys[:-1]) if len(keys) > 1 else (True, config)
-            params = _get(owner, "rope_parameters") if owner_found else None
+            params = setting(owner, "rope_parameters") if owner_found else None
             if isinstance(params, Mapping) and params.get(keys[-1]) == value:
                 continue
         target_found, target = _lookup(config, keys[:-1]) if len(keys) > 1 else (True, config)
@@ -438,26 +440,17 @@ def _lookup(config: Any, keys: Sequence[str]) -> tuple[bool, Any]:
 # Reading: the spec of each layer type, with where every value came from.
 
 
-def _get(config: Any, key: str) -> Any:
-    """``config[key]`` or ``config.key``; ``None`` means absent (as posenc's reader reads it)."""
-    if isinstance(config, Mapping):
-        return config.get(key)
-    return getattr(config, key, None)
-
-
 def _rope_part(config: Any) -> tuple[Any, str]:
-    """The part of a composite config holding the RoPE settings, and its key prefix."""
-    if any(_get(config, k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")):
-        return config, ""
-    text = _get(config, "text_config")
-    return (config, "") if text is None else (text, "text_config.")
+    """The part of a composite config that posenc reads RoPE from, and its key prefix."""
+    part = rope_part(config)
+    return part, "" if part is config else "text_config."
 
 
 def _group(config: Any) -> str | None:
     """``"rope_parameters"`` (v5) or ``"rope_scaling"`` (v4): the dict posenc reads."""
-    if _get(config, "rope_parameters"):
+    if setting(config, "rope_parameters"):
         return "rope_parameters"
-    if _get(config, "rope_scaling"):
+    if setting(config, "rope_scaling"):
         return "rope_scaling"
     return None
 
@@ -530,7 +523,7 @@ def read(loaded: Loaded) -> list[Reading]:
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"{loaded.label}: {exc}") from None
     nope = nope_layers(config)
-    layer_types = _get(part, "layer_types")
+    layer_types = setting(part, "layer_types")
     count = _num_layers(part)
     readings = []
     for lt in types or (None,):
@@ -550,16 +543,16 @@ def read(loaded: Loaded) -> list[Reading]:
 
 
 def _num_layers(part: Any) -> int | None:
-    count = _get(part, "num_hidden_layers")
+    count = setting(part, "num_hidden_layers")
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
 
 def _layout(part: Any) -> tuple[str, str]:
-    model_type = str(_get(part, "model_type") or "")
+    model_type = str(setting(part, "model_type") or "")
     base_type = model_type.removesuffix("_text")
     if base_type in _INTERLEAVED_MODELS:
         return "interleaved", f"transformers' {base_type} model: pairs (2i, 2i + 1) (GPT-J order)"
-    if _get(part, "rope_interleave"):
+    if setting(part, "rope_interleave"):
         return "half", (
             "rope_interleave: the model de-interleaves q and k, then applies HF's half "
             "tables (pairs (i, i + rotary_dim / 2))"
@@ -597,7 +590,7 @@ def _reading(
         if d.get(key) is not None:
             return f"{where}.{key}"
         for name in names:
-            if _get(part, name) is not None:
+            if setting(part, name) is not None:
                 return f"{prefix}{name}" + (" (GPT-NeoX's name)" if name != key else "")
         return default
 
@@ -605,10 +598,10 @@ def _reading(
         "rope_theta", ("rope_theta", "rotary_emb_base"),
         f"default (HF's default_theta {DEFAULT_THETA:g})",
     )))  # fmt: skip
-    if _get(part, "head_dim") is not None:
+    if setting(part, "head_dim") is not None:
         head_source = f"{prefix}head_dim"
     else:
-        hidden, heads = _get(part, "hidden_size"), _get(part, "num_attention_heads")
+        hidden, heads = setting(part, "hidden_size"), setting(part, "num_attention_heads")
         head_source = f"{prefix}hidden_size // {prefix}num_attention_heads = {hidden} // {heads}"
     rows.append(Row("head_dim", spec.head_dim, head_source))
     partial_source = first(
@@ -620,7 +613,7 @@ def _reading(
     else:
         dim_source = "int(head_dim * partial_rotary_factor)"
     rows.append(Row("rotary dim", spec.rotary_dim, dim_source))
-    gptj_dim = _get(part, "rotary_dim")
+    gptj_dim = setting(part, "rotary_dim")
     if isinstance(gptj_dim, int) and gptj_dim != spec.rotary_dim:
         loaded.notes.append(
             f"{prefix}rotary_dim = {gptj_dim} (GPT-J's name for the rotary dim) is not read by "
@@ -673,7 +666,7 @@ def _param_source(
 ) -> str:
     given = d.get(key) is not None
     if key == "original_max_position_embeddings":
-        top = _get(part, key) if spec.layer_type is None else None
+        top = setting(part, key) if spec.layer_type is None else None
         if top is not None:
             if given and d[key] != top:
                 return f"{prefix}{key} (config attribute; wins over {where}.{key} = {d[key]})"
@@ -747,7 +740,7 @@ def _mrope(
     loaded: Loaded, part: Any, prefix: str, spec: RopeSpec, where: str, d: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     section, interleaved = spec.mrope_section, spec.mrope_interleaved
-    model_type = str(_get(part, "model_type") or "").removesuffix("_text")
+    model_type = str(setting(part, "model_type") or "").removesuffix("_text")
     module_default = _MROPE_MODULE_DEFAULTS.get(model_type)
     if section is not None:
         source = f"{where}.mrope_section"
@@ -786,7 +779,7 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
     """
     part, prefix = _rope_part(config)
     count = _num_layers(part)
-    mask = _get(part, "no_rope_layers")
+    mask = setting(part, "no_rope_layers")
     if isinstance(mask, (list, tuple)) and mask:
         if all(v in (0, 1) for v in mask) and (count is None or len(mask) >= count):
             n = count or len(mask)
@@ -798,7 +791,7 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
             }
         return {"layers": sorted(int(i) for i in mask), "from": f"{prefix}no_rope_layers",
                 "of": count}  # fmt: skip
-    interval = _get(part, "no_rope_layer_interval")
+    interval = setting(part, "no_rope_layer_interval")
     if mask is None and isinstance(interval, int) and interval > 0 and count:
         return {
             "layers": [i for i in range(count) if (i + 1) % interval == 0],
@@ -807,12 +800,12 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
             "of": count,
         }
     for key in _NOPE_INDEX_KEYS:
-        value = _get(part, key)
+        value = setting(part, key)
         if isinstance(value, (list, tuple)) and value:
             return {"layers": sorted(int(i) for i in value), "from": f"{prefix}{key}",
                     "of": count}  # fmt: skip
     raw = raw_parameters(part)
-    layer_types = _get(part, "layer_types")
+    layer_types = setting(part, "layer_types")
     none_types = [k for k, v in raw.items() if v is None] if _nested_dict(raw) else []
     if none_types and isinstance(layer_types, (list, tuple)):
         return {
@@ -821,7 +814,7 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
             "of": len(layer_types),
         }
     for key in ("use_rope", "use_rotary_embedding"):
-        if _get(part, key) is False and count:
+        if setting(part, key) is False and count:
             return {"layers": list(range(count)), "from": f"{prefix}{key} = false", "of": count}
     return None
 
@@ -835,7 +828,7 @@ def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str,
     readings = read(loaded) if readings is None else readings
     part, prefix = _rope_part(loaded.config)
     notes = list(loaded.notes)
-    scaled = _get(part, "rope_scaling_layers")
+    scaled = setting(part, "rope_scaling_layers")
     count = _num_layers(part)
     if isinstance(scaled, (list, tuple)) and count and len(scaled) < count:
         notes.append(
@@ -854,8 +847,8 @@ def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str,
         "config": loaded.label,
         "kind": loaded.kind,
         "sets": dict(loaded.sets),
-        "model_type": _get(loaded.config, "model_type"),
-        "rope_model_type": _get(part, "model_type"),
+        "model_type": setting(loaded.config, "model_type"),
+        "rope_model_type": setting(part, "model_type"),
         "num_hidden_layers": count,
         "per_layer_type": readings[0].layer_type is not None,
         "ropes": [_reading_json(r) for r in readings],
@@ -895,7 +888,7 @@ def _reading_json(r: Reading) -> dict[str, Any]:
 def _transformers_check(loaded: Loaded, readings: list[Reading]) -> list[str]:
     """Differences between posenc's reading of a config.json and transformers' class's."""
     assert loaded.original is not None
-    model_type = _get(loaded.original, "model_type")
+    model_type = setting(loaded.original, "model_type")
     if not isinstance(model_type, str):
         return []
     try:

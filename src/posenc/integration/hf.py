@@ -72,11 +72,38 @@ def _is_multi_axis(module: Any) -> bool:
     return any(k in d for d in dicts for k in MULTI_AXIS_KEYS)
 
 
+def _frequency_rtol(base: float, factor: float = 0.0) -> float:
+    """Bound on the relative error of HF's float32 ``inv_freq``: ``(4 + ln base + factor)`` ulps.
+
+    The exponent's rounding costs ``ln(base)`` ulps, pow and the divisions a few more,
+    and the blends of yarn and llama3 amplify the ramp's rounding up to ``factor`` times
+    (tests/test_rotary_schedules.py derives it).
+    """
+    return (4 + abs(math.log(base)) + factor) * 2.0**-23
+
+
 def _inv_freq_rtol(spec: RopeSpec) -> float:
-    """Bound on the relative error of HF's float32 ``inv_freq`` (see ``_check_against_module``)."""
+    """:func:`_frequency_rtol` of ``spec`` (its factor counted from 1)."""
     factor = spec.params.get("factor")
     factor = factor if isinstance(factor, (int, float)) and factor > 1 else 1.0
-    return (4 + abs(math.log(spec.base)) + factor) * 2.0**-23
+    return _frequency_rtol(spec.base, factor)
+
+
+def _table_tolerance(scaling: float, top: float, rtol: float) -> float:
+    """Bound on ``|posenc - HF|`` for tables whose largest angle is ``top`` radians.
+
+    HF's float32 angle is off by ``top (rtol + 2**-24)``; float32 cos/sin and the
+    attention scaling add ``2**-22``, all times the scaling.
+    """
+    return scaling * (top * (rtol + 2.0**-24) + 2.0**-22)
+
+
+def _device_of(module: Any) -> Any:
+    """Where ``module``'s buffers live (the CPU for a module without any)."""
+    import torch
+
+    buffers = list(module.buffers())
+    return buffers[0].device if buffers else torch.device("cpu")
 
 
 def _check_against_module(module: Any, spec: RopeSpec, name: str, prefix: str = "") -> None:
@@ -90,10 +117,7 @@ def _check_against_module(module: Any, spec: RopeSpec, name: str, prefix: str = 
         return
     ours = spec.frequencies().inv_freq
     theirs_np = theirs.detach().to("cpu", torch.float64).numpy()
-    # HF's float32 inv_freq (tests/test_rotary_schedules.py derives it): the exponent's
-    # rounding costs ln(base) ulps, pow and the divisions a few more, and the blends of
-    # yarn and llama3 amplify the ramp's rounding up to (factor - 1) times
-    rtol = _inv_freq_rtol(spec)
+    rtol = _inv_freq_rtol(spec)  # HF's float32 inv_freq: see _frequency_rtol
     if theirs_np.shape != ours.shape or not all(
         abs(t - o) <= rtol * abs(o) for t, o in zip(theirs_np.tolist(), ours.tolist(), strict=True)
     ):
@@ -137,9 +161,8 @@ def _mrope_spec(module: Any, spec: RopeSpec, name: str) -> RopeSpec:
             f"({type(exc).__name__}: {exc}); posenc.hf cannot check it, so it is not patched"
         ) from None
     freqs = spec.frequencies(seq_len=int(probe.max()) + 1)
-    # HF's table error over positions up to P: s (P max(omega) (rtol + 2**-24) + 2**-22)
     top = float(probe.max()) * float(max(freqs.inv_freq, default=0.0))
-    tol = freqs.attention_scaling * (top * (_inv_freq_rtol(spec) + 2.0**-24) + 2.0**-22)
+    tol = _table_tolerance(freqs.attention_scaling, top, _inv_freq_rtol(spec))
     for interleaved in candidates:
         try:
             ours = mrope_cos_sin(probe, freqs, section, interleaved=interleaved)
@@ -224,8 +247,7 @@ def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, 
 
     from posenc.integration.hf_module import HFRotaryEmbedding
 
-    buffers = list(module.buffers())
-    device = buffers[0].device if buffers else torch.device("cpu")
+    device = _device_of(module)
     spec = next(iter(specs.values()))
     positions = torch.arange(64, device=device)[None]
     x = torch.zeros(1, 64, spec.rotary_dim, device=device)
@@ -259,11 +281,8 @@ def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, 
         for key, theirs in outputs.items():
             ours = ours_module(x, positions, layer_type=key)
             freqs = ours_module.frequencies(None, key)
-            # HF's float32 table error over positions up to P (see _mrope_spec)
             top = 63 * float(max(freqs.inv_freq, default=0.0))
-            tol = freqs.attention_scaling * (
-                top * (_inv_freq_rtol(specs[key]) + 2.0**-24) + 2.0**-22
-            )
+            tol = _table_tolerance(freqs.attention_scaling, top, _inv_freq_rtol(specs[key]))
             worst, where = _difference(theirs, ours)
             if worst > tol and worst - tol >= worst_all - tol_all:
                 worst_all, where_all, tol_all = worst, (f"{key}: " if key else "") + where, tol
@@ -338,7 +357,7 @@ def _axial_frequencies(
     theirs = inv_freq.detach().to("cpu", torch.float64)
     rotary_dim = 2 * len(theirs)
     ours = frequencies("default", rotary_dim, float(base)).inv_freq
-    rtol = (4 + abs(math.log(float(base)))) * 2.0**-23
+    rtol = _frequency_rtol(float(base))
     if not all(abs(t - o) <= rtol * o for t, o in zip(theirs.tolist(), ours.tolist(), strict=True)):
         raise ValueError(
             f"{label}: its inv_freq is not rope_theta ** (-2k / {rotary_dim}); posenc.hf does not "
@@ -414,11 +433,43 @@ def _gather_reading(
     ours = new(torch.zeros(1, count, rotary_dim, device=device), shaped(wide))
     ours = tuple(o[0] for o in ours) if batched else ours
     top = float(wide.max()) * float(max(new.freqs.inv_freq, default=0.0))
-    tol = scaling * (top * ((4 + abs(math.log(base))) * 2.0**-23 + 2.0**-24) + 2.0**-22)
+    tol = _table_tolerance(scaling, top, _frequency_rtol(base))
     worst, where = _difference(tuple(theirs), ours)
     if worst <= tol:
         return new
     return f"{_fmt_diff(worst)} at {where} (tolerance {tol:.1e})"
+
+
+def _read_channels(
+    module: Any,
+    config: Any,
+    label: str,
+    layouts: list[tuple[int, bool, bool]],
+    layer_type: str | None = None,
+) -> tuple[Any, list[str]]:
+    """The first ``(axes, axis_last, batched)`` layout in which the module reads as exact channels.
+
+    Returns the :class:`HFGatheredRotaryEmbedding` (``None`` if no layout reads)
+    and why each layout tried before it failed.
+    """
+    import copy
+
+    base, rotary_dim = _axial_frequencies(module, config, label, layer_type)
+    name = f"{layer_type}_attention_scaling" if layer_type else "attention_scaling"
+    scaling = float(getattr(module, name, 1.0) or 1.0)
+    device = _device_of(module)
+    theirs = copy.deepcopy(module)  # calls can change a module's state; the model's stays
+    failures = []
+    for axes, axis_last, batched in layouts:
+        new = _gather_reading(
+            theirs, base, rotary_dim, axes, axis_last, scaling, device, batched, layer_type
+        )
+        if isinstance(new, str):
+            failures.append(f"{axes} axes {'last' if axis_last else 'first'}: {new}")
+            continue
+        new.config = config
+        return new, failures
+    return None, failures
 
 
 def _gathered_mrope(
@@ -430,30 +481,17 @@ def _gathered_mrope(
     layer_type: str | None = None,
 ) -> Any:
     """A text model's M-RoPE in an order of its own, read as (axis, frequency) channels."""
-    import copy
-
-    import torch
-
     if spec.rope_type != "default":
         raise why
     try:
-        base, rotary_dim = _axial_frequencies(module, config, label, layer_type)
-    except ValueError:
+        new, _ = _read_channels(
+            module, config, label, [(a, False, True) for a in (2, 3, 4)], layer_type
+        )
+    except ValueError:  # frequencies that are not base ** (-2k / d): the first reason stands
         raise why from None
-    name = f"{layer_type}_attention_scaling" if layer_type else "attention_scaling"
-    scaling = float(getattr(module, name, 1.0) or 1.0)
-    buffers = list(module.buffers())
-    device = buffers[0].device if buffers else torch.device("cpu")
-    theirs = copy.deepcopy(module)
-    for axes in (2, 3, 4):
-        new = _gather_reading(
-            theirs, base, rotary_dim, axes, False, scaling, device, batched=True,
-            layer_type=layer_type,
-        )  # fmt: skip
-        if not isinstance(new, str):
-            new.config = config
-            return new
-    raise why
+    if new is None:
+        raise why
+    return new
 
 
 def _gathered_layer_types(
@@ -479,32 +517,21 @@ def _gathered_layer_types(
 def _gathered(module: Any, config: Any, label: str) -> Any:
     """An exact :class:`HFGatheredRotaryEmbedding` equal to an HF axial module, or a ValueError.
 
-    The module is called on positions of 2, 3 and 4 axes; for the first that it
-    takes, each output channel's axis and frequency are found by matching its
-    cos and sin columns against posenc's exact tables of every (axis, frequency),
-    then the whole replacement is checked on a second, wider probe.
+    The module is called on positions of 2, 3 and 4 axes, given as the first or
+    the last dim; for the first layout that it takes, each output channel's axis
+    and frequency are found by matching its cos and sin columns against posenc's
+    exact tables of every (axis, frequency), then the whole replacement is checked
+    on a second, wider probe.
     """
-    import copy
-
-    import torch
-
-    base, rotary_dim = _axial_frequencies(module, config, label)
-    scaling = float(getattr(module, "attention_scaling", 1.0) or 1.0)
-    buffers = list(module.buffers())
-    device = buffers[0].device if buffers else torch.device("cpu")
-    theirs_module = copy.deepcopy(module)
-    failures = []
-    for axes, axis_last in [(a, last) for a in (2, 3, 4) for last in (False, True)]:
-        new = _gather_reading(theirs_module, base, rotary_dim, axes, axis_last, scaling, device)
-        if isinstance(new, str):
-            failures.append(f"{axes} axes {'last' if axis_last else 'first'}: {new}")
-            continue
-        new.config = config
-        return new
-    raise ValueError(
-        f"{label}: no reading of its channels as (axis, frequency) of exact tables matches its "
-        f"output ({'; '.join(failures)}); posenc.hf does not recognise it, so it is not patched"
-    )
+    layouts = [(a, last, False) for a in (2, 3, 4) for last in (False, True)]
+    new, failures = _read_channels(module, config, label, layouts)
+    if new is None:
+        raise ValueError(
+            f"{label}: no reading of its channels as (axis, frequency) of exact tables matches "
+            f"its output ({'; '.join(failures)}); posenc.hf does not recognise it, so it is not "
+            "patched"
+        )
+    return new
 
 
 def patch_model(model: Any) -> Any:
@@ -547,7 +574,11 @@ def patch_model(model: Any) -> Any:
     ]
     if not found:
         raise ValueError("model has no module whose class name ends with 'RotaryEmbedding'")
-    replacements: list[tuple[str, Any, dict[str | None, RopeSpec], Any, Any]] = []
+    from posenc.integration.hf_module import HFRotaryEmbedding
+
+    # every module is checked (and its replacement built) before any is swapped: a refusal
+    # leaves the model as it was
+    replacements: list[tuple[str, Any, Any]] = []
     for name, module in found:
         label = f"{name or 'model'} ({type(module).__name__})"
         config = getattr(module, "config", None)
@@ -558,8 +589,8 @@ def patch_model(model: Any) -> Any:
                 "contract; posenc.hf cannot patch it"
             )
         if rope_type == "axial":  # a vision tower's RoPE over patch rows and columns
-            built = _gathered(_with_values(module, config, label), config, label)
-            replacements.append((name, module, {}, config, built))
+            new = _gathered(_with_values(module, config, label), config, label)
+            replacements.append((name, module, new))
             continue
         one_type = isinstance(rope_type, Mapping) and not rope_type  # ESM's {}: one RoPE
         if one_type:
@@ -573,23 +604,23 @@ def patch_model(model: Any) -> Any:
         multi_axis = _is_multi_axis(module)
         checked = _with_values(module, config, label)
         if multi_axis and (takes_layer_type or isinstance(rope_type, Mapping)):
-            built = _gathered_layer_types(checked, config, rope_type, label, None)
-            replacements.append((name, module, {}, config, built))
+            new = _gathered_layer_types(checked, config, rope_type, label, None)
+            replacements.append((name, module, new))
             continue
         form = "half"
         if takes_layer_type or isinstance(rope_type, Mapping):
-            types_ = list(rope_type) if isinstance(rope_type, Mapping) else []
-            if not types_:
+            declared = dict(rope_type) if isinstance(rope_type, Mapping) else {}
+            if not declared:
                 raise ValueError(f"{label} takes a layer_type but names no layer types")
-            for lt in types_:
+            for lt, lt_type in declared.items():
                 specs[lt] = _read_spec(config, label, layer_type=lt)
-                _check_type(label, specs[lt], rope_type[lt] if rope_type else None)
+                _check_type(label, specs[lt], lt_type)
                 _check_against_module(checked, specs[lt], label, prefix=f"{lt}_")
             try:
                 form = _verify_output(checked, specs, config, label)
             except _TakesAxes as exc:  # NeoMME: M-RoPE per layer type, no mrope_section
-                built = _gathered_layer_types(checked, config, rope_type, label, exc)
-                replacements.append((name, module, {}, config, built))
+                new = _gathered_layer_types(checked, config, rope_type, label, exc)
+                replacements.append((name, module, new))
                 continue
         else:
             spec = _read_spec(config, label)
@@ -602,8 +633,8 @@ def patch_model(model: Any) -> Any:
                 except ValueError as exc:
                     # an M-RoPE order of its own (GLM-4V repeats each section's angles):
                     # read each channel's axis and frequency from its output instead
-                    built = _gathered_mrope(checked, config, spec, label, exc)
-                    replacements.append((name, module, {}, config, built))
+                    new = _gathered_mrope(checked, config, spec, label, exc)
+                    replacements.append((name, module, new))
                     continue
             elif spec.mrope_section is not None:
                 raise ValueError(
@@ -613,16 +644,11 @@ def patch_model(model: Any) -> Any:
             else:
                 specs[None] = spec
                 form = _verify_output(checked, specs, config, label)
-        replacements.append((name, module, specs, config, form))
+        replacements.append((name, module, HFRotaryEmbedding(specs, config=config, form=form)))
 
-    from posenc.integration.hf_module import HFRotaryEmbedding
-
-    for name, module, specs, config, form in replacements:
-        new = form if specs == {} else HFRotaryEmbedding(specs, config=config, form=form)
+    for name, module, new in replacements:
         _keep_attributes(module, new)
-        buffers = list(module.buffers())
-        if buffers:
-            new.to(buffers[0].device)
+        new.to(_device_of(module))
         if name:
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model

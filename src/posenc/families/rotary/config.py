@@ -60,7 +60,9 @@ __all__ = [
     "parse_rope_type",
     "raw_parameters",
     "rope_layer_types",
+    "rope_part",
     "rope_spec",
+    "setting",
 ]
 
 #: HF's ``RotaryEmbeddingConfigMixin.default_theta``: the base when a config names none.
@@ -180,7 +182,7 @@ class RopeSpec:
 # Reading configs.
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
+def setting(config: Any, key: str, default: Any = None) -> Any:
     """``config[key]`` for a dict, ``config.key`` for a config object; ``None`` means absent."""
     if isinstance(config, Mapping):
         value = config.get(key, default)
@@ -195,11 +197,11 @@ def _has(config: Any, key: str) -> bool:
     return getattr(config, key, None) is not None
 
 
-def _text_config(config: Any) -> Any:
+def rope_part(config: Any) -> Any:
     """The part of a composite config (``text_config``) that holds the RoPE settings."""
     if any(_has(config, k) for k in ("rope_parameters", "rope_scaling", "rope_theta")):
         return config
-    text = _get(config, "text_config")
+    text = setting(config, "text_config")
     return config if text is None else text
 
 
@@ -209,14 +211,14 @@ ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base")
 
 def has_rope_settings(config: Any) -> bool:
     """Whether ``config`` (or its ``text_config``) names any RoPE setting at all."""
-    return any(_has(c, k) for c in (config, _get(config, "text_config")) if c is not None
+    return any(_has(c, k) for c in (config, setting(config, "text_config")) if c is not None
                for k in ROPE_KEYS)  # fmt: skip
 
 
 def raw_parameters(config: Any) -> dict[str, Any]:
     """``rope_parameters`` (v5) or ``rope_scaling`` (v4), copied; ``{}`` if neither."""
-    v5 = _get(config, "rope_parameters")
-    v4 = _get(config, "rope_scaling")
+    v5 = setting(config, "rope_parameters")
+    v4 = setting(config, "rope_scaling")
     if v5 is not None and not isinstance(v5, Mapping):
         raise TypeError(f"rope_parameters must be a dict; got {v5!r}")
     if v4 is not None and not isinstance(v4, Mapping):
@@ -232,7 +234,7 @@ def raw_parameters(config: Any) -> dict[str, Any]:
 
 def _nested_keys(config: Any, raw: Mapping[str, Any]) -> list[str]:
     """The layer types ``raw`` is nested under (HF ``nested_rope_parameter_keys``)."""
-    labels = _get(config, "_rope_type_labels") or _get(config, "layer_types") or ()
+    labels = setting(config, "_rope_type_labels") or setting(config, "layer_types") or ()
     keys = [k for k in raw if k in set(labels)]
     if not keys and raw and all(v is None or isinstance(v, Mapping) for v in raw.values()):
         keys = list(raw)  # a plain dict without layer_types: nested if every value is a dict
@@ -244,7 +246,7 @@ def rope_layer_types(config: Any) -> tuple[str, ...]:
 
     Layer types whose entry is ``None`` (layers without RoPE) are left out.
     """
-    config = _text_config(config)
+    config = rope_part(config)
     raw = raw_parameters(config)
     return tuple(k for k in _nested_keys(config, raw) if raw[k] is not None)
 
@@ -257,10 +259,10 @@ def _config_int(value: Any, name: str) -> int:
 
 
 def _head_dim(config: Any) -> int:
-    head_dim = _get(config, "head_dim")
+    head_dim = setting(config, "head_dim")
     if head_dim is not None:
         return checks.check_channels(head_dim, "head_dim")
-    hidden, heads = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+    hidden, heads = setting(config, "hidden_size"), setting(config, "num_attention_heads")
     if hidden is None or heads is None:
         raise ValueError(
             "config gives no head dim: it needs head_dim, or hidden_size and num_attention_heads"
@@ -324,7 +326,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
             does not sum to ``rotary_dim / 2``.
         TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
     """
-    config = _text_config(config)
+    config = rope_part(config)
     raw = raw_parameters(config)
     nested = _nested_keys(config, raw)
     if nested:
@@ -360,7 +362,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         raise TypeError(f"{where}['mrope_section'] must be a list of ints; got {section!r}")
 
     rope_type = parse_rope_type(parameters, where)
-    if _get(config, "model_type") == "phi3" and rope_type == "yarn":
+    if setting(config, "model_type") == "phi3" and rope_type == "yarn":
         rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
 
     base_key, base = _first(
@@ -385,7 +387,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         raise ValueError(f"{partial_key} must lie in (0, 1]; got {partial!r}")
 
     head_dim = _head_dim(config)
-    max_pos = _get(config, "max_position_embeddings")
+    max_pos = setting(config, "max_position_embeddings")
     if max_pos is not None:
         max_pos = _config_int(max_pos, "max_position_embeddings")
     params = {
@@ -399,7 +401,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
 
     original = None
     if rope_type in _ORIGINAL_MAX_TYPES:
-        top = None if nested else _get(config, "original_max_position_embeddings")
+        top = None if nested else setting(config, "original_max_position_embeddings")
         original = top if top is not None else params.get("original_max_position_embeddings")
         if original is None:
             original = max_pos
@@ -453,7 +455,7 @@ def _first(
     if value is not None:
         return f"{where}[{key!r}]", value
     for name in top_level:
-        value = _get(config, name)
+        value = setting(config, name)
         if value is not None:
             return name, value
     return key, default
