@@ -400,9 +400,8 @@ def clocks(
     pos = [float(checks.check_number(p, "positions")) for p in positions]
     if not pos:
         raise ValueError("positions must hold at least one position")
-    first, second = slots.indices()
     # the hand is (cos, sin) whichever member of the pair comes first in the row
-    sin_ch, cos_ch = (first, second) if spec.order == "sin_cos" else (second, first)
+    sin_ch, cos_ch = spec.sin_cos_channels(dim)
     needed = sorted({p - t for p in pos for t in range(trail + 1) if p - t >= 0} | set(pos))
     table = posenc.sinusoidal(np.asarray(needed), dim, preset=preset, dtype="float64")
     row = {p: i for i, p in enumerate(needed)}

@@ -166,6 +166,15 @@ class Sinusoid:
         zero = dim - 1 if odd and self.odd == "zero" else None
         return Slots(dim, n_freq, n_first, n_second, first, second, zero, denominator)
 
+    def sin_cos_channels(self, dim: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """The channels holding ``sin(omega_k p)`` and ``cos(omega_k p)``, pair by pair.
+
+        :meth:`Slots.indices` gives them in row order; which of the two is the
+        sine depends on ``order``.
+        """
+        first, second = self.slots(dim).indices()
+        return (first, second) if self.order == "sin_cos" else (second, first)
+
     def turns(self, dim: int) -> Turns:
         """The exact frequencies (in turns) of the ``dim``-channel encoding."""
         s = self.slots(dim)

@@ -77,15 +77,6 @@ def _sub(n: int) -> str:
     )
 
 
-def _pair_channels(preset: str, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """The channels holding ``sin(omega_j p)`` and ``cos(omega_j p)`` for each pair ``j``."""
-    spec = resolve(preset)
-    first, second = spec.slots(dim).indices()
-    if spec.order == "cos_sin":
-        first, second = second, first
-    return np.asarray(first), np.asarray(second)
-
-
 def sinusoidal_explorer(
     length: int,
     *,
@@ -126,7 +117,7 @@ def sinusoidal_explorer(
     checks.check_elements(length * sum(dims) * len(bases), "length x dims x bases")
     combos: dict[tuple[int, float], dict[str, Any]] = {}
     for dim in dims:
-        sin_ch, cos_ch = _pair_channels(preset, dim)
+        sin_ch, cos_ch = resolve(preset).sin_cos_channels(dim)
         picked = hand_pairs(len(sin_ch), hands)
         names = {int(c): f"sin \u03c9{_sub(j)}p" for j, c in enumerate(sin_ch)}
         names.update({int(c): f"cos \u03c9{_sub(j)}p" for j, c in enumerate(cos_ch)})

@@ -779,9 +779,9 @@ def add_concat(
     omega = spec.inv_freq(dim)[:pairs]
     wavelengths = 2 * np.pi / np.abs(omega)
     j = int(np.argmin(np.abs(np.log(wavelengths / length))))
-    first, second = slots.indices()
-    sin_c, cos_c = (first[j], second[j]) if spec.order == "sin_cos" else (second[j], first[j])
-    channels = (int(cos_c), int(sin_c))
+    sin_ch, cos_ch = spec.sin_cos_channels(dim)
+    cos_c, sin_c = int(cos_ch[j]), int(sin_ch[j])
+    channels = (cos_c, sin_c)
     table = table64(length, dim, spec)
     rng = np.random.default_rng(seed)
     unscaled = rng.normal(scale=1 / math.sqrt(dim), size=(vocab, dim))
