@@ -30,7 +30,7 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.integration.analysis.explorer import hand_pairs
 
-__all__ = ["KINDS", "colour_scale", "figure", "new_figure", "pyplot", "save"]
+__all__ = ["KINDS", "colour_scale", "encode", "figure", "new_figure", "pyplot", "save"]
 
 #: PNG resolution: twice matplotlib's screen resolution, sharp on high-density displays.
 PNG_DPI = 220
@@ -114,23 +114,37 @@ def _num(x: float) -> str:
     return f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
 
 
-def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (``.png`` at 220 dpi, or ``.svg``) atomically and close it.
-
-    ``more`` paths get the same figure in their own format (drawn once, saved
-    to each); the first path is returned.
+def encode(fig: Any, fmt: str) -> bytes:
+    """``fig`` as ``"png"`` (at :data:`PNG_DPI`) or ``"svg"`` bytes, posenc's way.
 
     The SVG keeps its text as text (``svg.fonttype = "none"``: searchable,
     small, drawn by the browser's font) and its images at data resolution; its
     ids and metadata do not depend on the run, so the same figure gives the
-    same file.
+    same bytes.
+    """
+    import io
+
+    import matplotlib
+
+    buf = io.BytesIO()
+    if fmt == "svg":
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
+            fig.savefig(buf, format="svg", metadata={"Date": None})
+    else:
+        fig.savefig(buf, format="png", dpi=PNG_DPI)
+    return buf.getvalue()
+
+
+def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (``.png`` at 220 dpi, or ``.svg``) atomically and close it.
+
+    ``more`` paths get the same figure in their own format (drawn once, saved
+    to each, as :func:`encode` renders it); the first path is returned.
 
     Raises:
         ValueError: a suffix other than .png or .svg.
         OSError: ``path`` cannot be written (any previous file is left as it was).
     """
-    import matplotlib
-
     paths = [Path(p) for p in (path, *more)]
     for p in paths:
         if p.suffix not in (".png", ".svg"):
@@ -138,11 +152,7 @@ def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
     try:
         for p in paths:
             with atomic_write(p) as f:
-                if p.suffix == ".svg":
-                    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "posenc"}):
-                        fig.savefig(f, format="svg", metadata={"Date": None})
-                else:
-                    fig.savefig(f, format="png", dpi=PNG_DPI)
+                f.write(encode(fig, p.suffix[1:]))
     finally:
         pyplot().close(fig)
     return paths[0]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -83,28 +82,13 @@ def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
     return fig
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=220)
-    return buf.getvalue()
-
-
-def _svg(fig: Any) -> bytes:
-    import matplotlib
-
-    buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as text: small, sharp
-        fig.savefig(buf, format="svg")
-    return buf.getvalue()
-
-
 def section(records: Sequence[Any], config: Any, svg: bytes | None = None) -> str:
     """The lab's results as an HTML ``<section id="lab-TASK">`` (SVG figure, summary table)."""
     if svg is None:
-        from posenc.faces.plot import pyplot
+        from posenc.faces.plot import encode, pyplot
 
         fig = figure(records, config.train_len, _title(config))
-        svg = _svg(fig)
+        svg = encode(fig, "svg")
         pyplot().close(fig)
     data = base64.b64encode(svg).decode()
     rows = summary(records, config.train_len)
@@ -148,14 +132,14 @@ def _caption(config: Any) -> str:
 
 def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Path]:
     """Write ``out/results.png``, ``out/results.svg`` and ``out/index.html``; return the paths."""
-    from posenc.faces.plot import pyplot
+    from posenc.faces.plot import encode, pyplot
 
     out = Path(out)
     fig = figure(records, config.train_len, _title(config))
-    svg = _svg(fig)
+    svg = encode(fig, "svg")
     with atomic_write(out / "results.svg") as f:
         f.write(svg)
-    png = _png(fig)
+    png = encode(fig, "png")
     pyplot().close(fig)
     with atomic_write(out / "results.png") as f:
         f.write(png)
