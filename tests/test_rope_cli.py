@@ -455,3 +455,35 @@ def test_unreadable_config(tmp_path, capsys):
     os.chmod(path, 0)
     status, _, err = run(capsys, path)
     assert status == 2 and err.count("\n") == 1 and "Permission denied" in err
+
+
+def test_keys_read_as_the_model_reads_them(tmp_path, capsys):
+    # Llama's default RoPE ignores partial_rotary_factor: the whole head rotates
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "rope_theta": 500000.0,
+        "partial_rotary_factor": 0.5,
+    }
+    _, doc = run_json(capsys, write_config(tmp_path, llama))
+    (rope,) = doc["ropes"]
+    assert rope["rotary_dim"]["value"] == 128
+    assert rope["partial_rotary_factor"]["value"] == 0.5
+    assert "ignored by the model" in rope["partial_rotary_factor"]["from"]
+    assert any("is ignored" in n for n in doc["notes"])
+    # Phi's reads it
+    _, doc = run_json(capsys, write_config(tmp_path, {**llama, "model_type": "phi"}))
+    assert doc["ropes"][0]["rotary_dim"]["value"] == 64
+
+    # GPT-J: no RoPE key, base 10000 over rotary_dim channels, interleaved pairs
+    gptj = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64}
+    _, doc = run_json(capsys, write_config(tmp_path, gptj))
+    (rope,) = doc["ropes"]
+    assert rope["rotary_dim"]["value"] == 64 and rope["head_dim"]["value"] == 256
+    assert rope["base"]["value"] == 10000.0
+    assert rope["layout"]["value"] == "interleaved"
+
+    # GLM-4 rotates interleaved pairs
+    _, doc = run_json(capsys, "Glm4Config")
+    assert doc["ropes"][0]["layout"]["value"] == "interleaved"

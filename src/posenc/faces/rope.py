@@ -48,6 +48,7 @@ import numpy.typing as npt
 
 from posenc.core import checks
 from posenc.faces.files import atomic_write
+from posenc.families.rotary import model_types
 from posenc.families.rotary.config import (
     DEFAULT_THETA,
     RopeSpec,
@@ -81,18 +82,16 @@ _UNIT_ROUNDOFF = {
     np.dtype(np.float32): 2.0**-24,
     np.dtype(np.float64): 2.0**-53,
 }
-#: transformers models whose cos/sin are interleaved (``rotate_every_two``, GPT-J, CodeGen;
-#: ``repeat_interleave`` of the frequencies, Cohere); every other model uses ``rotate_half``.
-_INTERLEAVED_MODELS = ("gptj", "codegen", "cohere", "cohere2", "cohere2_moe")
-#: M-RoPE defaults of transformers' rotary modules when the config gives no mrope_section
-#: (``config.rope_parameters.get("mrope_section", [...])`` in each modeling file, 5.x).
-_MROPE_MODULE_DEFAULTS: dict[str, tuple[tuple[int, ...], bool]] = {
-    "qwen2_vl": ((16, 24, 24), False),
-    "qwen2_5_vl": ((16, 24, 24), False),
-    "qwen2_5_omni": ((16, 24, 24), False),
-    "qwen3_vl": ((24, 20, 20), True),
-    "qwen3_vl_moe": ((24, 20, 20), True),
-    "qwen3_omni_moe": ((24, 20, 20), True),
+#: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's
+#: interleaved sections, Qwen2-VL's contiguous ones (the sections themselves, when the
+#: config names none, are the module's own: ``rope_spec`` reads them).
+_MROPE_MODULE_ORDER: dict[str, bool] = {
+    "qwen2_vl": False,
+    "qwen2_5_vl": False,
+    "qwen2_5_omni": False,
+    "qwen3_vl": True,
+    "qwen3_vl_moe": True,
+    "qwen3_omni_moe": True,
 }
 #: Defaults of the schedules' optional parameters (HF ``_compute_*_parameters``), for display.
 _OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -547,11 +546,12 @@ def _num_layers(part: Any) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
 
 
-def _layout(part: Any) -> tuple[str, str]:
+def _layout(part: Any, spec: RopeSpec) -> tuple[str, str]:
     model_type = str(setting(part, "model_type") or "")
-    base_type = model_type.removesuffix("_text")
-    if base_type in _INTERLEAVED_MODELS:
-        return "interleaved", f"transformers' {base_type} model: pairs (2i, 2i + 1) (GPT-J order)"
+    if spec.layout == "interleaved":
+        return "interleaved", (
+            f"transformers' {model_type} model: pairs (2i, 2i + 1) (GPT-J order)"
+        )
     if setting(part, "rope_interleave"):
         return "half", (
             "rope_interleave: the model de-interleaves q and k, then applies HF's half "
@@ -600,26 +600,41 @@ def _reading(
     )))  # fmt: skip
     if setting(part, "head_dim") is not None:
         head_source = f"{prefix}head_dim"
+    elif setting(part, "qk_rope_head_dim") is not None:
+        head_source = f"{prefix}qk_rope_head_dim (multi-head latent attention: the rotating part)"
     else:
-        hidden, heads = setting(part, "hidden_size"), setting(part, "num_attention_heads")
-        head_source = f"{prefix}hidden_size // {prefix}num_attention_heads = {hidden} // {heads}"
+        hidden_key = "hidden_size" if setting(part, "hidden_size") is not None else "n_embd"
+        heads_key = "num_attention_heads" if setting(part, "num_attention_heads") else "n_head"
+        hidden, heads = setting(part, hidden_key), setting(part, heads_key)
+        head_source = f"{prefix}{hidden_key} // {prefix}{heads_key} = {hidden} // {heads}"
     rows.append(Row("head_dim", spec.head_dim, head_source))
     partial_source = first(
         "partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), "default"
     )
-    rows.append(Row("partial_rotary_factor", spec.partial_rotary_factor, partial_source))
+    given = next(
+        (v for v in (d.get("partial_rotary_factor"), setting(part, "partial_rotary_factor"),
+                     setting(part, "rotary_pct")) if v is not None),
+        None,
+    )  # fmt: skip
+    fixed = model_types.lookup(model_types.FIXED_ROPE, setting(part, "model_type"))
+    if given is not None and float(given) != spec.partial_rotary_factor:
+        partial_row = Row(
+            "partial_rotary_factor", given, f"{partial_source}: ignored by the model (note)"
+        )
+        rows.append(partial_row)
+        dim_source = "head_dim (the model's default RoPE covers the whole head)"
+    else:
+        rows.append(Row("partial_rotary_factor", spec.partial_rotary_factor, partial_source))
+        dim_source = "int(head_dim * partial_rotary_factor)"
     if spec.rope_type == "proportional":
         dim_source = "head_dim (proportional covers the whole head; unrotated pairs get 0)"
-    else:
-        dim_source = "int(head_dim * partial_rotary_factor)"
+    elif fixed is not None and setting(part, model_types.FIXED_ROPE[fixed]) is not None:
+        dim_source = f"{prefix}{model_types.FIXED_ROPE[fixed]} (transformers' {fixed} model)"
     rows.append(Row("rotary dim", spec.rotary_dim, dim_source))
-    gptj_dim = setting(part, "rotary_dim")
-    if isinstance(gptj_dim, int) and gptj_dim != spec.rotary_dim:
-        loaded.notes.append(
-            f"{prefix}rotary_dim = {gptj_dim} (GPT-J's name for the rotary dim) is not read by "
-            f"posenc's config reader: the rotary dim shown is {spec.rotary_dim}"
-        )
-    layout, layout_source = _layout(part)
+    for note in spec.notes:
+        if note not in loaded.notes:
+            loaded.notes.append(note)
+    layout, layout_source = _layout(part, spec)
     rows.append(Row("layout", layout, layout_source))
 
     # the schedule's parameters, then its optional ones left at their defaults
@@ -741,18 +756,17 @@ def _mrope(
 ) -> dict[str, Any] | None:
     section, interleaved = spec.mrope_section, spec.mrope_interleaved
     model_type = str(setting(part, "model_type") or "").removesuffix("_text")
-    module_default = _MROPE_MODULE_DEFAULTS.get(model_type)
-    if section is not None:
-        source = f"{where}.mrope_section"
-    elif module_default is not None:
-        section = module_default[0]
-        source = f"transformers' {model_type} module default (none in the config)"
-    else:
+    module_order = _MROPE_MODULE_ORDER.get(model_type)
+    if section is None:
         return None
+    if d.get("mrope_section") is not None:
+        source = f"{where}.mrope_section"
+    else:
+        source = f"transformers' {model_type} module default (none in the config)"
     if interleaved is not None:
         order_source = f"{where}.mrope_interleaved"
-    elif module_default is not None:
-        interleaved = module_default[1]
+    elif module_order is not None:
+        interleaved = module_order
         order_source = f"transformers' {model_type} module"
     else:
         order_source = "not given: transformers decides by model class (contiguous shown)"
@@ -873,7 +887,7 @@ def _reading_json(r: Reading) -> dict[str, Any]:
         "base": {"value": spec.base, "from": fixed["base (rope_theta)"].source},
         "head_dim": {"value": spec.head_dim, "from": fixed["head_dim"].source},
         "partial_rotary_factor": {
-            "value": spec.partial_rotary_factor,
+            "value": fixed["partial_rotary_factor"].value,
             "from": fixed["partial_rotary_factor"].source,
         },
         "rotary_dim": {"value": spec.rotary_dim, "from": fixed["rotary dim"].source},

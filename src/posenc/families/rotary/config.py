@@ -41,15 +41,31 @@ Multi-axis RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL): ``mrope_section``
 (and Qwen3-VL's ``mrope_interleaved``) in ``rope_parameters`` are read into
 :attr:`RopeSpec.mrope_section` and :attr:`RopeSpec.mrope_interleaved` (``None``
 when the config does not say: transformers decides it by model class).
+
+Where a model's own code reads a key differently, the config is read as that code
+does (:mod:`posenc.rotary.model_types`, one table per difference), and
+:attr:`RopeSpec.notes` says what was read so:
+
+- ``partial_rotary_factor`` is ignored by the default RoPE of the models whose
+  ``compute_default_rope_parameters`` ignores it (Llama, Qwen2, Mistral, ...);
+- a DeepSeek-style config without ``head_dim`` rotates ``qk_rope_head_dim``
+  channels (MLA: the rest of each head does not rotate);
+- GPT-J and CodeGen apply base-10000 RoPE over ``rotary_dim`` with no RoPE key;
+- Gemma 3's v4 ``rope_local_base_freq`` is its sliding layers' base (one RoPE
+  per layer type, as transformers converts it);
+- a model whose rotary module falls back on its own ``mrope_section`` is M-RoPE
+  even when the config names none;
+- :attr:`RopeSpec.layout` is the pairing the model's attention applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from posenc.core import checks
+from posenc.families.rotary import model_types
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies, frequencies
 
 __all__ = [
@@ -141,6 +157,15 @@ class RopeSpec:
             Qwen2-VL's contiguous sections (``False``), or ``None`` when the
             config does not say (transformers decides by model class;
             :func:`patch_model` reads it from the module).
+        layout: which channels the model rotates together: ``"half"`` (HF's
+            ``rotate_half``, pairs (i, i + rotary_dim / 2)) or ``"interleaved"``
+            (pairs (2i, 2i + 1), GPT-J's order), as the model's attention applies it.
+        mrope_permuted: the model permutes the frequencies before the M-RoPE sections
+            take them (ERNIE-4.5-VL), an order posenc does not reproduce.
+        mrope_default: the sections the model's rotary module falls back on when the
+            config names none (M-RoPE models: Qwen2-VL, GLM-4V ...), else ``None``.
+        notes: where the model's code reads a key otherwise than documented, what
+            was read (e.g. a ``partial_rotary_factor`` the model ignores).
     """
 
     rope_type: str
@@ -154,6 +179,10 @@ class RopeSpec:
     layer_type: str | None = None
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool | None = None
+    layout: Literal["half", "interleaved"] = "half"
+    mrope_permuted: bool = False
+    mrope_default: tuple[int, ...] | None = None
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, FrozenParams):
@@ -210,9 +239,28 @@ ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base")
 
 
 def has_rope_settings(config: Any) -> bool:
-    """Whether ``config`` (or its ``text_config``) names any RoPE setting at all."""
+    """Whether ``config`` (or its ``text_config``) names any RoPE setting at all.
+
+    A model type that applies RoPE with no RoPE key (GPT-J, CodeGen) counts as named.
+    """
+    if _fixed_rope(config) is not None:
+        return True
     return any(_has(c, k) for c in (config, setting(config, "text_config")) if c is not None
                for k in ROPE_KEYS)  # fmt: skip
+
+
+def _model_types(config: Any) -> tuple[str | None, str | None]:
+    """The ``model_type`` of the part holding the RoPE settings, and of ``config`` around it."""
+    part = rope_part(config)
+    inner = setting(part, "model_type")
+    outer = setting(config, "model_type") if part is not config else None
+    return inner, outer
+
+
+def _fixed_rope(config: Any) -> str | None:
+    """The rotary-dim key of a model type that applies RoPE with no RoPE key, else None."""
+    found = model_types.lookup(model_types.FIXED_ROPE, *_model_types(config))
+    return None if found is None else model_types.FIXED_ROPE[found]
 
 
 def raw_parameters(config: Any) -> dict[str, Any]:
@@ -229,7 +277,31 @@ def raw_parameters(config: Any) -> dict[str, Any]:
             "config has both rope_parameters (v5) and rope_scaling (v4) and they differ; "
             "keep one of them"
         )
-    return dict(v5 or v4 or {})
+    raw = dict(v5 or v4 or {})
+    local = _local_global(config, raw)
+    return raw if local is None else local
+
+
+def _local_global(config: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
+    """Gemma 3's v4 form as transformers converts it: one RoPE per layer type, else None.
+
+    The sliding layers take ``rope_local_base_freq``, the full ones ``rope_theta`` and
+    ``rope_scaling`` (``Gemma3TextConfig``), each defaulting to the model's own bases.
+    """
+    found = model_types.lookup(model_types.LOCAL_GLOBAL, setting(config, "model_type"))
+    local = setting(config, "rope_local_base_freq")
+    if found is None and local is None:
+        return None
+    if raw and all(v is None or isinstance(v, Mapping) for v in raw.values()):
+        return None  # already one dict per layer type (v5)
+    local_default, global_default = model_types.LOCAL_GLOBAL.get(found or "", (None, None))
+    if local is None:
+        local = local_default
+    full = {"rope_type": "default", **raw}
+    if full.get("rope_theta") is None:
+        full["rope_theta"] = setting(config, "rope_theta", global_default)
+    sliding = {"rope_type": "default", "rope_theta": local}
+    return {"sliding_attention": sliding, "full_attention": full}
 
 
 def _nested_keys(config: Any, raw: Mapping[str, Any]) -> list[str]:
@@ -258,17 +330,28 @@ def _config_int(value: Any, name: str) -> int:
     return checks.check_int(value, name, minimum=1)
 
 
-def _head_dim(config: Any) -> int:
+def _head_dim(config: Any, notes: list[str]) -> int:
     head_dim = setting(config, "head_dim")
     if head_dim is not None:
         return checks.check_channels(head_dim, "head_dim")
-    hidden, heads = setting(config, "hidden_size"), setting(config, "num_attention_heads")
+    rope_dim = setting(config, "qk_rope_head_dim")
+    if rope_dim is not None:
+        # DeepSeek's MLA: transformers' config sets head_dim = qk_rope_head_dim, the part of
+        # each query and key head that rotates (a config.json does not spell it out)
+        notes.append(
+            f"head_dim is qk_rope_head_dim = {rope_dim}: with multi-head latent attention "
+            "only that part of each query and key head rotates"
+        )
+        return checks.check_channels(rope_dim, "qk_rope_head_dim")
+    hidden_key = next((k for k in ("hidden_size", "n_embd") if _has(config, k)), "hidden_size")
+    heads_key = next((k for k in ("num_attention_heads", "n_head") if _has(config, k)), "")
+    hidden, heads = setting(config, hidden_key), setting(config, heads_key or "n_head")
     if hidden is None or heads is None:
         raise ValueError(
             "config gives no head dim: it needs head_dim, or hidden_size and num_attention_heads"
         )
-    head_dim = _config_int(hidden, "hidden_size") // _config_int(heads, "num_attention_heads")
-    return checks.check_channels(head_dim, "head_dim (hidden_size // num_attention_heads)")
+    head_dim = _config_int(hidden, hidden_key) // _config_int(heads, heads_key)
+    return checks.check_channels(head_dim, f"head_dim ({hidden_key} // {heads_key})")
 
 
 def parse_rope_type(
@@ -326,8 +409,16 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
             does not sum to ``rotary_dim / 2``.
         TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
     """
+    inner, outer = _model_types(config)
+    fixed = _fixed_rope(config)
     config = rope_part(config)
+    notes: list[str] = []
     raw = raw_parameters(config)
+    if setting(config, "rope_local_base_freq") is not None:
+        notes.append(
+            "rope_local_base_freq is the sliding layers' base, rope_theta the full layers' "
+            "(one RoPE per layer type, as transformers reads this config)"
+        )
     nested = _nested_keys(config, raw)
     if nested:
         if layer_type is None:
@@ -361,6 +452,15 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if section is not None and not isinstance(section, (list, tuple)):
         raise TypeError(f"{where}['mrope_section'] must be a list of ints; got {section!r}")
 
+    found = model_types.lookup(model_types.MROPE_DEFAULT_SECTIONS, inner, outer)
+    mrope_default = None if found is None else model_types.MROPE_DEFAULT_SECTIONS[found]
+    permuted = model_types.lookup(model_types.PERMUTED_MROPE, inner, outer) is not None
+    if permuted:
+        notes.append(
+            "the model's rotary module permutes the frequencies before the M-RoPE sections "
+            "take them (height and width take the even, then the odd ones)"
+        )
+
     rope_type = parse_rope_type(parameters, where)
     if setting(config, "model_type") == "phi3" and rope_type == "yarn":
         rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
@@ -374,6 +474,11 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         DEFAULT_THETA,
     )
     base = checks.check_number(base, base_key, positive=True)
+    if fixed is not None and not any(_has(config, k) for k in ROPE_KEYS):
+        notes.append(
+            f"transformers' {inner} model applies RoPE with base {DEFAULT_THETA:g} over "
+            f"{fixed} channels; its config has no RoPE key"
+        )
     partial_key, partial = _first(
         config,
         parameters,
@@ -386,7 +491,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if not 0 < partial <= 1:
         raise ValueError(f"{partial_key} must lie in (0, 1]; got {partial!r}")
 
-    head_dim = _head_dim(config)
+    head_dim = _head_dim(config, notes)
     max_pos = setting(config, "max_position_embeddings")
     if max_pos is not None:
         max_pos = _config_int(max_pos, "max_position_embeddings")
@@ -411,12 +516,36 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         params["factor"] = max_pos / original
     if "max_position_embeddings" in takes and max_pos is not None:
         params.setdefault("max_position_embeddings", max_pos)
+    ignores = model_types.lookup(model_types.DEFAULT_IGNORES_PARTIAL, inner, outer)
     if rope_type == "proportional":
         params["partial_rotary_factor"] = partial
         rotary_dim = head_dim
+    elif fixed is not None and setting(config, fixed) is not None:
+        rotary_dim = checks.check_channels(setting(config, fixed), fixed)
+    elif rope_type == "default" and ignores is not None and partial != 1.0:
+        notes.append(
+            f"{partial_key} = {partial:g} is ignored: transformers' {ignores} computes its "
+            "default RoPE over the whole head (compute_default_rope_parameters)"
+        )
+        partial = 1.0
+        rotary_dim = head_dim
     else:
         rotary_dim = int(head_dim * partial)
+    interleaved_model = model_types.lookup(model_types.INTERLEAVED, inner, outer)
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    if section is None and mrope_default is not None:
+        if sum(mrope_default) == rotary_dim // 2:
+            section = mrope_default
+            notes.append(
+                f"mrope_section {list(section)}: transformers' {found} rotary module's own, "
+                "as the config names none"
+            )
+        else:
+            notes.append(
+                f"M-RoPE: transformers' {found} rotary module falls back on mrope_section "
+                f"{list(mrope_default)}, which does not split this head's {rotary_dim // 2} "
+                "frequencies"
+            )
     if section is not None:
         section = tuple(section)
         _check_mrope(section, rotary_dim, interleaved)
@@ -433,6 +562,10 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         layer_type=layer_type,
         mrope_section=section,
         mrope_interleaved=interleaved,
+        layout="interleaved" if interleaved_model else "half",
+        mrope_permuted=permuted,
+        mrope_default=mrope_default,
+        notes=tuple(notes),
     )
     spec.frequencies()  # the schedule reports unknown types, missing and unknown keys
     return spec

@@ -125,7 +125,7 @@ class Rotary(ExactTables, DerivedBuffers):
         config: Any,
         *,
         layer_type: str | None = None,
-        layout: Layout = "half",
+        layout: Layout | None = None,
         seq_dim: int = -2,
     ) -> Rotary:
         """The rotary embedding an HF model's config describes.
@@ -135,7 +135,14 @@ class Rotary(ExactTables, DerivedBuffers):
                 in the v5 ``rope_parameters`` form (per layer type too) or the v4
                 ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.rotary.config.rope_spec`).
             layer_type: which layer type's RoPE, for per-layer-type configs.
-            layout, seq_dim: as in the constructor (HF models use ``"half"``).
+            layout: as in the constructor; by default the pairing the model's own
+                attention applies (:attr:`RopeSpec.layout`: ``"interleaved"`` for GPT-J,
+                Cohere, GLM-4 ..., ``"half"`` for Llama and most others).
+            seq_dim: as in the constructor.
+
+        The config is read as the model's own code reads it (see
+        :func:`posenc.rotary.config.rope_spec`): a ``partial_rotary_factor`` that the
+        model's default RoPE ignores (Llama, Qwen2, Mistral ...) is ignored here too.
 
         Raises:
             ValueError: unknown rope type, missing or extra keys (named), no
@@ -150,9 +157,16 @@ class Rotary(ExactTables, DerivedBuffers):
                 "rotary_emb_base, also under text_config): posenc does not guess a base; for "
                 "RoPE with the RoFormer defaults say so, posenc.Rotary(head_dim, base=10000.0)"
             )
-        if spec.mrope_section is not None:
+        section = spec.mrope_section or spec.mrope_default
+        if spec.mrope_permuted:
             raise ValueError(
-                f"config describes M-RoPE (mrope_section={list(spec.mrope_section)}): one "
+                f"config describes M-RoPE (mrope_section={list(section or ())}) whose model "
+                "permutes the frequencies before the sections take them (ERNIE-4.5-VL); "
+                "posenc does not reproduce that order, and patch_model refuses it"
+            )
+        if section is not None:
+            raise ValueError(
+                f"config describes M-RoPE (mrope_section={list(section)}): one "
                 "rotation per position axis, which Rotary (one axis) cannot apply; use "
                 "posenc.rotary.multiaxis.mrope_cos_sin(position_ids, rope_spec(config)."
                 "frequencies(), ...) or posenc.hf.patch_model(model)"
@@ -164,7 +178,7 @@ class Rotary(ExactTables, DerivedBuffers):
             spec.head_dim,
             base=spec.base,
             rotary_dim=spec.rotary_dim,
-            layout=layout,
+            layout=layout if layout is not None else spec.layout,
             scaling=scaling,
             max_position_embeddings=spec.max_position_embeddings,
             seq_dim=seq_dim,

@@ -1,0 +1,127 @@
+"""What transformers' model code does with a config's RoPE keys, model type by model type.
+
+A config key does not mean the same to every model: Llama's default RoPE ignores
+``partial_rotary_factor`` (its ``compute_default_rope_parameters`` covers the whole
+head) where Phi, GPT-NeoX or GLM read it; GLM-4 and Cohere rotate interleaved pairs
+where Llama rotates halves; Qwen2-VL is M-RoPE even when its config names no
+sections (the module falls back on its own); GPT-J applies RoPE with no RoPE key at
+all. :func:`posenc.rotary.config.rope_spec` reads a config the way its model's code
+does through these tables, taken from the modeling code of transformers 5.23 (the
+test suite re-derives every table from the installed transformers and compares).
+
+Model types are the ``model_type`` of the config part that holds the RoPE settings
+(``text_config`` for composite models); :func:`candidates` also tries the name
+without ``_text`` and the enclosing config's type. A model type in no table is read
+as the keys are documented (``partial_rotary_factor`` shortens the rotary dim,
+halves layout, one axis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "DEFAULT_IGNORES_PARTIAL",
+    "DEFAULT_READS_PARTIAL",
+    "FIXED_ROPE",
+    "INTERLEAVED",
+    "LOCAL_GLOBAL",
+    "MROPE_DEFAULT_SECTIONS",
+    "PERMUTED_MROPE",
+    "candidates",
+    "lookup",
+]
+
+#: Model types whose ``compute_default_rope_parameters`` reads ``partial_rotary_factor``.
+DEFAULT_READS_PARTIAL = frozenset(
+    """
+    bamba deepseek_v4 diffusion_gemma_text dots3_note_audio_encoder dots3_note_text
+    efficientloftr glm glm4 glm4_moe glm4_moe_lite glm4v glm4v_moe glm_image glm_ocr glmasr
+    gpt_neox gpt_neox_japanese laguna mellum mimo_v2_flash minimax_m2 minimax_m3_vl
+    moonshine moonshine_streaming musicflamingo nemo_speechlm nemotron nemotron3_diarization
+    neomme persimmon phi phi3 phi4_multimodal qwen3_5_moe_text qwen3_5_text qwen3_next
+    qwen4_exp_text recurrent_gemma solar_open stablelm step3p7 zaya
+    """.split()
+)
+
+#: Model types whose ``compute_default_rope_parameters`` ignores ``partial_rotary_factor``
+#: (the other rope types read it through ``ROPE_INIT_FUNCTIONS``, for every model).
+DEFAULT_IGNORES_PARTIAL = frozenset(
+    """
+    afmoe apertus arcee aria_text axk1 axk2 bailing_hybrid beam bitnet blt chameleon cohere
+    cohere2 cohere2_moe cohere_compass_text cosmos3_edge_text csm cwm dbrx
+    deepseek_ocr2_text deepseek_ocr2_vision deepseek_v2 deepseek_v3 deepseek_v32 dia
+    diffllama doge dots1 embedding_gemma2_text emu3 eomt_dinov3 ernie4_5 ernie4_5_moe
+    ernie4_5_vl_moe_text esm esmc eurobert evolla exaone4 exaone_moe falcon falcon_h1
+    flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text
+    glm_moe_dsa gpt_oss gradium_phonon_tts granite granite4_vision_text granite_docling_text
+    granite_swa granitemoe granitemoe_swa granitemoehybrid granitemoeshared gte helium
+    higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hunyuan_vl hy_v3 hy_v4
+    hyperclovax idefics jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text
+    lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text longcat_flash mimi minicpm3 minimax
+    ministral ministral3 mistral mistral4 mistral_large4_text mixtral mllama_text_model
+    modernbert modernbert-decoder molmo2 moshi muse_glimmer muse_glimmer_assistant
+    muse_spark nanochat neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
+    openai_privacy_filter paddleocr_vl pe_audio_encoder pe_audio_video_encoder
+    pe_video_encoder phimoe pocket_tts pocket_tts_audio_tokenizer qwen2 qwen2_5_omni
+    qwen2_5_omni_dit qwen2_5_vl qwen2_moe qwen2_vl qwen3 qwen3_moe qwen3_omni_moe
+    qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text seed_oss smollm3 starcoder2 t5gemma
+    t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma voxtral_realtime
+    xcodec2 youtu zamba2
+    """.split()
+)
+
+#: Model types that rotate pairs (2i, 2i + 1), GPT-J's order, not halves: their
+#: ``rotate_half`` takes ``x[..., 0::2]`` and ``x[..., 1::2]``, or their tables are complex
+#: numbers over ``reshape(..., -1, 2)`` (DeepSeek-V2, Llama 4).
+INTERLEAVED = frozenset(
+    """
+    blt codegen cohere cohere2 cohere2_moe deepseek_v2 deepseek_v4 efficientloftr ernie4_5
+    ernie4_5_moe ernie4_5_vl_moe glm glm4 glm4v glm_ocr gptj helium llama4 moonshine
+    moonshine_streaming musicflamingo
+    """.split()
+)
+
+#: M-RoPE sections a model's rotary module falls back on when its config names none
+#: (``config.rope_parameters.get("mrope_section", [...])``).
+MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("cosmos3_edge", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe"), (24, 20, 20)),
+    **dict.fromkeys(("paddleocr_vl", "qwen2_5_omni", "qwen2_5_vl", "qwen2_vl"), (16, 24, 24)),
+    **dict.fromkeys(("glm4v", "glm4v_moe", "glm_image", "glm_ocr"), (8, 12, 12)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen4_exp"), (11, 11, 10)),
+    "cohere_compass": (24, 20, 20),
+    "ernie4_5_vl_moe": (22, 22, 20),
+}
+
+#: M-RoPE whose module permutes the frequencies before the sections take them
+#: (ERNIE-4.5-VL: the height and width sections take the even, then the odd frequencies).
+PERMUTED_MROPE = frozenset({"ernie4_5_vl_moe"})
+
+#: Model types that apply RoPE with no RoPE key in their config: base 10000, over the
+#: channels the named config key gives (the whole head when it is unset).
+FIXED_ROPE: dict[str, str] = {"gptj": "rotary_dim", "codegen": "rotary_dim"}
+
+#: Model types whose sliding-window layers use another base than the global ones: their
+#: v4 ``config.json`` gives it as ``rope_local_base_freq`` (transformers' defaults:
+#: 10000 local, 1e6 global), which transformers reads into ``rope_parameters`` per
+#: layer type.
+LOCAL_GLOBAL: dict[str, tuple[float, float]] = {
+    t: (10_000.0, 1_000_000.0) for t in ("gemma3", "gemma3n", "t5gemma2")
+}
+
+
+def candidates(model_type: str | None, outer: str | None = None) -> list[str]:
+    """The names to look a model type up by: itself, without ``_text``, the outer type."""
+    names: list[str] = []
+    for name in (model_type, outer):
+        if name:
+            for n in (name, name.removesuffix("_text")):
+                if n not in names:
+                    names.append(n)
+    return names
+
+
+def lookup(table: Iterable[str], model_type: str | None, outer: str | None = None) -> str | None:
+    """The first of :func:`candidates` that ``table`` holds, else ``None``."""
+    keys = set(table)
+    return next((n for n in candidates(model_type, outer) if n in keys), None)
