@@ -230,6 +230,11 @@ def _first_dense(d: Mapping[str, Any]) -> list[str]:
     return ["dense"] + ["sparse"] * (d["num_hidden_layers"] - 1)
 
 
+def _acoustic_and_semantic(d: Mapping[str, Any]) -> int:
+    """The width of a codec's acoustic and semantic states concatenated (its quantizer's input)."""
+    return int(d["hidden_size"] + d["semantic_model_config"]["hidden_size"])
+
+
 # Per-family settings, applied after the generic shrink to every (sub-)config dict that
 # has the key (set, or None): a value, or a callable of that dict. Most fill settings
 # that the family's default config leaves unset but its model needs, or switch on the
@@ -263,6 +268,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layer_types": _alternate("mamba", "attention"),
     },
     "lfm2_moe": {"layer_types": _alternate("conv", "full_attention")},
+    # the diarization model reaches the output only through speaker activities thresholded
+    # at 0.5, which a table error of 1e-5 can flip: never active, the output is continuous
+    "nemotron3_5_transcribe": {"speaker_activity_threshold": 1.0},
+    # the first convolutions of these codecs run on raw audio, doubling the channels at
+    # each stride: at 64 they take seconds, at 8 the encoder is still 128 wide at the end
+    "mimi": {"num_filters": 8},
+    "pe_audio": {"encoder_hidden_size": 8},
+    # (and their quantizer reads the acoustic and semantic states concatenated)
+    "neucodec": {"encoder_hidden_size": 8, "quantization_dim": _acoustic_and_semantic},
+    "xcodec2": {"encoder_hidden_size": 8, "quantization_dim": _acoustic_and_semantic},
     # HunYuan-VL's 4-axis M-RoPE reads its sections from the config (no module default)
     "hunyuan_vl": {
         "rope_parameters": lambda d: {**(d["rope_parameters"] or {}), "mrope_section": [2] * 4}
@@ -283,6 +298,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     },
     # ZAYA supports top-1 routing only
     "zaya": {"num_experts_per_tok": 1},
+}
+
+
+# Settings a family's config class does not declare but its model reads (the released
+# checkpoints' config files have them), added to the top-level config when absent.
+MISSING: dict[str, dict[str, Any]] = {
+    "moonshine_streaming": {"num_key_value_heads": HEADS},
 }
 
 
@@ -325,6 +347,9 @@ def _shrink_int(key: str, value: int, original: Mapping[str, Any]) -> int:
         return 1
     if key in STATE_KEYS:
         return min(value, 16)
+    if key.endswith("_groups") and value == original.get("hidden_size"):
+        # a depthwise convolution over the hidden channels (Mimi's upsampler) stays depthwise
+        return _shrink_int("hidden_size", value, original)
     return value
 
 
@@ -539,6 +564,8 @@ def build_config(family: str, model_cls: type) -> Any:
     full = config_cls().to_dict()
     small = shrink(full, _mrope_default(family))
     _apply_overrides(family, small)
+    for key, value in MISSING.get(family, {}).items():
+        small.setdefault(key, value)
     config = config_cls.from_dict(small)
     return config
 
@@ -636,9 +663,6 @@ def _token_ids(model: Any, n: int = SEQ_LEN) -> Any:
     return torch.tensor(pool)[pick]
 
 
-PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {}
-
-
 def _pixels(config: Any) -> Any:
     """A random image batch of one, at the (shrunk) size the vision config names."""
     import torch
@@ -649,6 +673,153 @@ def _pixels(config: Any) -> Any:
     channels = getattr(vision, "num_channels", None) or 3
     gen = torch.Generator().manual_seed(3)
     return torch.randn(1, channels, *size, generator=gen)
+
+
+# spectrogram frames for about SEQ_LEN encoder positions: the audio encoders here subsample
+# their frames by at most 8 (Voxtral Realtime's by exactly 8, its text then has SEQ_LEN tokens)
+AUDIO_FRAMES = 8 * SEQ_LEN
+
+
+def _config_value(config: Any, keys: Iterable[str]) -> Any:
+    """The first of ``keys`` set in ``config`` or its sub-configs, shallowest first."""
+    keys = tuple(keys)
+    level = [config.to_dict()]
+    while level:
+        for d in level:
+            for key in keys:
+                if d.get(key) is not None:
+                    return d[key]
+        level = [v for d in level for v in d.values() if _is_sub_config(v)]
+    return None
+
+
+def _spectrogram(config: Any, time_first: bool, frames: int = AUDIO_FRAMES) -> Any:
+    """A random spectrogram with the bins the config names."""
+    import torch
+
+    bins = _config_value(config, ("num_mel_bins", "feature_size", "feature_projection_input_dim"))
+    shape = (1, frames, bins) if time_first else (1, bins, frames)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(4))
+
+
+def _waveform(config: Any) -> Any:
+    """Random audio, (1, channels, samples): SEQ_LEN frames of the codec's encoder.
+
+    A codec's encoder strides by its ``downsampling_ratios`` (Mimi's names the decoder's
+    ``upsampling_ratios``, the same strides reversed): their product is one frame.
+    """
+    import torch
+
+    ratios = _config_value(config, ("downsampling_ratios", "upsampling_ratios"))
+    channels = _config_value(config, ("audio_channels",)) or 1
+    shape = (1, channels, SEQ_LEN * math.prod(ratios))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(4))
+
+
+def _audio_probe(
+    time_first: bool = True, frames: int = AUDIO_FRAMES
+) -> Callable[[Any], dict[str, Any]]:
+    """A probe giving every audio input the forward takes, and text tokens if it takes them.
+
+    Args:
+        time_first: the spectrogram's layout, (1, frames, bins) or (1, bins, frames).
+        frames: the spectrogram's length.
+    """
+
+    def probe(model: Any) -> dict[str, Any]:
+        params = inspect.signature(model.forward).parameters
+        kwargs: dict[str, Any] = {}
+        if "input_values" in params:
+            kwargs["input_values"] = _waveform(model.config)
+        if "input_features" in params:
+            kwargs["input_features"] = _spectrogram(model.config, time_first, frames)
+        if "input_ids" in params:
+            kwargs["input_ids"] = _token_ids(model)
+        if "use_cache" in params:
+            kwargs["use_cache"] = False
+        return kwargs
+
+    return probe
+
+
+def _judged_elsewhere(why: str) -> Callable[[Any], dict[str, Any]]:
+    """A probe that refuses a model class, so that the family's next class is tried."""
+
+    def probe(model: Any) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(model).__name__}: {why}")
+
+    return probe
+
+
+def _frames_and_text(model: Any) -> dict[str, Any]:
+    """Moonshine Streaming's input: raw audio (no channel axis), in frames of ``frame_ms``."""
+    import torch
+
+    encoder = model.config.encoder_config
+    samples = AUDIO_FRAMES * round(encoder.sample_rate * encoder.frame_ms / 1000)
+    audio = torch.randn(1, samples, generator=torch.Generator().manual_seed(4))
+    return {"input_values": audio, "decoder_input_ids": _token_ids(model), "use_cache": False}
+
+
+def _codebook_tokens(model: Any) -> dict[str, Any]:
+    """Kyutai's input: per position, a text token and one token per audio codebook."""
+    import torch
+
+    config = model.config
+    text = _token_ids(model)
+    gen = torch.Generator().manual_seed(5)
+    shape = (1, SEQ_LEN, config.num_codebooks)
+    audio = torch.randint(0, config.codebook_vocab_size - 1, shape, generator=gen)
+    return {"input_ids": torch.cat([text[..., None], audio], dim=-1), "use_cache": False}
+
+
+def _series(model: Any) -> dict[str, Any]:
+    """A random time series of SEQ_LEN patches."""
+    import torch
+
+    length = SEQ_LEN * model.config.patch_length
+    return {"past_values": torch.randn(1, length, generator=torch.Generator().manual_seed(4))}
+
+
+def _noise_and_context(model: Any) -> dict[str, Any]:
+    """A block-diffusion drafter's input: a block of noise embeddings and the target's states.
+
+    The context is SEQ_LEN positions of the target model's hidden states, one slice per
+    layer the drafter reads (``target_layer_ids``).
+    """
+    import torch
+
+    config = model.config
+    gen = torch.Generator().manual_seed(4)
+    width = config.hidden_size
+    noise = torch.randn(1, config.block_size, width, generator=gen)
+    context = torch.randn(1, SEQ_LEN, width * len(config.target_layer_ids), generator=gen)
+    return {"noise_embeds": noise, "context_hidden_states": context, "use_cache": False}
+
+
+# Inputs of models whose forward takes other things than token ids or an image, keyed by
+# config model_type or model class name.
+PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    # a code flipped by a table error of 1e-5 would move the decoded audio by O(1)
+    "MimiModel": _judged_elsewhere("quantizes between its encoder and decoder"),
+    # all its rotary modules are in the audio model; its language model (Nemotron-H, 52
+    # layers, no rotary) would take most of the time
+    "Nemotron3_5TranscribeModel": _judged_elsewhere("judged on its audio model"),
+    "nemotron3_5_transcribe_audio": _audio_probe(),
+    "lasr_ctc": _audio_probe(),
+    "nemotron3_diarization": _audio_probe(),
+    "voxtral_realtime": _audio_probe(time_first=False),
+    # the semantic encoder's features come at the acoustic encoder's frame rate
+    "neucodec": _audio_probe(frames=SEQ_LEN),
+    "xcodec2": _audio_probe(frames=SEQ_LEN),
+    "pe_audio_encoder": _audio_probe(),
+    "mimi_encoder": _audio_probe(),
+    "pocket_tts_audio_tokenizer": _audio_probe(),
+    "kyutai_speech_to_text": _codebook_tokens,
+    "moonshine_streaming": _frames_and_text,
+    "timesfm2_5": _series,
+    "muse_glimmer_assistant": _noise_and_context,
+}
 
 
 def probe_inputs(model: Any) -> dict[str, Any]:

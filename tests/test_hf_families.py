@@ -44,34 +44,17 @@ NOT_CHECKED: dict[str, str] = {
     **dict.fromkeys(
         ["edgetam_video", "sam2_video", "sam3_tracker_video"], "inference-session video API"
     ),
-    **dict.fromkeys(
-        [
-            "lasr",
-            "nemotron3_diarization",
-            "voxtral_realtime",
-            "kyutai_speech_to_text",
-            "neucodec",
-            "xcodec2",
-            "pe_audio",
-            "mimi",
-            "pocket_tts_audio_tokenizer",
-        ],
-        "audio inputs: no probe yet",
-    ),
-    "timesfm2_5": "time-series inputs: no probe yet",
-    "muse_glimmer_assistant": "noise embeddings: no probe yet",
     "idefics": "needs pixel_values: no probe yet",
     "eomt_dinov3": "needs scipy, not a test dependency",
     "pe_video": "needs timm's full package",
     "pe_audio_video": "needs timm's full package",
     "dbrx": "transformers' default DbrxConfig does not build (no rope_theta)",
-    "moonshine_streaming": "transformers' default config does not build (no num_key_value_heads)",
     **dict.fromkeys(
         ["dots3_note", "efficientloftr", "esmfold2", "falcon_h1"],
         "the shrinker breaks a validator of its config",
     ),
     **dict.fromkeys(
-        ["zaya", "glm5_next", "inkling2", "nemotron3_5_transcribe", "neomme"],
+        ["zaya", "glm5_next", "inkling2", "neomme"],
         "the probed path does not use the rotary tables",
     ),
 }
