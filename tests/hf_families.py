@@ -235,6 +235,69 @@ def _acoustic_and_semantic(d: Mapping[str, Any]) -> int:
     return int(d["hidden_size"] + d["semantic_model_config"]["hidden_size"])
 
 
+def _last_layers(n: int) -> dict[str, Any]:
+    """Overrides keeping the last ``n`` layers of every (sub-)config with ``layer_types``.
+
+    Its other per-layer lists are cut to match; a config without ``layer_types`` keeps
+    its depth (its layers may be sized by lists of another kind).
+    """
+
+    def cut(key: str) -> Callable[[Mapping[str, Any]], Any]:
+        return lambda d: d[key][-n:] if d.get("layer_types") and d[key] else d[key]
+
+    lists = ("layer_types", "mlp_layer_types", "layer_rope_theta")
+    depth = {"num_hidden_layers": lambda d: n if d.get("layer_types") else d["num_hidden_layers"]}
+    # the lists are cut after num_hidden_layers has read layer_types
+    return {**depth, **{key: cut(key) for key in lists}}
+
+
+def _sam_video(side: int) -> dict[str, Any]:
+    """Overrides giving a SAM 2-style video tracker ``side`` x ``side`` frames.
+
+    The image size is read in several places (the backbone's, the prompt encoder's, the
+    feature map sizes per level and the memory attention's rotary grid, at strides 4 to
+    16, and EdgeTAM's resampled memory grid) and these must agree. So must the widths:
+    the memory is 64 wide (the memory attention's cross-attention reads 64 channels
+    whatever the config says) and the model twice that, as in the released models (each
+    object pointer is split into model width / 64 memory tokens, a step the code skips,
+    wrongly, when the two are equal).
+    """
+    levels = [[side // s, side // s] for s in (4, 8, 16)]
+    width = 2 * WIDTH
+    return {
+        "image_size": lambda d: [side, side] if isinstance(d["image_size"], list) else side,
+        "backbone_feature_sizes": levels,
+        "memory_attention_rope_feat_sizes": levels[-1],
+        # EdgeTAM resamples the memory to a grid of windows of 2 x 2 features (rotated on
+        # that grid): 16 x 16 from the released 64 x 64
+        "memory_attention_rope_k_sizes": [side // 32, side // 32],
+        "perceiver_resampler_num_latents_2d": (side // 32) ** 2,
+        # Hiera's hidden_size is its first stage's width, the stages doubling from it
+        "hidden_size": lambda d: d["hidden_size"] if "embed_dim_per_stage" in d else width,
+        "embed_dim_per_stage": [WIDTH * 2**i for i in range(4)],
+        "backbone_channel_list": [WIDTH * 2**i for i in (3, 2, 1, 0)],
+        **dict.fromkeys(
+            [
+                "fpn_hidden_size",
+                "memory_attention_hidden_size",
+                "memory_encoder_hidden_size",
+                "mask_downsampler_embed_dim",
+                "memory_fuser_embed_dim",
+            ],
+            width,
+        ),
+        "memory_encoder_output_channels": 64,
+        # one mask per click, not the best of three by predicted IoU (or by stability):
+        # an argmax that flips on a near tie would make the output jump
+        "multimask_output_in_sam": False,
+        "dynamic_multimask_via_stability": False,
+    }
+
+
+# An OVERRIDES value that removes the key: a setting the config derives in __post_init__,
+# which to_dict() writes out and from_dict() would pass back unchanged, unshrunk.
+DERIVED = object()
+
 # Per-family settings, applied after the generic shrink to every (sub-)config dict that
 # has the key (set, or None): a value, or a callable of that dict. Most fill settings
 # that the family's default config leaves unset but its model needs, or switch on the
@@ -261,13 +324,64 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": HEADS,
         "head_dim": lambda d: d["qk_nope_head_dim"] + d["qk_rope_head_dim"],
     },
+    # DBRX checkpoints name rope_theta in attn_config too, where its attention reads it, and
+    # clip_qkv (with HF's default None its attention calls clamp() with no bound)
+    "dbrx": {
+        "attn_config": lambda d: {
+            **d["attn_config"],
+            "rope_theta": d["rope_parameters"]["rope_theta"],
+            "clip_qkv": 8.0,
+        }
+    },
+    # the backbone's last stage feeds the attention: its width must be hidden_size; the 2D
+    # rotary fills hidden_size // 2 with head_dim * partial_rotary_factor (4.0) angles, so
+    # the heads stay 2 * 4.0 = 8
+    "efficientloftr": {
+        "out_features": lambda d: [
+            v * d["hidden_size"] // d["out_features"][-1] for v in d["out_features"]
+        ],
+        "num_attention_heads": 8,
+        **dict.fromkeys(
+            (
+                "stage_in_channels",
+                "stage_block_in_channels",
+                "stage_block_out_channels",
+                "fine_fusion_dims",
+                "num_key_value_heads",
+            ),
+            DERIVED,
+        ),
+    },
     "esm": {"position_embedding_type": "rotary", "vocab_size": 33, "pad_token_id": 1},
+    # the atom encoders' 3D rotary fills half a head (3 axes x 2 pairs + 10 UID pairs for
+    # 32-wide heads): halved with the head. The atom stacks scatter into hidden_size-wide
+    # tokens, and the single inputs are those plus two residue-type one-hots and a scalar.
+    "esmfold2": {
+        "num_spatial_rope_pairs_per_axis": 1,
+        "num_uid_rope_pairs": 5,
+        "output_dim": WIDTH,
+        "single_inputs_size": lambda d: WIDTH + 2 * d["num_res_types"] + 1,
+    },
     "glm5_next": {"num_key_value_heads": HEADS},
     "granitemoehybrid": {
         "position_embedding_type": "rope",
         "layer_types": _alternate("mamba", "attention"),
     },
     "lfm2_moe": {"layer_types": _alternate("conv", "full_attention")},
+    "muse_spark": {
+        # q and k are RMS-normalised and q then scaled by qk_scale_factor (5.5): attention
+        # logits up to ~20 whatever the weights, near-hard attention; over its 62 layers a
+        # table error of 5e-5 then moves the output as much as removing the rotation does
+        "qk_scale_factor": 1.0,
+        **_last_layers(16),
+        # the vision adapter reads merge_size**2 concatenated vision states (the audio
+        # config's out_hidden_size is the text width, and stays)
+        "out_hidden_size": lambda d: (
+            d["vision_config"]["hidden_size"] * d["vision_config"]["merge_size"] ** 2
+            if "vision_config" in d
+            else d["out_hidden_size"]
+        ),
+    },
     # the diarization model reaches the output only through speaker activities thresholded
     # at 0.5, which a table error of 1e-5 can flip: never active, the output is continuous
     "nemotron3_5_transcribe": {"speaker_activity_threshold": 1.0},
@@ -275,6 +389,11 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # each stride: at 64 they take seconds, at 8 the encoder is still 128 wide at the end
     "mimi": {"num_filters": 8},
     "pe_audio": {"encoder_hidden_size": 8},
+    # PE-AV's frame encoder is a timm ViT-L, and timm needs torchvision (absent; PyPI has
+    # only CUDA builds of it): a tiny HF ViT classifier stands in, since the rotary module
+    # runs in the temporal encoder over the frame embeddings, whatever made them
+    "pe_audio_video": {"encoder_hidden_size": 8, "vision_config": lambda _d: _frame_encoder()},
+    "pe_video": {"vision_config": lambda _d: _frame_encoder()},
     # (and their quantizer reads the acoustic and semantic states concatenated)
     "neucodec": {"encoder_hidden_size": 8, "quantization_dim": _acoustic_and_semantic},
     "xcodec2": {"encoder_hidden_size": 8, "quantization_dim": _acoustic_and_semantic},
@@ -288,6 +407,16 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "indexer_head_dim": HEAD_DIM,
         "indexer_budget": 8,
         "indexer_compress_ratio": 4,
+    },
+    **dict.fromkeys(["edgetam_video", "sam2_video"], _sam_video(128)),
+    "sam3_tracker_video": {
+        **_sam_video(128),
+        # its 32-layer ViT backbone (rotary, no layer scale) at the common 0.2 is chaotic:
+        # table noise of 5e-5 moved the masks by 1.4e4 (of 4.8e4), removing the rotation
+        # by 5.7e4; at 0.1 by 15 and 6e3
+        "initializer_range": lambda d: (
+            0.1 if "global_attn_indexes" in d else d["initializer_range"]
+        ),
     },
     "step3p7": {"sliding_window": 8},
     # Zamba2's shared attention block reads the concatenation of two hidden states
@@ -306,6 +435,46 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 MISSING: dict[str, dict[str, Any]] = {
     "moonshine_streaming": {"num_key_value_heads": HEADS},
 }
+
+
+# Per-family parameters (by name suffix) drawn again, from a normal distribution of the
+# given (mean, std), before the model is probed: mostly ones that the family's
+# _init_weights sets to zero, which cuts the rotary path out of the output (a trained
+# model's are not zero).
+_SAM_VIDEO_WEIGHTS = {
+    # the tracker judges whether the object is in the frame by the sign of this score,
+    # and replaces every mask logit by -1024 when not: a random score's sign would decide
+    # between an output that feels the rotary tables and a constant one
+    "pred_obj_score_head.proj_out.bias": (30.0, 0.0),
+}
+WEIGHTS: dict[str, dict[str, tuple[float, float]]] = {
+    # NeoMME zero-initialises each attention's output projection (and each MLP's down
+    # projection), so that at initialisation no layer adds anything to the residual
+    "neomme": {
+        "output_projection.o_proj.weight": (0.0, INIT_RANGE),
+        "mlp.down_proj.weight": (0.0, INIT_RANGE),
+    },
+    # ZAYA's learned per-head key scale starts at 0: every key is then 0, attention uniform
+    "zaya": {"qk_norm.temp": (0.0, 1.0)},
+    **dict.fromkeys(["edgetam_video", "sam2_video", "sam3_tracker_video"], _SAM_VIDEO_WEIGHTS),
+}
+
+
+def _frame_encoder() -> Any:
+    """A small ViT image classifier config: PE-AV's stand-in per-frame encoder."""
+    from transformers import ViTConfig
+
+    config = ViTConfig(
+        hidden_size=WIDTH,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        intermediate_size=FFN,
+        image_size=16,
+        patch_size=8,
+        initializer_range=INIT_RANGE,
+    )
+    config.num_labels = WIDTH  # the width of the frame embeddings
+    return config
 
 
 def _is_int(value: Any) -> bool:
@@ -346,6 +515,9 @@ def _shrink_int(key: str, value: int, original: Mapping[str, Any]) -> int:
     if key in ("n_group", "topk_group", "num_expert_group"):
         return 1
     if key in STATE_KEYS:
+        return min(value, 16)
+    if key in ("mamba_chunk_size", "chunk_size") and any(k in original for k in STATE_KEYS):
+        # Mamba-2's scan pads the sequence to whole chunks: 16 positions, not 256, per forward
         return min(value, 16)
     if key.endswith("_groups") and value == original.get("hidden_size"):
         # a depthwise convolution over the hidden channels (Mimi's upsampler) stays depthwise
@@ -425,6 +597,44 @@ def _fix_mrope(new: dict[str, Any], default: list[int] | None) -> None:
         rope["mrope_section"] = _rescale_section(list(section), int(head * partial) // 2)
 
 
+def _even_rotary(new: dict[str, Any], old_dim: int | None) -> None:
+    """Widen ``head_dim`` until each partial rotary dim is even, as the full config's are.
+
+    HF rotates ``int(head_dim * partial_rotary_factor)`` dims: 192 * 0.334 gives 64, but
+    the small 16 * 0.334 gives 5, an odd rotary dim no real checkpoint has.
+    """
+    factors = [new.get("partial_rotary_factor")]
+    for key in ("rope_parameters", "rope_scaling"):
+        factors += [r.get("partial_rotary_factor") for r in _rope_dicts(new.get(key))]
+    # only the factors whose full-size rotary dim is even (a factor of 4.0 is no fraction)
+    parts = [f for f in factors if isinstance(f, float) and 0 < f < 1]
+    parts = [f for f in parts if old_dim and int(old_dim * f) % 2 == 0 and int(old_dim * f)]
+    if not _is_int(new.get("head_dim")) or not parts:
+        return
+    head = int(new["head_dim"])
+    for wider in range(head, 8 * head + 1, 2):
+        if all(int(wider * f) % 2 == 0 and int(wider * f) for f in parts):
+            new["head_dim"] = wider
+            return
+
+
+def _shrink_layer(
+    layer: dict[str, Any], full: Mapping[str, Any], small: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One ``per_layer_config`` entry (the settings where a layer differs), made small."""
+    out: dict[str, Any] = {}
+    for key, value in layer.items():
+        if not _is_int(value):
+            out[key] = value
+        elif key in HEAD_DIM_KEYS and _is_int(full.get(key)) and _is_int(small.get(key)):
+            # a layer's heads keep their width relative to the others' (Gemma 4's global
+            # layers have heads twice as wide as its sliding ones)
+            out[key] = max(1, value * small[key] // full[key])
+        else:
+            out[key] = _shrink_int(key, value, {**full, **layer})
+    return out
+
+
 def shrink(config: dict[str, Any], mrope_default: list[int] | None = None) -> dict[str, Any]:
     """A config dict (``to_dict()``) with its sizes made small, sub-configs included.
 
@@ -460,6 +670,7 @@ def shrink(config: dict[str, Any], mrope_default: list[int] | None = None) -> di
     if _is_int(config.get("head_dim")) and config.get("head_dim") == config.get("qk_rope_head_dim"):
         # MLA (DeepSeek): head_dim names the rotary part of each head
         out["head_dim"] = out["qk_rope_head_dim"]
+    _even_rotary(out, old_dim)
     new_dim = _head_dim(out)
     if "qk_head_dim" in out and _is_int(out.get("qk_nope_head_dim")):
         out["qk_head_dim"] = out["qk_nope_head_dim"] + out.get("qk_rope_head_dim", 0)
@@ -467,8 +678,11 @@ def shrink(config: dict[str, Any], mrope_default: list[int] | None = None) -> di
         out["rotary_dim"] = max(2, out["rotary_dim"] * new_dim // old_dim // 2 * 2)
     if _is_int(out.get("mamba_n_heads")) and _is_int(out.get("mamba_d_head")):
         expand = out.get("mamba_expand", 2)
-        width = out.get("hidden_size", WIDTH)
-        out["mamba_n_heads"] = max(1, int(expand * width) // out["mamba_d_head"])
+        inner = int(expand * out.get("hidden_size", WIDTH))
+        if _is_int(out.get("mamba_d_ssm")):
+            # Falcon-H1 names the Mamba inner width apart from expand * hidden_size
+            inner = out["mamba_d_ssm"] = min(out["mamba_d_ssm"], inner)
+        out["mamba_n_heads"] = max(1, inner // out["mamba_d_head"])
     for key in ("rope_parameters", "rope_scaling"):
         if key in out:
             rope_dim = old_dim
@@ -478,6 +692,10 @@ def shrink(config: dict[str, Any], mrope_default: list[int] | None = None) -> di
             else:
                 out[key] = _shrink_rope(out[key], old_dim, new_dim)
     _fix_mrope(out, mrope_default)
+    if isinstance(out.get("per_layer_config"), dict):
+        out["per_layer_config"] = {
+            i: _shrink_layer(layer, config, out) for i, layer in out["per_layer_config"].items()
+        }
     for key in list(out):
         # layer counts stay (see the module docstring); image sizes shrink to 4x4 patches
         if key == "image_size" and _is_int(out.get("patch_size")):
@@ -493,7 +711,9 @@ def _apply_overrides(family: str, config: dict[str, Any]) -> None:
         if _is_sub_config(value):
             _apply_overrides(family, value)
     for key, value in override.items():
-        if key in config:
+        if key in config and value is DERIVED:
+            del config[key]
+        elif key in config:
             config[key] = value(config) if callable(value) else value
 
 
@@ -570,12 +790,18 @@ def build_config(family: str, model_cls: type) -> Any:
     return config
 
 
-def _instantiate(model_cls: type, config: Any) -> Any:
+def _instantiate(model_cls: type, config: Any, family: str = "") -> Any:
     import torch
 
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = model_cls(config)
+    weights = WEIGHTS.get(family, {})
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            drawn = next((v for k, v in weights.items() if name.endswith(k)), None)
+            if drawn is not None:
+                param.normal_(*drawn)
     return model.float().eval()
 
 
@@ -600,7 +826,7 @@ def _tiny(family: str) -> tuple[Any, dict[str, Any], Any, list[str]]:
     errors: list[str] = []
     for model_cls in _model_classes(family):
         try:
-            model = _instantiate(model_cls, build_config(family, model_cls))
+            model = _instantiate(model_cls, build_config(family, model_cls), family)
             if not _rotary_names(model):
                 errors.append(f"{model_cls.__name__}: no rotary module")
                 continue
@@ -797,6 +1023,177 @@ def _noise_and_context(model: Any) -> dict[str, Any]:
     return {"noise_embeds": noise, "context_hidden_states": context, "use_cache": False}
 
 
+def _patch_values(model: Any) -> int:
+    """How many values one patch feeds the vision tower: its patch embedding's fan-in."""
+    import torch
+
+    for name, module in model.named_modules():
+        if "patch" in name and isinstance(module, (torch.nn.Linear, torch.nn.Conv3d)):
+            return int(module.weight[0].numel())
+    raise NotImplementedError(f"no patch embedding found in {type(model).__name__}")
+
+
+def _grid_image(model: Any, tokens_grid: bool = False) -> dict[str, Any]:
+    """Text with one image, for models whose rotary (or only rotary) is the vision tower's.
+
+    The image is given as Qwen2-VL's processor gives it: flattened patches in the order
+    the tower merges them, and ``image_grid_thw``; its grid is 2 x 2 merged patches, as
+    many image tokens in the text. Without the image such a model never runs its vision
+    rotary, and a text model without rotary (NoPE) would have nothing to check at all.
+
+    Args:
+        tokens_grid: the grid is counted in image tokens (merged patches), not patches.
+    """
+    import torch
+
+    vision = model.config.vision_config
+    merge = getattr(vision, "spatial_merge_size", None) or getattr(vision, "merge_size", None) or 1
+    side = 2 * int(merge)
+    gen = torch.Generator().manual_seed(3)
+    pixels = torch.randn(side * side, _patch_values(model), generator=gen)
+    grid = [1, 2, 2] if tokens_grid else [1, side, side]
+    ids = _token_ids(model)
+    ids[0, 2:6] = model.config.image_token_id
+    return {
+        "input_ids": ids,
+        "pixel_values": pixels,
+        "image_grid_thw": torch.tensor([grid]),
+        "use_cache": False,
+    }
+
+
+def _inkling2(model: Any) -> dict[str, Any]:
+    # one entry per image token: its merge x merge patches as pixels, channels last
+    kwargs = _grid_image(model, tokens_grid=True)
+    vision = model.config.vision_config
+    side = vision.patch_size * vision.spatial_merge_size
+    n = kwargs["input_ids"].eq(model.config.image_token_id).sum()
+    kwargs["pixel_values"] = kwargs["pixel_values"].reshape(int(n), side, side, -1)
+    return kwargs
+
+
+def _row_column(model: Any) -> dict[str, Any]:
+    """Text placed on a 3 x 4 grid: row and column positions differ, as in a document image.
+
+    With text positions (the same index on both axes) a table that swapped or mixed
+    the two axes would give the same output.
+    """
+    import torch
+
+    index = torch.arange(SEQ_LEN)
+    return {
+        "input_ids": _token_ids(model),
+        "position_ids": torch.stack([index // 4, index % 4])[:, None, :],
+    }
+
+
+def _idefics(model: Any) -> dict[str, Any]:
+    # its forward needs an image (the text cross-attends to it), one per sequence, seen by
+    # every token
+    import torch
+
+    return {
+        "input_ids": _token_ids(model),
+        "pixel_values": _pixels(model.config)[:, None],
+        "image_attention_mask": torch.ones(1, SEQ_LEN, 1, dtype=torch.long),
+        "use_cache": False,
+    }
+
+
+def _video_session(model: Any) -> dict[str, Any]:
+    """The second frame of a two-frame video, tracking an object clicked on the first.
+
+    SAM 2-style trackers run their rotary (in the memory attention) only on a frame
+    that attends to earlier frames' memories: the probe builds an inference session as
+    the processor would, runs the first frame (the click, which makes its memory), and
+    returns the forward of the second. That forward reads frame 0's stored outputs and
+    stores its own under frame 1, which no later forward of frame 1 reads: it can be
+    repeated.
+    """
+    import torch
+
+    module = importlib.import_module(type(model).__module__)
+    session_cls = next(v for k, v in vars(module).items() if k.endswith("InferenceSession"))
+    side = model.config.image_size
+    gen = torch.Generator().manual_seed(3)
+    video = torch.randn(2, 3, side, side, generator=gen)
+    session = session_cls(video, side, side, dtype=torch.float32)
+    obj_idx = session.obj_id_to_idx(1)
+    click = {
+        "point_coords": torch.tensor([[[[side / 3, side / 2]]]]),
+        "point_labels": torch.ones(1, 1, 1, dtype=torch.int32),
+    }
+    session.add_point_inputs(obj_idx, 0, click)
+    session.obj_with_new_inputs = [1]
+    with torch.no_grad():
+        model(inference_session=session, frame_idx=0)
+    # keep no frame's vision features: each forward then runs the backbone (SAM 3's has
+    # rotary layers) instead of reusing what the unpatched model computed
+    session.cache.cache_vision_features = lambda *args, **kwargs: None
+    return {"inference_session": session, "frame_idx": 1}
+
+
+def _image_pair(model: Any) -> dict[str, Any]:
+    """Two 64x64 images to match: the coarse map is 8x8, 2x2 once aggregated."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    return {"pixel_values": torch.randn(1, 2, 3, 64, 64, generator=gen)}
+
+
+def _video(model: Any) -> dict[str, Any]:
+    """SEQ_LEN - 1 frames of 16x16 (the encoder prepends a class token)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    return {"pixel_values_videos": torch.randn(1, SEQ_LEN - 1, 3, 16, 16, generator=gen)}
+
+
+def _audio_and_video(model: Any) -> dict[str, Any]:
+    """The frames of :func:`_video` and SEQ_LEN frames of audio."""
+    return {**_audio_probe()(model), **_video(model)}
+
+
+def _protein(model: Any) -> dict[str, Any]:
+    """A protein of SEQ_LEN // 2 residues of 2 atoms each, for ESMFold2's trunk.
+
+    Its atom encoder's rotary angles are atom coordinates and token ids (3D RoPE).
+    """
+    import torch
+    from transformers.models.esmfold2.modeling_esmfold2 import EsmFold2AtomInputs
+
+    config = model.config
+    tokens, atoms = SEQ_LEN // 2, SEQ_LEN
+    gen = torch.Generator().manual_seed(4)
+    index = torch.arange(tokens)[None]
+    owner = index.repeat_interleave(atoms // tokens, dim=1)
+    zeros = torch.zeros(1, tokens, dtype=torch.long)
+    atom_inputs = EsmFold2AtomInputs(
+        ref_pos=torch.randn(1, atoms, 3, generator=gen),
+        ref_charge=torch.zeros(1, atoms),
+        atom_attention_mask=torch.ones(1, atoms, dtype=torch.bool),
+        ref_element=torch.randint(1, config.max_atomic_number, (1, atoms), generator=gen),
+        ref_atom_name_chars=torch.randint(
+            0, config.char_vocab_size, (1, atoms, config.max_chars), generator=gen
+        ),
+        ref_space_uid=owner,
+        atom_to_token=owner,
+    )
+    return {
+        "token_index": index,
+        "residue_index": index,
+        "asym_id": zeros,
+        "sym_id": zeros,
+        "entity_id": zeros,
+        "mol_type": zeros,
+        "res_type": torch.randint(0, 20, (1, tokens), generator=gen),
+        "token_bonds": torch.zeros(1, tokens, tokens, 1),
+        "attention_mask": torch.ones(1, tokens, dtype=torch.long),
+        "atom_inputs": atom_inputs,
+        "num_loops": 1,  # the rotary runs once, before the trunk's loops
+    }
+
+
 # Inputs of models whose forward takes other things than token ids or an image, keyed by
 # config model_type or model class name.
 PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {
@@ -819,6 +1216,20 @@ PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "moonshine_streaming": _frames_and_text,
     "timesfm2_5": _series,
     "muse_glimmer_assistant": _noise_and_context,
+    # the rotary is (or is only exercised) in the vision tower, or needs other inputs
+    "glm5_next": _grid_image,
+    "idefics": _idefics,
+    "inkling2": _inkling2,
+    "muse_spark": _grid_image,
+    "neomme": _row_column,
+    **dict.fromkeys(["edgetam_video", "sam2_video", "sam3_tracker_video"], _video_session),
+    "efficientloftr": _image_pair,
+    "esmfold2": _protein,
+    # the video-text (and audio-video) logits have zero-initialised scales: always 0
+    "PeVideoModel": _judged_elsewhere("its logits are 0 times a similarity"),
+    "PeAudioVideoModel": _judged_elsewhere("its logits are 0 times a similarity"),
+    "pe_video_encoder": _video,
+    "pe_audio_video_encoder": _audio_and_video,
 }
 
 
@@ -850,7 +1261,7 @@ def probe_inputs(model: Any) -> dict[str, Any]:
 
 
 def main_output(output: Any) -> Any:
-    """The tensor a forward is judged by: logits, else the last hidden state, else the first."""
+    """The tensor a forward is judged by: logits, the last hidden state, a feature map, a tensor."""
     import torch
 
     if isinstance(output, torch.Tensor):
@@ -859,6 +1270,10 @@ def main_output(output: Any) -> Any:
         value = getattr(output, name, None)
         if isinstance(value, torch.Tensor):
             return value
+    maps = getattr(output, "feature_maps", None)
+    if isinstance(maps, tuple) and maps and isinstance(maps[0], torch.Tensor):
+        # a backbone's outputs: EfficientLoFTR's first map is the one its attention made
+        return maps[0]
     items = output.values() if isinstance(output, Mapping) else output
     for value in items:
         if isinstance(value, torch.Tensor) and value.is_floating_point():

@@ -25,39 +25,26 @@ pytest.importorskip("transformers")
 import hf_families
 
 # family: why patch_model refuses it (reviewed). "genuine": the module does something
-# else than position x frequency tables posenc can reproduce; "not yet": posenc should
-# learn it, and until then refuses instead of changing the numbers.
+# else than position x frequency tables posenc can reproduce (another calling contract,
+# or frequencies of its own); "not yet" would mark one posenc should learn (none now).
 ALLOWED_REFUSALS: dict[str, str] = {
     "musicflamingo": "genuine: forward(timestamps, seq_len), angles modulated by time",
     "pixtral": "genuine: 2-D frequencies built from one interleaved sequence, not base^(-2k/d)",
     "mistral_large4": "genuine: its vision tower is Pixtral's rotary (see pixtral)",
-    "sam3": "genuine: a fixed-grid rotary whose output ignores position_ids",
     "ernie4_5_vl_moe": "genuine: frequencies pre-permuted by the model (inv_freq of another "
     "shape than rotary_dim / 2)",
-    "mimo_v2_flash": "not yet: partial_rotary_factor giving an odd rotary dim at the tiny size",
+    "efficientloftr": "genuine: forward(x) of a feature map returns a row/column table over "
+    "the whole hidden size; no position_ids",
+    "esmfold2": "genuine: forward(ref_pos, ref_space_uid, dtype): 3-D atom coordinates and "
+    "a per-atom id as positions",
+    "eomt_dinov3": "genuine: DINOv3's forward(pixel_values): patch centres in [-1, 1] times "
+    "2 pi times its own inv_freq (head_dim / 4 of them)",
 }
 
 # family: why the harness cannot judge it yet (no probe input for its modality, a package
 # it needs is not installed, transformers' own default config does not build, or the
 # output does not depend on the rotary tables at all)
-NOT_CHECKED: dict[str, str] = {
-    **dict.fromkeys(
-        ["edgetam_video", "sam2_video", "sam3_tracker_video"], "inference-session video API"
-    ),
-    "idefics": "needs pixel_values: no probe yet",
-    "eomt_dinov3": "needs scipy, not a test dependency",
-    "pe_video": "needs timm's full package",
-    "pe_audio_video": "needs timm's full package",
-    "dbrx": "transformers' default DbrxConfig does not build (no rope_theta)",
-    **dict.fromkeys(
-        ["dots3_note", "efficientloftr", "esmfold2", "falcon_h1"],
-        "the shrinker breaks a validator of its config",
-    ),
-    **dict.fromkeys(
-        ["zaya", "glm5_next", "inkling2", "neomme"],
-        "the probed path does not use the rotary tables",
-    ),
-}
+NOT_CHECKED: dict[str, str] = {}
 
 FAMILIES = hf_families.families()
 

@@ -410,9 +410,14 @@ def _gather_reading(
     if not (
         isinstance(out, (tuple, list))
         and len(out) == 2
-        and all(isinstance(o, torch.Tensor) and o.shape[:-1] == (count,) for o in out)
+        and all(isinstance(o, torch.Tensor) for o in out)
+        and all(o.shape[:-1] in ((count,), (1, count)) for o in out)
     ):
         return f"returned {_describe(out)}"
+    # SAM 2's memory attention returns its tables with a batch dim of 1 in front of
+    # unbatched positions: the replacement must too
+    leading = not batched and out[0].ndim == 3
+    out = tuple(o[0] for o in out) if leading else tuple(out)
     k = rotary_dim // 2
     every = HFGatheredRotaryEmbedding(
         base, rotary_dim, [a for a in range(axes) for _ in range(k)],
@@ -426,7 +431,7 @@ def _gather_reading(
     best = err.argmin(1)
     new = HFGatheredRotaryEmbedding(
         base, rotary_dim, (best // k).tolist(), (best % k).tolist(), axes, scaling,
-        axis_last=axis_last, broadcast=batched,
+        axis_last=axis_last, broadcast=batched, leading=leading,
     ).to(device)  # fmt: skip
     wide = _axial_probe(axes, count, 5, device)
     theirs = call(wide)
@@ -716,8 +721,9 @@ def _read_spec(config: Any, label: str, layer_type: str | None = None) -> RopeSp
             pass  # not its attention layer types, and its global config holds them
     try:
         return rope_spec(config, layer_type=layer_type)
-    except (ValueError, TypeError):
-        raise
+    except (ValueError, TypeError) as exc:
+        # the module's config, as posenc reads it, is not RoPE it knows: say whose it is
+        raise ValueError(f"{label}: its config is not read as RoPE posenc knows: {exc}") from exc
     except Exception as exc:
         raise ValueError(
             f"{label}: reading its config failed ({type(exc).__name__}: {exc}); posenc.hf "

@@ -208,6 +208,8 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
             rather than its first.
         broadcast: ``(batch, seq)`` positions are the same on every axis (a text
             model's M-RoPE, called with ``(axes, batch, seq)`` positions otherwise).
+        leading: the tables get a leading dim of 1 (SAM 2's memory attention returns
+            ``(1, patches, channels)`` for ``(patches, axes)`` positions).
         attention_scaling: multiplies cos and sin.
         config: the HF config, kept as ``self.config``.
     """
@@ -223,6 +225,7 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         config: Any = None,
         axis_last: bool = False,
         broadcast: bool = False,
+        leading: bool = False,
     ) -> None:
         super().__init__()
         from posenc.families.rotary.schedules import frequencies
@@ -243,6 +246,7 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         self.config = config
         self.axis_last = bool(axis_last)
         self.broadcast = bool(broadcast)
+        self.leading = bool(leading)
         self.rope_type = "axial"
         self.reset_parameters()
 
@@ -273,6 +277,8 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
         s = s.permute(*rest, 0, -1)[..., axis, freq]
         if self.attention_scaling != 1.0:
             c, s = c * self.attention_scaling, s * self.attention_scaling
+        if self.leading:
+            c, s = c[None], s[None]
         return c.to(x.dtype), s.to(x.dtype)
 
     def extra_repr(self) -> str:
