@@ -1,9 +1,9 @@
 """Measured properties of positional encodings: the claims people ask about, as numbers.
 
-Every number that ``posenc report``, ``posenc plot`` and ``posenc check`` show
-is measured here; they only present it. Nothing here prints, and importing it
-needs only numpy (torch and mpmath are imported by the measurements that use
-them).
+Every number that ``posenc report``, ``posenc plot``, ``posenc check`` and
+``posenc rope`` show is measured here; they only present it. Nothing here prints,
+and importing it needs only numpy (torch, mpmath and transformers are imported by
+the measurements that use them).
 
 - :mod:`.sinusoidal`: :func:`shift_error`, :func:`norms`,
   :func:`offset_dot_products`, :func:`regression_r2` (one column against its
@@ -16,6 +16,12 @@ them).
 - :mod:`.rotary`: :func:`rope_relative`, :func:`rope_decay`, :func:`scaling_curves`.
 - :mod:`.learned`: :func:`train_learned`, a learned table from a tiny training run.
 - :mod:`.verdicts`: :func:`check`, the rows of ``posenc check`` with their PASS/FAIL.
+- :mod:`.rope_reading`: ``read`` (a model's RoPE config per layer type, every
+  setting with the key it came from), ``nope_layers``, ``describe`` (what
+  ``posenc rope`` prints).
+- :mod:`.rope_compare`: ``golden_tables`` (the exact tables of ``posenc rope
+  --golden``), ``compare`` (another engine's tables against them, with the likely
+  misreading).
 
 Bounds are derived from float64 rounding, in units of :data:`EPS`.
 """

@@ -1,0 +1,671 @@
+"""How a model's RoPE configuration is read: per layer type, every setting with its source.
+
+:func:`read` turns a loaded config (a ``config.json`` dict or a transformers
+config object, as :class:`Loaded`) into one :class:`Reading` per layer type: the
+:class:`~posenc.families.rotary.config.RopeSpec` that
+:func:`posenc.families.rotary.config.rope_spec` reads, and rows of setting,
+value and the config key it came from (rope type, base, head and rotary dims,
+layout, the schedule's parameters given, derived or left at their defaults, the
+attention scaling), the wavelengths against the trained window, and the M-RoPE
+sections. :func:`nope_layers` lists the layers without RoPE; :func:`describe`
+gathers it all in the JSON-able document ``posenc rope --json`` prints, with
+notes, among them, for a ``config.json`` whose ``model_type`` transformers
+knows, any difference from the reading of transformers' own config class.
+
+Nothing here prints, and importing it needs only numpy (transformers is imported
+by the cross-check that uses it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from posenc.families.rotary import model_types
+from posenc.families.rotary.config import (
+    DEFAULT_THETA,
+    RopeSpec,
+    raw_parameters,
+    rope_layer_types,
+    rope_part,
+    rope_spec,
+    setting,
+)
+from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
+
+__all__ = ["Loaded", "Reading", "Row", "describe", "nope_layers", "read"]
+
+#: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's
+#: interleaved sections, Qwen2-VL's contiguous ones (the sections themselves, when the
+#: config names none, are the module's own: ``rope_spec`` reads them).
+_MROPE_MODULE_ORDER: dict[str, bool] = {
+    "qwen2_vl": False,
+    "qwen2_5_vl": False,
+    "qwen2_5_omni": False,
+    "qwen3_vl": True,
+    "qwen3_vl_moe": True,
+    "qwen3_omni_moe": True,
+}
+#: Defaults of the schedules' optional parameters (HF ``_compute_*_parameters``), for display.
+_OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
+    "proportional": {"factor": 1.0},
+}
+#: Keys that list layers without RoPE (layer indices), besides SmolLM3's and Llama 4's mask.
+_NOPE_INDEX_KEYS = ("nope_layers", "nope_layer_indices", "no_pe_layers")
+
+
+# --------------------------------------------------------------------------------------
+# The loaded config.
+
+
+@dataclass
+class Loaded:
+    """A config as the command read it.
+
+    Attributes:
+        config: a ``config.json`` dict or a transformers config object.
+        label: how the output names it (the file, or ``LlamaConfig()``).
+        kind: ``"file"`` or ``"class"``.
+        sets: the ``--set`` values applied, as ``(dotted key, value)``.
+        notes: what the command did on the way (``'mrope'`` read as ``default`` ...).
+        renamed: ``rope_parameters`` paths whose rope type was rewritten, with the
+            original name.
+        original: for a file, the dict before those rewrites (what transformers reads).
+    """
+
+    config: Any
+    label: str
+    kind: str
+    sets: list[tuple[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)
+    original: dict[str, Any] | None = None
+
+
+def rewrite_mrope_type(loaded: Loaded) -> None:
+    """Note where ``type: "mrope"`` is read as ``default``, as transformers' Qwen2-VL configs do.
+
+    Qwen2-VL's and Qwen2.5-VL's ``config.json`` say ``rope_scaling = {"type":
+    "mrope", "mrope_section": [...]}``; transformers' config classes rewrite the
+    type to ``default`` (the sections are read by the rotary module).
+    """
+    config, prefix = _rope_part(loaded.config)
+    if not isinstance(config, dict):
+        return
+    group = _group(config)
+    if group is None:
+        return
+    raw = config[group]
+    dicts = [(f"{prefix}{group}", raw)]
+    dicts += [(f"{prefix}{group}.{k}", v) for k, v in raw.items() if isinstance(v, dict)]
+    for where, d in dicts:
+        for key in ("rope_type", "type"):
+            if d.get(key) == "mrope":  # posenc.rotary.config reads it as "default"
+                loaded.renamed[where] = f"{where}.{key} 'mrope'"
+                loaded.notes.append(
+                    f"{where}.{key} 'mrope' is read as 'default', as transformers' "
+                    "Qwen2-VL config does (the sections are M-RoPE's; the frequencies the default)"
+                )
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' logging and warnings silenced: the command's output is its own."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line, cut at 300 characters (for a note or an error)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def nested_dict(params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` holds one dict (or ``None``) per layer type, as Gemma 3's do."""
+    return bool(params) and all(v is None or isinstance(v, Mapping) for v in params.values())
+
+
+# --------------------------------------------------------------------------------------
+# Reading: the spec of each layer type, with where every value came from.
+
+
+def _rope_part(config: Any) -> tuple[Any, str]:
+    """The part of a composite config that posenc reads RoPE from, and its key prefix."""
+    part = rope_part(config)
+    return part, "" if part is config else "text_config."
+
+
+def _group(config: Any) -> str | None:
+    """``"rope_parameters"`` (v5) or ``"rope_scaling"`` (v4): the dict posenc reads."""
+    if setting(config, "rope_parameters"):
+        return "rope_parameters"
+    if setting(config, "rope_scaling"):
+        return "rope_scaling"
+    return None
+
+
+@dataclass
+class Row:
+    """One setting: its name, value (JSON-able) and where it came from."""
+
+    name: str
+    value: Any
+    source: str
+    shown: str = ""
+
+    def display(self) -> str:
+        return self.shown or show(self.value)
+
+
+@dataclass
+class Reading:
+    """One RoPE of a model: the spec posenc reads and the rows that explain it."""
+
+    layer_type: str | None
+    spec: RopeSpec
+    freqs: RopeFrequencies
+    layers: list[int] | None
+    rows: list[Row]
+    scaling: Row
+    wavelengths: dict[str, Any]
+    mrope: dict[str, Any] | None
+    layout: str
+
+
+def show(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if value is not None else "-"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e16:
+            return str(int(value))
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        if len(value) > 6:
+            head = ", ".join(show(v) for v in value[:3])
+            return f"[{head}, ... {show(value[-1])}] ({len(value)} values)"
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    return str(value)
+
+
+def ranges(indices: Sequence[int], limit: int = 8) -> str:
+    """``0-4, 6-10, 12`` for a sorted list of ints."""
+    spans: list[tuple[int, int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], i)
+        else:
+            spans.append((i, i))
+    text = [f"{a}-{b}" if b > a else f"{a}" for a, b in spans[:limit]]
+    return ", ".join(text) + (", ..." if len(spans) > limit else "")
+
+
+def read(loaded: Loaded) -> list[Reading]:
+    """The RoPE of every layer type of ``loaded``, each with its provenance.
+
+    Raises:
+        ValueError: what :func:`rope_spec` refuses (unknown rope type, missing keys ...).
+    """
+    config = loaded.config
+    part, prefix = _rope_part(config)
+    try:
+        types = rope_layer_types(config)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"{loaded.label}: {exc}") from None
+    nope = nope_layers(config)
+    layer_types = setting(part, "layer_types")
+    count = _num_layers(part)
+    readings = []
+    for lt in types or (None,):
+        try:
+            spec = rope_spec(config, lt)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{loaded.label}: {exc}") from None
+        if lt is not None and isinstance(layer_types, (list, tuple)):
+            layers: list[int] | None = [i for i, t in enumerate(layer_types) if t == lt]
+        elif count is not None:
+            skip = set(nope["layers"]) if nope else set()
+            layers = [i for i in range(count) if i not in skip]
+        else:
+            layers = None
+        readings.append(_reading(loaded, part, prefix, spec, layers))
+    return readings
+
+
+def _num_layers(part: Any) -> int | None:
+    count = setting(part, "num_hidden_layers")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
+
+
+def _layout(part: Any, spec: RopeSpec) -> tuple[str, str]:
+    model_type = str(setting(part, "model_type") or "")
+    if spec.layout == "interleaved":
+        return "interleaved", (
+            f"transformers' {model_type} model: pairs (2i, 2i + 1) (GPT-J order)"
+        )
+    if setting(part, "rope_interleave"):
+        return "half", (
+            "rope_interleave: the model de-interleaves q and k, then applies HF's half "
+            "tables (pairs (i, i + rotary_dim / 2))"
+        )
+    return "half", "HF's rotate_half: pairs (i, i + rotary_dim / 2)"
+
+
+def _reading(
+    loaded: Loaded, part: Any, prefix: str, spec: RopeSpec, layers: list[int] | None
+) -> Reading:
+    group = _group(part)
+    raw = raw_parameters(part)
+    lt = spec.layer_type
+    where = f"{prefix}{group}" + (f".{lt}" if lt else "")
+    d: Mapping[str, Any] = (raw[lt] if lt else raw) or {}
+    rows: list[Row] = []
+
+    # rope type
+    if where in loaded.renamed:
+        type_source = f"{loaded.renamed[where]}, read as 'default'"
+    elif d.get("rope_type") is not None or d.get("type") is not None:
+        key = "rope_type" if d.get("rope_type") is not None else "type"
+        type_source = f"{where}.{key}"
+        given = d[key]
+        if given != spec.rope_type:
+            type_source += f" {given!r}, read as {spec.rope_type!r}"
+            if given == "yarn":
+                type_source += " (transformers' Phi3Config reads its 'yarn' as longrope)"
+    else:
+        type_source = "default (no rope_type given)"
+    rows.append(Row("rope type", spec.rope_type, type_source))
+
+    # base and partial factor: inside the dict, else a top-level attribute, else default
+    def first(key: str, names: tuple[str, ...], default: str) -> str:
+        if d.get(key) is not None:
+            return f"{where}.{key}"
+        for name in names:
+            if setting(part, name) is not None:
+                return f"{prefix}{name}" + (" (GPT-NeoX's name)" if name != key else "")
+        return default
+
+    rows.append(Row("base (rope_theta)", spec.base, first(
+        "rope_theta", ("rope_theta", "rotary_emb_base"),
+        f"default (HF's default_theta {DEFAULT_THETA:g})",
+    )))  # fmt: skip
+    if setting(part, "head_dim") is not None:
+        head_source = f"{prefix}head_dim"
+    elif setting(part, "qk_rope_head_dim") is not None:
+        head_source = f"{prefix}qk_rope_head_dim (multi-head latent attention: the rotating part)"
+    else:
+        hidden_key = "hidden_size" if setting(part, "hidden_size") is not None else "n_embd"
+        heads_key = "num_attention_heads" if setting(part, "num_attention_heads") else "n_head"
+        hidden, heads = setting(part, hidden_key), setting(part, heads_key)
+        head_source = f"{prefix}{hidden_key} // {prefix}{heads_key} = {hidden} // {heads}"
+    rows.append(Row("head_dim", spec.head_dim, head_source))
+    partial_source = first(
+        "partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), "default"
+    )
+    given = next(
+        (v for v in (d.get("partial_rotary_factor"), setting(part, "partial_rotary_factor"),
+                     setting(part, "rotary_pct")) if v is not None),
+        None,
+    )  # fmt: skip
+    fixed = model_types.lookup(model_types.FIXED_ROPE, setting(part, "model_type"))
+    if given is not None and float(given) != spec.partial_rotary_factor:
+        partial_row = Row(
+            "partial_rotary_factor", given, f"{partial_source}: ignored by the model (note)"
+        )
+        rows.append(partial_row)
+        dim_source = "head_dim (the model's default RoPE covers the whole head)"
+    else:
+        rows.append(Row("partial_rotary_factor", spec.partial_rotary_factor, partial_source))
+        dim_source = "int(head_dim * partial_rotary_factor)"
+    if spec.rope_type == "proportional":
+        dim_source = "head_dim (proportional covers the whole head; unrotated pairs get 0)"
+    elif fixed is not None and setting(part, model_types.FIXED_ROPE[fixed]) is not None:
+        dim_source = f"{prefix}{model_types.FIXED_ROPE[fixed]} (transformers' {fixed} model)"
+    rows.append(Row("rotary dim", spec.rotary_dim, dim_source))
+    for note in spec.notes:
+        if note not in loaded.notes:
+            loaded.notes.append(note)
+    layout, layout_source = _layout(part, spec)
+    rows.append(Row("layout", layout, layout_source))
+
+    # the schedule's parameters, then its optional ones left at their defaults
+    required, optional = PARAMETERS.get(spec.rope_type, (frozenset(), frozenset()))
+    order = sorted(required) + sorted(optional)
+    shown = [k for k in order if k in spec.params] + [k for k in spec.params if k not in order]
+    for key in shown:
+        rows.append(
+            Row(
+                key,
+                _plain(spec.params[key]),
+                _param_source(spec, key, d, where, part, prefix, partial_source),
+            )
+        )
+    freqs = spec.frequencies()
+    for key in sorted(optional - set(spec.params)):
+        default = _OPTIONAL_DEFAULTS.get(spec.rope_type, {}).get(key)
+        if spec.rope_type == "longrope" and key == "factor":
+            continue  # longrope's factor comes from max_position_embeddings (a row above)
+        if default is None:
+            rows.append(Row(key, None, "not set", "-"))
+        else:
+            rows.append(Row(key, default, f"default ({spec.rope_type})"))
+    scaling = Row("attention scaling", freqs.attention_scaling, _scaling_source(spec))
+    rows.append(scaling)
+
+    wavelengths = _wavelengths(spec, freqs)
+    mrope = _mrope(loaded, part, prefix, spec, where, d)
+    return Reading(lt, spec, freqs, layers, rows, scaling, wavelengths, mrope, layout)
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _param_source(
+    spec: RopeSpec,
+    key: str,
+    d: Mapping[str, Any],
+    where: str,
+    part: Any,
+    prefix: str,
+    partial_source: str,
+) -> str:
+    given = d.get(key) is not None
+    if key == "original_max_position_embeddings":
+        top = setting(part, key) if spec.layer_type is None else None
+        if top is not None:
+            if given and d[key] != top:
+                return f"{prefix}{key} (config attribute; wins over {where}.{key} = {d[key]})"
+            return f"{prefix}{key} (config attribute)"
+        if given:
+            return f"{where}.{key}"
+        return f"= {prefix}max_position_embeddings (HF's default for {spec.rope_type})"
+    if given:
+        return f"{where}.{key}"
+    if key == "max_position_embeddings":
+        return f"{prefix}max_position_embeddings (config attribute)"
+    if key == "factor" and spec.rope_type == "yarn":
+        return "= max_position_embeddings / original_max_position_embeddings (factor is None)"
+    if key == "partial_rotary_factor" and spec.rope_type == "proportional":
+        return partial_source
+    return "derived by posenc's reader"
+
+
+def _scaling_source(spec: RopeSpec) -> str:
+    params = spec.params
+    if spec.rope_type == "yarn":
+        if params.get("attention_factor") is not None:
+            return "attention_factor (given: it wins)"
+        if params.get("mscale") and params.get("mscale_all_dim"):
+            return "get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) (DeepSeek)"
+        return f"0.1 ln(factor) + 1 = 0.1 ln({show(float(params['factor']))}) + 1 (YaRN)"
+    if spec.rope_type == "longrope":
+        if params.get("attention_factor") is not None:
+            return "attention_factor (given)"
+        return "sqrt(1 + ln(factor) / ln(original_max_position_embeddings)), 1 if factor <= 1"
+    return f"none for {spec.rope_type}"
+
+
+def _wavelengths(spec: RopeSpec, freqs: RopeFrequencies) -> dict[str, Any]:
+    omega = freqs.inv_freq
+    rotating = np.flatnonzero(omega > 0)
+    wave = 2 * math.pi / omega[rotating]
+    if spec.original_max_position_embeddings is not None:
+        window, window_source = (
+            spec.original_max_position_embeddings,
+            ("original_max_position_embeddings"),
+        )
+    elif spec.max_position_embeddings is not None:
+        window, window_source = spec.max_position_embeddings, "max_position_embeddings"
+    else:
+        window, window_source = None, "the config gives no trained length"
+    out: dict[str, Any] = {
+        "pairs": int(omega.size),
+        "rotating_pairs": int(rotating.size),
+        "shortest": float(wave.min()) if wave.size else None,
+        "shortest_pair": int(rotating[int(np.argmin(wave))]) if wave.size else None,
+        "longest": float(wave.max()) if wave.size else None,
+        "longest_pair": int(rotating[int(np.argmax(wave))]) if wave.size else None,
+        "window": window,
+        "window_from": window_source,
+        "full_turn_pairs": int(np.sum(wave <= window)) if window is not None else None,
+    }
+    extended = spec.max_position_embeddings
+    if window is not None and extended is not None and extended > window:
+        out["max_position_embeddings"] = extended
+        out["full_turn_pairs_max"] = int(np.sum(wave <= extended))
+    if spec.rope_type in ("dynamic", "longrope"):
+        out["note"] = (
+            "at seq_len <= the window; dynamic grows the base and longrope switches to "
+            "long_factor beyond it"
+        )
+    return out
+
+
+def _mrope(
+    loaded: Loaded, part: Any, prefix: str, spec: RopeSpec, where: str, d: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    section, interleaved = spec.mrope_section, spec.mrope_interleaved
+    model_type = str(setting(part, "model_type") or "").removesuffix("_text")
+    module_order = _MROPE_MODULE_ORDER.get(model_type)
+    if section is None:
+        return None
+    if d.get("mrope_section") is not None:
+        source = f"{where}.mrope_section"
+    else:
+        source = f"transformers' {model_type} module default (none in the config)"
+    if interleaved is not None:
+        order_source = f"{where}.mrope_interleaved"
+    elif module_order is not None:
+        interleaved = module_order
+        order_source = f"transformers' {model_type} module"
+    else:
+        order_source = "not given: transformers decides by model class (contiguous shown)"
+        interleaved = False
+    pairs = spec.rotary_dim // 2
+    total = sum(section)
+    return {
+        "section": list(section),
+        "from": source,
+        "interleaved": interleaved,
+        "order_from": order_source,
+        "sums_to_pairs": total == pairs,
+        "pairs": pairs,
+    }
+
+
+def nope_layers(config: Any) -> dict[str, Any] | None:
+    """The layers without RoPE and the key that says so, or ``None`` if every layer has RoPE.
+
+    Read from ``no_rope_layers`` (SmolLM3's and Llama 4's mask: 1 = RoPE, 0 = NoPE;
+    or a list of layer indices), ``no_rope_layer_interval`` (every n-th layer,
+    as those configs default it), ``nope_layers``-style index lists, and layer
+    types whose ``rope_parameters`` entry is ``None``.
+    """
+    part, prefix = _rope_part(config)
+    count = _num_layers(part)
+    mask = setting(part, "no_rope_layers")
+    if isinstance(mask, (list, tuple)) and mask:
+        if all(v in (0, 1) for v in mask) and (count is None or len(mask) >= count):
+            n = count or len(mask)
+            return {
+                "layers": [i for i, v in enumerate(mask[:n]) if not v],
+                "from": f"{prefix}no_rope_layers (1 = RoPE, 0 = NoPE, as SmolLM3 and Llama 4 "
+                "read it)",
+                "of": n,
+            }
+        return {"layers": sorted(int(i) for i in mask), "from": f"{prefix}no_rope_layers",
+                "of": count}  # fmt: skip
+    interval = setting(part, "no_rope_layer_interval")
+    if mask is None and isinstance(interval, int) and interval > 0 and count:
+        return {
+            "layers": [i for i in range(count) if (i + 1) % interval == 0],
+            "from": f"{prefix}no_rope_layer_interval = {interval} (every {interval}th layer, "
+            "as SmolLM3 and Llama 4 default no_rope_layers)",
+            "of": count,
+        }
+    for key in _NOPE_INDEX_KEYS:
+        value = setting(part, key)
+        if isinstance(value, (list, tuple)) and value:
+            return {"layers": sorted(int(i) for i in value), "from": f"{prefix}{key}",
+                    "of": count}  # fmt: skip
+    raw = raw_parameters(part)
+    layer_types = setting(part, "layer_types")
+    none_types = [k for k, v in raw.items() if v is None] if nested_dict(raw) else []
+    if none_types and isinstance(layer_types, (list, tuple)):
+        return {
+            "layers": [i for i, t in enumerate(layer_types) if t in none_types],
+            "from": f"{prefix}rope_parameters of layer types {', '.join(none_types)} is None",
+            "of": len(layer_types),
+        }
+    for key in ("use_rope", "use_rotary_embedding"):
+        if setting(part, key) is False and count:
+            return {"layers": list(range(count)), "from": f"{prefix}{key} = false", "of": count}
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# The description: what ``posenc rope`` prints, as a JSON-able document.
+
+
+def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str, Any]:
+    """The reading of ``loaded`` as a JSON-able dict (what ``--json`` prints)."""
+    readings = read(loaded) if readings is None else readings
+    part, prefix = _rope_part(loaded.config)
+    notes = list(loaded.notes)
+    scaled = setting(part, "rope_scaling_layers")
+    count = _num_layers(part)
+    if isinstance(scaled, (list, tuple)) and count and len(scaled) < count:
+        notes.append(
+            f"{prefix}rope_scaling_layers: the scaling applies to layers {ranges(list(scaled))} "
+            "only; the other layers use the unscaled default with the same base"
+        )
+    if loaded.kind == "file" and loaded.original is not None:
+        notes.extend(_transformers_check(loaded, readings))
+    for r in readings:
+        if r.mrope and not r.mrope["sums_to_pairs"]:
+            notes.append(
+                f"mrope_section {r.mrope['section']} sums to {sum(r.mrope['section'])}, "
+                f"not rotary_dim / 2 = {r.mrope['pairs']}"
+            )
+    return {
+        "config": loaded.label,
+        "kind": loaded.kind,
+        "sets": dict(loaded.sets),
+        "model_type": setting(loaded.config, "model_type"),
+        "rope_model_type": setting(part, "model_type"),
+        "num_hidden_layers": count,
+        "per_layer_type": readings[0].layer_type is not None,
+        "ropes": [_reading_json(r) for r in readings],
+        "nope_layers": nope_layers(loaded.config),
+        "notes": notes,
+    }
+
+
+def _reading_json(r: Reading) -> dict[str, Any]:
+    spec = r.spec
+    fixed = {row.name: row for row in r.rows}
+    params = {
+        row.name: {"value": row.value, "from": row.source}
+        for row in r.rows
+        if row.name not in ("rope type", "base (rope_theta)", "head_dim", "partial_rotary_factor",
+                            "rotary dim", "layout", "attention scaling")
+    }  # fmt: skip
+    return {
+        "layer_type": r.layer_type,
+        "layers": r.layers,
+        "rope_type": {"value": spec.rope_type, "from": fixed["rope type"].source},
+        "base": {"value": spec.base, "from": fixed["base (rope_theta)"].source},
+        "head_dim": {"value": spec.head_dim, "from": fixed["head_dim"].source},
+        "partial_rotary_factor": {
+            "value": fixed["partial_rotary_factor"].value,
+            "from": fixed["partial_rotary_factor"].source,
+        },
+        "rotary_dim": {"value": spec.rotary_dim, "from": fixed["rotary dim"].source},
+        "layout": {"value": r.layout, "from": fixed["layout"].source},
+        "parameters": params,
+        "attention_scaling": {"value": r.scaling.value, "from": r.scaling.source},
+        "wavelengths": r.wavelengths,
+        "mrope": r.mrope,
+    }
+
+
+def _transformers_check(loaded: Loaded, readings: list[Reading]) -> list[str]:
+    """Differences between posenc's reading of a config.json and transformers' class's."""
+    assert loaded.original is not None
+    model_type = setting(loaded.original, "model_type")
+    if not isinstance(model_type, str):
+        return []
+    try:
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return []
+    if model_type not in CONFIG_MAPPING:
+        return [f"transformers {transformers.__version__} does not know model_type "
+                f"{model_type!r}: no cross-check"]  # fmt: skip
+    cls = CONFIG_MAPPING[model_type]
+    with quiet():
+        try:
+            theirs_config = cls.from_dict(copy.deepcopy(loaded.original))
+        except Exception as exc:
+            return [f"transformers' {cls.__name__} refuses this config: {one_line(exc)}"]
+    who = f"transformers {transformers.__version__} ({cls.__name__})"
+    try:
+        types = rope_layer_types(theirs_config)
+        theirs = [rope_spec(theirs_config, lt) for lt in types or (None,)]
+    except (ValueError, TypeError) as exc:
+        return [f"{who}: posenc cannot read its config object: {exc}"]
+    ours = {r.layer_type: r for r in readings}
+    diffs = []
+    if set(types or (None,)) != set(ours):
+        names = ", ".join(types) if types else "one RoPE for all layers"
+        mine = ", ".join(str(k) for k in ours) if None not in ours else "one RoPE for all layers"
+        diffs.append(f"layer types: {names} (posenc reads the file as: {mine})")
+    for spec in theirs:
+        mine_r = ours.get(spec.layer_type) or (ours.get(None) if None in ours else None)
+        if mine_r is None:
+            continue
+        label = f"{spec.layer_type}: " if spec.layer_type else ""
+        diffs += [label + d for d in _spec_differences(spec, mine_r.spec)]
+    nope_theirs, nope_ours = nope_layers(theirs_config), nope_layers(loaded.config)
+    layers_t = nope_theirs["layers"] if nope_theirs else []
+    layers_o = nope_ours["layers"] if nope_ours else []
+    if layers_t != layers_o:
+        t_text, o_text = ranges(layers_t) or "none", ranges(layers_o) or "none"
+        diffs.append(f"NoPE layers: {t_text} (posenc reads: {o_text})")
+    if not diffs:
+        return [f"{who} reads the same RoPE from this file"]
+    return [f"WARNING: {who} reads this file differently: {d}" for d in diffs]
+
+
+def _spec_differences(theirs: RopeSpec, ours: RopeSpec) -> list[str]:
+    out = []
+    for name in ("rope_type", "base", "head_dim", "rotary_dim", "mrope_section"):
+        a, b = getattr(theirs, name), getattr(ours, name)
+        if a != b:
+            out.append(f"{name} {show(a)} (posenc reads {show(b)})")
+    if not out:
+        ft, fo = theirs.frequencies(), ours.frequencies()
+        if not np.allclose(ft.inv_freq, fo.inv_freq, rtol=1e-12, atol=0):
+            out.append("frequencies differ (same type, base and dims: the parameters differ)")
+        if not math.isclose(ft.attention_scaling, fo.attention_scaling, rel_tol=1e-12):
+            out.append(f"attention scaling {ft.attention_scaling:.6g} "
+                       f"(posenc reads {fo.attention_scaling:.6g})")  # fmt: skip
+    return out
