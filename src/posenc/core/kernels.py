@@ -4,7 +4,8 @@
 compiler exists. It fuses three loops: the sinusoidal table of
 :mod:`posenc.core.angles` (``table``), the float32 and bfloat16 rotary rotation
 of :mod:`posenc.families.rotary.apply` (``rotate``), and the flash-attention loop
-with a relative-bias table of :mod:`posenc.integration.attention` (``attend``).
+with a relative-bias table of :mod:`posenc.integration.attention` (``attend``)
+and its gradients (``attend_backward``).
 Every caller imports :data:`compiled` from here and falls back to numpy or torch
 when it is ``None``.
 """

@@ -27,8 +27,11 @@ No path builds a ``(batch, heads, q_len, k_len)`` tensor:
   kernel (or blockwise) there, also inside ``torch.compile`` (a graph break).
 
 The forward of ``"kernel"`` and ``"blockwise"`` goes through one autograd
-function whose backward is the blockwise recomputation: gradients reach q, k,
-v and the bias module's parameters.
+function; gradients reach q, k, v and the bias module's parameters. Its
+backward is compiled where the forward was (``attend_backward``: flash-attention
+2, the table's gradient summed along its diagonals, from which autograd reaches
+the module's parameters) and else the blockwise recomputation (float64, other
+devices, FIRE, a head_dim or v_dim that is no multiple of 16).
 """
 
 from __future__ import annotations
@@ -310,8 +313,99 @@ def _bias_grads(
                 dparams[n] = g if prev is None else prev + g
 
 
+def _backward_blockwise(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    wanted: Sequence[bool],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    delta: torch.Tensor,
+) -> tuple[torch.Tensor | None, ...]:
+    """dq, dk, dv and the bias tensors' gradients, block by block in torch ops."""
+    b, h, lq, _ = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    dq = torch.empty_like(q)
+    dk = torch.zeros((b, hk, lk, k.shape[-1]), dtype=q.dtype, device=q.device)
+    dv = torch.zeros_like(v)
+    dparams: list[torch.Tensor | None] = [None] * len(params)
+    k_pos = torch.arange(lk, device=q.device)
+    step = _blocks(b, h, lq, lk)
+    for i0 in range(0, lq, step):
+        i1 = min(lq, i0 + step)
+        q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
+        qb, dob = q[:, :, i0:i1], dout[:, :, i0:i1]
+        with torch.no_grad():
+            s = _block_scores(plan, params, qb, k, q_pos, k_pos)
+            p = torch.exp(s - _safe(lse[:, :, i0:i1])[..., None])
+            dv += torch.matmul(_grouped(p, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
+            dp = torch.matmul(_grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
+            ds = p * (dp.flatten(1, 2) - delta[:, :, i0:i1, None])
+            dq[:, :, i0:i1] = (
+                torch.matmul(_grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
+            )
+            dk += (
+                torch.matmul(_grouped(ds, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
+                * plan.scale
+            )
+        if plan.bias_fn is not None and any(wanted):
+            _bias_grads(plan, params, wanted, q_pos, k_pos, ds.sum(0), dparams)
+    return (dq, dk, dv, *dparams)
+
+
+def _backward_kernel(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    wanted: Sequence[bool],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    delta: torch.Tensor,
+) -> tuple[torch.Tensor | None, ...] | None:
+    """The compiled backward of a compiled forward: dq, dk, dv and the table's gradient.
+
+    None where it has no loop (the caller goes blockwise). The table's gradient
+    is the score gradient summed per head along each diagonal ``key - query``;
+    autograd carries it on to the bias module's parameters.
+    """
+    if compiled is None or not hasattr(compiled, "attend_backward"):
+        return None
+    b, h, lq, d = q.shape
+    hk, lk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
+    table = dtable = None
+    if plan.bias_fn is not None:
+        table = params[0].detach().float().flip(-1).contiguous()  # as the forward read it
+        if wanted[0]:
+            dtable = torch.zeros_like(table)
+    mask = None
+    if plan.key_mask is not None:
+        mask = plan.key_mask.to(torch.uint8).contiguous()
+    dq = torch.zeros((b, h, lq, d), dtype=torch.float32)
+    dk = torch.empty((b, hk, lk, d), dtype=torch.float32)
+    dv = torch.empty((b, hk, lk, dv_dim), dtype=torch.float32)
+    delta = delta.contiguous()
+    threads = min(torch.get_num_threads(), max(1, b * hk * ((lk + 63) // 64)))
+    done = compiled.attend_backward(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), lse.data_ptr(), dout.data_ptr(),
+        delta.data_ptr(), 0 if table is None else table.data_ptr(),
+        0 if mask is None else mask.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+        0 if dtable is None else dtable.data_ptr(),
+        [b, h, hk, lq, lk, d, dv_dim],
+        list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
+        plan.causal, plan.scale, threads,
+    )  # fmt: skip
+    if not done:
+        return None
+    return (dq, dk, dv, None if dtable is None else dtable.flip(-1))
+
+
 class _Attention(torch.autograd.Function):
-    """Attention whose backward recomputes scores block by block from the log-sum-exp."""
+    """Attention whose backward recomputes scores block by block from the log-sum-exp:
+    compiled when the forward was, else in torch ops."""
 
     @staticmethod
     def forward(
@@ -326,6 +420,7 @@ class _Attention(torch.autograd.Function):
         result = _forward_kernel(plan, params, q, k, v) if use_kernel else None
         out, lse = result if result is not None else _forward_blockwise(plan, params, q, k, v)
         ctx.plan = plan
+        ctx.kernel = result is not None  # float32 on the CPU, the bias a table or none
         ctx.save_for_backward(q, k, v, out, lse, *params)
         return out
 
@@ -334,37 +429,15 @@ class _Attention(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
         plan: _Plan = ctx.plan
         q, k, v, out, lse, *params = ctx.saved_tensors
-        b, h, lq, _ = q.shape
-        hk, lk = k.shape[1], k.shape[2]
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)
-        dq = torch.empty_like(q)
-        dk = torch.zeros((b, hk, lk, k.shape[-1]), dtype=q.dtype, device=q.device)
-        dv = torch.zeros_like(v)
         wanted = [p.requires_grad for p in params]
-        dparams: list[torch.Tensor | None] = [None] * len(params)
-        k_pos = torch.arange(lk, device=q.device)
-        step = _blocks(b, h, lq, lk)
-        for i0 in range(0, lq, step):
-            i1 = min(lq, i0 + step)
-            q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
-            qb, dob = q[:, :, i0:i1], dout[:, :, i0:i1]
-            with torch.no_grad():
-                s = _block_scores(plan, params, qb, k, q_pos, k_pos)
-                p = torch.exp(s - _safe(lse[:, :, i0:i1])[..., None])
-                dv += torch.matmul(_grouped(p, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
-                dp = torch.matmul(_grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
-                ds = p * (dp.flatten(1, 2) - delta[:, :, i0:i1, None])
-                dq[:, :, i0:i1] = (
-                    torch.matmul(_grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
-                )
-                dk += (
-                    torch.matmul(_grouped(ds, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
-                    * plan.scale
-                )
-            if plan.bias_fn is not None and any(wanted):
-                _bias_grads(plan, params, wanted, q_pos, k_pos, ds.sum(0), dparams)
-        return (dq, dk, dv, None, None, *dparams)
+        grads = None
+        if ctx.kernel:
+            grads = _backward_kernel(plan, params, wanted, q, k, v, lse, dout, delta)
+        if grads is None:
+            grads = _backward_blockwise(plan, params, wanted, q, k, v, lse, dout, delta)
+        return (*grads[:3], None, None, *grads[3:])
 
 
 def _flex(

@@ -24,7 +24,23 @@
    polynomial (within 2 ulp); masked scores, and scores more than 87 below the
    query's maximum, weigh exactly 0. A NaN score weighs NaN, as does a +inf one
    (inf - inf), so the query's output row and lse are NaN, as softmax gives (a
-   -inf score weighs 0); only a query that sees no key gets 0. */
+   -inf score weighs 0); only a query that sees no key gets 0.
+
+   attend_backward(q, k, v, lse, dout, delta, table, mask, dq, dk, dv, dtable, sizes,
+                   q_strides, k_strides, v_strides, causal, scale, threads) -> bool
+
+   Its gradients, flash-attention-2 style (see backward_unit), from attend's lse and
+   delta = rowsum(dout * out) (B, H, LQ), without a (B, H, LQ, LK) tensor. q, k,
+   v, table, mask, sizes and strides as attend read them; dout (B, H, LQ, DV) is
+   C-contiguous. Writes dk (B, HK, LK, D) and dv (B, HK, LK, DV), C-contiguous,
+   and adds into dq (B, H, LQ, D) and dtable (H, LQ + LK - 1) (both C-contiguous
+   and zeroed; dtable 0 when no table gradient is wanted): dtable is the gradient
+   of the reversed table attend reads, the score gradient summed along each
+   diagonal. Returns False (doing nothing) without AVX-512, or D or DV not a
+   multiple of 16. Memory beyond the outputs: a dq and a dtable per thread but
+   the first. The sums of dq and dtable over key blocks are taken in the order
+   the threads take the blocks: equal to float32 rounding from run to run, not
+   bit for bit. */
 
 #include "common.h"
 
@@ -102,38 +118,103 @@ typedef void (*s_tile_fn)(const float *const *, const float *, Py_ssize_t, float
 static const s_tile_fn S6[5] = {NULL, s_tile_6_1, s_tile_6_2, s_tile_6_3, s_tile_6_4};
 static const s_tile_fn S1[5] = {NULL, s_tile_1_1, s_tile_1_2, s_tile_1_3, s_tile_1_4};
 
-/* O[i][c0 ..] += sum_j P[j][i] V_j[c0 ..] for R query rows and NC vectors of columns */
-#define PV_TILE(R, NC)                                                                   \
-    AVX512 static void pv_tile_##R##_##NC(const float *St, Py_ssize_t nk,               \
-                                            const float *const *vr, Py_ssize_t c0,         \
-                                            float *O, Py_ssize_t DV) {                    \
+/* Scores of n rows x_r (row r at x + r * stride) against the transposed block Xt
+   (dim vectors of ABQ lanes): St[r][.] = x_r . Xt, in tiles of six rows and one. */
+AVX512 static void scores_block(const float *x, Py_ssize_t stride, Py_ssize_t n, const float *Xt,
+                                Py_ssize_t dim, Py_ssize_t nv, float *St) {
+    const float *rows[6];
+    Py_ssize_t r = 0;
+    for (; r + 6 <= n; r += 6) {
+        for (int t = 0; t < 6; ++t) rows[t] = x + (r + t) * stride;
+        S6[nv](rows, Xt, dim, St + r * ABQ);
+    }
+    for (; r < n; ++r) {
+        rows[0] = x + r * stride;
+        S1[nv](rows, Xt, dim, St + r * ABQ);
+    }
+}
+
+/* Xt[d][ii] = x_ii[d] (row ii at x + ii * stride) for the n <= ABQ rows of a block,
+   0 in the lanes past n: a block of queries (or of their output gradients) with
+   the queries along the vector lanes. */
+static void transpose_block(const float *x, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t dim,
+                            float *Xt) {
+    for (Py_ssize_t d = 0; d < dim; ++d)
+        for (Py_ssize_t ii = 0; ii < ABQ; ++ii) Xt[d * ABQ + ii] = ii < n ? x[ii * stride + d] : 0.0f;
+}
+
+/* The scores of key j for the 16 queries i0 + 16 c .. of a block (raw dot products
+   at sp) as softmax sees them: scaled, biased, and -inf where masked (key j
+   padding, a query before key j when causal, a lane past the nq queries). t = j -
+   i0 - (LK - LQ): the queries ii < t of the block may not see key j. Forward and
+   backward both score through here, so the backward recomputes the forward's
+   scores bit for bit and exp(score - lse) are its weights. */
+AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float *tb, int dead,
+                                    Py_ssize_t j, Py_ssize_t i0, Py_ssize_t nq, Py_ssize_t c,
+                                    Py_ssize_t t) {
+    __m512 s = _mm512_mul_ps(_mm512_load_ps(sp), _mm512_set1_ps(a->scale));
+    __mmask16 cols = (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
+    if (tb) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c));
+    __mmask16 keep = dead ? 0 : cols;
+    if (a->causal && t > 16 * c) {
+        __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        keep &= _mm512_cmp_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32((int)(16 * c))),
+                                      _mm512_set1_epi32((int)t), _MM_CMPINT_NLT);
+    }
+    return _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), keep, s);
+}
+
+/* O[r][c0 ..] += sum_j W[j * SJ + r * SR] X_j[c0 ..] for R output rows and NC vectors
+   of columns: a weighted sum of rows X_j, the weights a block's (key, query) matrix
+   W (a key's row of ABQ queries). Read per query, (SJ, SR) = (ABQ, 1): out = P V,
+   dQ = dS K; read per key, (1, ABQ): dV = P^T dO, dK = dS^T Q. The strides are
+   constants so that each weight is one broadcast from a fixed offset. */
+#define ACC_TILE(KIND, SJ, SR, R, NC)                                                    \
+    AVX512 static void acc_##KIND##_##R##_##NC(const float *W, Py_ssize_t n,              \
+                                                 const float *const *xr, Py_ssize_t c0,    \
+                                                 float *O, Py_ssize_t ostride) {           \
         __m512 acc[R][NC];                                                               \
         for (int r = 0; r < R; ++r)                                                      \
-            for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_loadu_ps(O + r * DV + c0 + 16 * c); \
-        for (Py_ssize_t j = 0; j < nk; ++j) {                                            \
-            __m512 vv[NC];                                                               \
-            for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vr[j] + c0 + 16 * c);   \
+            for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_loadu_ps(O + r * ostride + c0 + 16 * c); \
+        for (Py_ssize_t j = 0; j < n; ++j) {                                             \
+            __m512 xv[NC];                                                               \
+            for (int c = 0; c < NC; ++c) xv[c] = _mm512_loadu_ps(xr[j] + c0 + 16 * c);   \
             for (int r = 0; r < R; ++r) {                                                \
-                __m512 p = _mm512_set1_ps(St[j * ABQ + r]);                              \
-                for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]); \
+                __m512 w = _mm512_set1_ps(W[j * (SJ) + r * (SR)]);                       \
+                for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(w, xv[c], acc[r][c]); \
             }                                                                            \
         }                                                                                \
         for (int r = 0; r < R; ++r)                                                      \
-            for (int c = 0; c < NC; ++c) _mm512_storeu_ps(O + r * DV + c0 + 16 * c, acc[r][c]); \
+            for (int c = 0; c < NC; ++c) _mm512_storeu_ps(O + r * ostride + c0 + 16 * c, acc[r][c]); \
     }
-PV_TILE(4, 1)
-PV_TILE(4, 2)
-PV_TILE(4, 3)
-PV_TILE(4, 4)
-PV_TILE(1, 1)
-PV_TILE(1, 2)
-PV_TILE(1, 3)
-PV_TILE(1, 4)
+#define ACC_TILES(KIND, SJ, SR)                                                          \
+    ACC_TILE(KIND, SJ, SR, 4, 1) ACC_TILE(KIND, SJ, SR, 4, 2) ACC_TILE(KIND, SJ, SR, 4, 3)  \
+    ACC_TILE(KIND, SJ, SR, 4, 4) ACC_TILE(KIND, SJ, SR, 1, 1) ACC_TILE(KIND, SJ, SR, 1, 2)  \
+    ACC_TILE(KIND, SJ, SR, 1, 3) ACC_TILE(KIND, SJ, SR, 1, 4)
+ACC_TILES(perq, ABQ, 1)
+ACC_TILES(perk, 1, ABQ)
 
-typedef void (*pv_tile_fn)(const float *, Py_ssize_t, const float *const *, Py_ssize_t, float *,
-                           Py_ssize_t);
-static const pv_tile_fn PV4[5] = {NULL, pv_tile_4_1, pv_tile_4_2, pv_tile_4_3, pv_tile_4_4};
-static const pv_tile_fn PV1[5] = {NULL, pv_tile_1_1, pv_tile_1_2, pv_tile_1_3, pv_tile_1_4};
+typedef void (*acc_tile_fn)(const float *, Py_ssize_t, const float *const *, Py_ssize_t, float *,
+                            Py_ssize_t);
+/* [per key][rows 4 or 1][column vectors] */
+static const acc_tile_fn ACC[2][2][5] = {
+    {{NULL, acc_perq_4_1, acc_perq_4_2, acc_perq_4_3, acc_perq_4_4},
+     {NULL, acc_perq_1_1, acc_perq_1_2, acc_perq_1_3, acc_perq_1_4}},
+    {{NULL, acc_perk_4_1, acc_perk_4_2, acc_perk_4_3, acc_perk_4_4},
+     {NULL, acc_perk_1_1, acc_perk_1_2, acc_perk_1_3, acc_perk_1_4}}};
+
+/* O[r] += sum_j W[j, r] X_j for the nrows rows of O (ostride apart) and their cols
+   columns (a multiple of 16), over the n rows xr[j]; W read per key or per query
+   (ACC_TILE). */
+static void acc_block(const float *W, int perkey, Py_ssize_t n, const float *const *xr,
+                      Py_ssize_t nrows, float *O, Py_ssize_t ostride, Py_ssize_t cols) {
+    Py_ssize_t sr = perkey ? ABQ : 1;
+    for (Py_ssize_t c0 = 0; c0 < cols; c0 += 64) {
+        Py_ssize_t nc = (cols - c0) / 16 < 4 ? (cols - c0) / 16 : 4, r = 0;
+        for (; r + 4 <= nrows; r += 4) ACC[perkey][0][nc](W + r * sr, n, xr, c0, O + r * ostride, ostride);
+        for (; r < nrows; ++r) ACC[perkey][1][nc](W + r * sr, n, xr, c0, O + r * ostride, ostride);
+    }
+}
 
 /* One unit: queries i0 .. i0 + nq - 1 of head h of batch b. */
 AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ssize_t i0,
@@ -147,8 +228,7 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
     const float *vb = a->v + b * a->vs[0] + hk * a->vs[1];
     const float *tb = a->table ? a->table + h * (LQ + LK - 1) : NULL;
     const uint8_t *mb = a->mask ? a->mask + b * LK : NULL;
-    for (Py_ssize_t d = 0; d < D; ++d)
-        for (Py_ssize_t ii = 0; ii < ABQ; ++ii) Qt[d * ABQ + ii] = ii < nq ? qb[ii * a->qs[2] + d] : 0.0f;
+    transpose_block(qb, a->qs[2], nq, D, Qt);
     for (Py_ssize_t ii = 0; ii < ABQ; ++ii) {
         m[ii] = -INFINITY;
         l[ii] = 0.0f;
@@ -156,33 +236,18 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
     memset(O, 0, sizeof(float) * (size_t)(ABQ * DV));
     Py_ssize_t kend = LK;
     if (a->causal && i0 + nq + off < kend) kend = i0 + nq + off;
-    __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 scale = _mm512_set1_ps(a->scale), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (Py_ssize_t j0 = 0; j0 < kend; j0 += ABK) {
-        Py_ssize_t nk = kend - j0 < ABK ? kend - j0 : ABK, jj = 0;
-        for (; jj + 6 <= nk; jj += 6) {
-            for (int r = 0; r < 6; ++r) rows[r] = kb + (j0 + jj + r) * a->ks[2];
-            S6[nv](rows, Qt, D, St + jj * ABQ);
-        }
-        for (; jj < nk; ++jj) {
-            rows[0] = kb + (j0 + jj) * a->ks[2];
-            S1[nv](rows, Qt, D, St + jj * ABQ);
-        }
+        Py_ssize_t nk = kend - j0 < ABK ? kend - j0 : ABK, jj;
+        scores_block(kb + j0 * a->ks[2], a->ks[2], nk, Qt, D, nv, St);
         /* scale, bias, mask; the maximum of each query over this block */
         __m512 cmax[4] = {ninf, ninf, ninf, ninf};
         for (jj = 0; jj < nk; ++jj) {
-            Py_ssize_t j = j0 + jj, t = j - i0 - off; /* queries ii < t may not see key j */
+            Py_ssize_t j = j0 + jj;
             int dead = mb != NULL && mb[j] == 0;
             for (Py_ssize_t c = 0; c < nv; ++c) {
                 float *sp = St + jj * ABQ + 16 * c;
-                __m512 s = _mm512_mul_ps(_mm512_load_ps(sp), scale);
-                __mmask16 cols = (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
-                if (tb) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + LK - 1 - j + i0 + 16 * c));
-                __mmask16 keep = dead ? 0 : cols;
-                if (a->causal && t > 16 * c)
-                    keep &= _mm512_cmp_epi32_mask(_mm512_add_epi32(iota, _mm512_set1_epi32((int)(16 * c))),
-                                                  _mm512_set1_epi32((int)t), _MM_CMPINT_NLT);
-                s = _mm512_mask_mov_ps(ninf, keep, s);
+                __m512 s = score16(a, sp, tb, dead, j, i0, nq, c, j - i0 - off);
                 _mm512_store_ps(sp, s);
                 cmax[c] = _mm512_max_ps(cmax[c], s);
             }
@@ -215,11 +280,7 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
             }
         /* O += P V */
         for (jj = 0; jj < nk; ++jj) rows[jj] = vb + (j0 + jj) * a->vs[2];
-        for (Py_ssize_t c0 = 0; c0 < DV; c0 += 64) {
-            Py_ssize_t nc = (DV - c0) / 16 < 4 ? (DV - c0) / 16 : 4, ii = 0;
-            for (; ii + 4 <= nq; ii += 4) PV4[nc](St + ii, nk, rows, c0, O + ii * DV, DV);
-            for (; ii < nq; ++ii) PV1[nc](St + ii, nk, rows, c0, O + ii * DV, DV);
-        }
+        acc_block(St, 0, nk, rows, nq, O, DV, DV);
     }
     float *ob = a->out + ((b * a->H + h) * LQ + i0) * DV;
     float *lb = a->lse + (b * a->H + h) * LQ + i0;
@@ -254,7 +315,181 @@ static void *attend_run(void *arg) {
     free(buf);
     return NULL;
 }
+
+/* The backward (flash-attention 2): a unit owns a block of BBK keys of one kv head
+   of one batch and, for each head of its group and each block of ABQ queries that
+   can see those keys, recomputes the weights P = exp(score - lse) and adds
+
+       dV += P^T dO,  dS = P (dO V^T - delta),  dK += dS^T Q,  dQ += dS K,
+
+   and dS along its diagonals into the table's gradient. dK and dV of the block are
+   the unit's alone; dQ and the table gradient gather from every key block, so each
+   thread adds them into its own buffer (thread 0 into the outputs), summed after. */
+#define BBK 64 /* keys per backward unit: P and dS blocks of BBK x ABQ stay in L1/L2 */
+
+typedef struct {
+    att_t a; /* q, k, v, table, mask, lse, sizes, strides, causal, scale */
+    const float *dout, *delta;
+    float *dk, *dv;
+    float *dq, *dtab;   /* this thread's: (B, H, LQ, D) and (H, LQ + LK - 1) */
+    float **dqs, **dtabs; /* every thread's, for the sum */
+    Py_ssize_t *next;   /* the next unit to take, shared */
+} bwd_t;
+
+typedef struct {
+    float *Qt, *dOt, *St, *dSt, *dK, *dV, *lse, *delta;
+    const float **krows, **qrows, **orows;
+} bwd_buf_t;
+
+/* One unit: keys j0 .. j0 + nk - 1 of kv head hk of batch b. */
+AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py_ssize_t j0,
+                                 const bwd_buf_t *t) {
+    const att_t *a = &w->a;
+    Py_ssize_t D = a->D, DV = a->DV, LK = a->LK, LQ = a->LQ, H = a->H, off = LK - LQ;
+    Py_ssize_t nk = LK - j0 < BBK ? LK - j0 : BBK, group = H / a->HK;
+    const float *kb = a->k + b * a->ks[0] + hk * a->ks[1] + j0 * a->ks[2];
+    const float *vb = a->v + b * a->vs[0] + hk * a->vs[1] + j0 * a->vs[2];
+    const uint8_t *mb = a->mask ? a->mask + b * LK : NULL;
+    for (Py_ssize_t jj = 0; jj < nk; ++jj) t->krows[jj] = kb + jj * a->ks[2];
+    memset(t->dK, 0, sizeof(float) * (size_t)(BBK * D));
+    memset(t->dV, 0, sizeof(float) * (size_t)(BBK * DV));
+    /* causal: queries before j0 - off see none of these keys */
+    Py_ssize_t first = a->causal && j0 > off ? (j0 - off) / ABQ * ABQ : 0;
+    for (Py_ssize_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const float *tb = a->table ? a->table + h * (LQ + LK - 1) : NULL;
+        float *dtb = w->dtab ? w->dtab + h * (LQ + LK - 1) : NULL;
+        for (Py_ssize_t i0 = first; i0 < LQ; i0 += ABQ) {
+            Py_ssize_t nq = LQ - i0 < ABQ ? LQ - i0 : ABQ, nv = (nq + 15) / 16;
+            const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
+            const float *ob = w->dout + ((b * H + h) * LQ + i0) * DV;
+            const float *lb = a->lse + (b * H + h) * LQ + i0, *db = w->delta + (b * H + h) * LQ + i0;
+            transpose_block(qb, a->qs[2], nq, D, t->Qt);
+            transpose_block(ob, DV, nq, DV, t->dOt);
+            for (Py_ssize_t ii = 0; ii < ABQ; ++ii) {
+                /* a query that sees no key (lse -inf) has only masked scores: any
+                   finite stand-in weighs them 0 */
+                t->lse[ii] = ii < nq && lb[ii] != -INFINITY ? lb[ii] : 0.0f;
+                t->delta[ii] = ii < nq ? db[ii] : 0.0f;
+            }
+            for (Py_ssize_t ii = 0; ii < nq; ++ii) {
+                t->qrows[ii] = qb + ii * a->qs[2];
+                t->orows[ii] = ob + ii * DV;
+            }
+            scores_block(kb, a->ks[2], nk, t->Qt, D, nv, t->St);
+            scores_block(vb, a->vs[2], nk, t->dOt, DV, nv, t->dSt);
+            for (Py_ssize_t jj = 0; jj < nk; ++jj) {
+                Py_ssize_t j = j0 + jj;
+                int dead = mb != NULL && mb[j] == 0;
+                for (Py_ssize_t c = 0; c < nv; ++c) {
+                    float *sp = t->St + jj * ABQ + 16 * c, *dp = t->dSt + jj * ABQ + 16 * c;
+                    __m512 s = score16(a, sp, tb, dead, j, i0, nq, c, j - i0 - off);
+                    __m512 p = exp512(_mm512_sub_ps(s, _mm512_load_ps(t->lse + 16 * c)));
+                    __m512 ds = _mm512_mul_ps(
+                        p, _mm512_sub_ps(_mm512_load_ps(dp), _mm512_load_ps(t->delta + 16 * c)));
+                    _mm512_store_ps(sp, p);
+                    _mm512_store_ps(dp, ds);
+                    if (dtb) { /* the reversed table: queries of key j read it forwards */
+                        float *g = dtb + LK - 1 - j + i0 + 16 * c;
+                        __mmask16 cols =
+                            (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
+                        _mm512_mask_storeu_ps(g, cols,
+                                              _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), ds));
+                    }
+                }
+            }
+            acc_block(t->St, 1, nq, t->orows, nk, t->dV, DV, DV);
+            acc_block(t->dSt, 1, nq, t->qrows, nk, t->dK, D, D);
+            acc_block(t->dSt, 0, nk, t->krows, nq, w->dq + ((b * H + h) * LQ + i0) * D, D, D);
+        }
+    }
+    float *dkb = w->dk + ((b * a->HK + hk) * LK + j0) * D;
+    float *dvb = w->dv + ((b * a->HK + hk) * LK + j0) * DV;
+    __m512 scale = _mm512_set1_ps(a->scale);
+    for (Py_ssize_t e = 0; e < nk * D; e += 16)
+        _mm512_storeu_ps(dkb + e, _mm512_mul_ps(_mm512_load_ps(t->dK + e), scale));
+    memcpy(dvb, t->dV, sizeof(float) * (size_t)(nk * DV));
+}
+
+static void *backward_run(void *arg) {
+    bwd_t *w = (bwd_t *)arg;
+    const att_t *a = &w->a;
+    size_t f = sizeof(float), D = (size_t)a->D, DV = (size_t)a->DV;
+    size_t floats = D * ABQ + DV * ABQ + 2 * BBK * ABQ + BBK * D + BBK * DV + 2 * ABQ;
+    char *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, f * floats + sizeof(float *) * (BBK + 2 * ABQ))) {
+        w->a.failed = 1;
+        return NULL;
+    }
+    bwd_buf_t t;
+    t.Qt = (float *)buf;
+    t.dOt = t.Qt + D * ABQ;
+    t.St = t.dOt + DV * ABQ;
+    t.dSt = t.St + BBK * ABQ;
+    t.dK = t.dSt + BBK * ABQ;
+    t.dV = t.dK + BBK * D;
+    t.lse = t.dV + BBK * DV;
+    t.delta = t.lse + ABQ;
+    t.krows = (const float **)(t.delta + ABQ);
+    t.qrows = t.krows + BBK;
+    t.orows = t.qrows + ABQ;
+    Py_ssize_t pairs = a->B * a->HK;
+    for (;;) {
+        /* units in order of key block: under a causal mask the first blocks have the
+           most queries, so taking them first (longest first) balances the threads */
+        Py_ssize_t u = __atomic_fetch_add(w->next, 1, __ATOMIC_RELAXED);
+        if (u >= a->units) break;
+        Py_ssize_t bh = u % pairs;
+        backward_unit(w, bh / a->HK, bh % a->HK, u / pairs * BBK, &t);
+    }
+    free(buf);
+    return NULL;
+}
+
+/* dq[e] = (sum of the threads' dq[e]) * scale and the table gradient likewise
+   (unscaled), for this thread's share of the elements. */
+AVX512 static void *backward_sum(void *arg) {
+    bwd_t *w = (bwd_t *)arg;
+    const att_t *a = &w->a;
+    Py_ssize_t nq = a->B * a->H * a->LQ * a->D, nt = a->H * (a->LQ + a->LK - 1);
+    for (int pass = 0; pass < 2; ++pass) {
+        float **src = pass ? w->dtabs : w->dqs;
+        Py_ssize_t n = pass ? nt : nq, share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        float factor = pass ? 1.0f : a->scale;
+        if (src[0] == NULL) continue;
+        for (Py_ssize_t e = lo; e < hi; ++e) {
+            float s = src[0][e];
+            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            src[0][e] = s * factor;
+        }
+    }
+    return NULL;
+}
 #endif
+
+/* Reads and checks the sizes and strides both functions take into base. */
+static int read_shapes(att_t *base, PyObject *sizes, PyObject *qstr, PyObject *kstr,
+                       PyObject *vstr, int threads) {
+    memset(base, 0, sizeof *base);
+    Py_ssize_t sz[7];
+    if (posenc_read_sizes(sizes, sz, 7, "sizes") ||
+        posenc_read_sizes(qstr, base->qs, 3, "q_strides") ||
+        posenc_read_sizes(kstr, base->ks, 3, "k_strides") ||
+        posenc_read_sizes(vstr, base->vs, 3, "v_strides"))
+        return -1;
+    base->B = sz[0], base->H = sz[1], base->HK = sz[2], base->LQ = sz[3], base->LK = sz[4];
+    base->D = sz[5], base->DV = sz[6];
+    for (int i = 0; i < 7; ++i)
+        if (sz[i] < 1) {
+            PyErr_SetString(PyExc_ValueError, "attend: sizes must be >= 1");
+            return -1;
+        }
+    if (base->H % base->HK || base->LQ > base->LK || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "attend: unsupported heads, lengths or threads");
+        return -1;
+    }
+    return 0;
+}
 
 PyObject *posenc_attend(PyObject *self, PyObject *args) {
     unsigned long long qp, kp, vp, op, lp, tp, mp;
@@ -265,24 +500,7 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
                           &qstr, &kstr, &vstr, &causal, &scale, &threads))
         return NULL;
     att_t base;
-    memset(&base, 0, sizeof base);
-    Py_ssize_t sz[7];
-    if (posenc_read_sizes(sizes, sz, 7, "sizes") ||
-        posenc_read_sizes(qstr, base.qs, 3, "q_strides") ||
-        posenc_read_sizes(kstr, base.ks, 3, "k_strides") ||
-        posenc_read_sizes(vstr, base.vs, 3, "v_strides"))
-        return NULL;
-    base.B = sz[0], base.H = sz[1], base.HK = sz[2], base.LQ = sz[3], base.LK = sz[4];
-    base.D = sz[5], base.DV = sz[6];
-    for (int i = 0; i < 7; ++i)
-        if (sz[i] < 1) {
-            PyErr_SetString(PyExc_ValueError, "attend: sizes must be >= 1");
-            return NULL;
-        }
-    if (base.H % base.HK || base.LQ > base.LK || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "attend: unsupported heads, lengths or threads");
-        return NULL;
-    }
+    if (read_shapes(&base, sizes, qstr, kstr, vstr, threads)) return NULL;
 #ifdef HAVE_AVX512_ATTEND
     if (!__builtin_cpu_supports("avx512f") || base.DV % 16) Py_RETURN_FALSE;
     base.q = (const float *)(uintptr_t)qp;
@@ -314,6 +532,84 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
 #else
     (void)qp, (void)kp, (void)vp, (void)op, (void)lp, (void)tp, (void)mp, (void)causal,
         (void)scale;
+    Py_RETURN_FALSE;
+#endif
+}
+
+PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
+    unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp;
+    PyObject *sizes, *qstr, *kstr, *vstr;
+    int causal, threads;
+    double scale;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdi", &qp, &kp, &vp, &lp, &gp, &dp, &tp, &mp,
+                          &dqp, &dkp, &dvp, &dtp, &sizes, &qstr, &kstr, &vstr, &causal, &scale,
+                          &threads))
+        return NULL;
+    bwd_t base;
+    if (read_shapes(&base.a, sizes, qstr, kstr, vstr, threads)) return NULL;
+#ifdef HAVE_AVX512_ATTEND
+    if (!__builtin_cpu_supports("avx512f") || base.a.DV % 16 || base.a.D % 16) Py_RETURN_FALSE;
+    base.a.q = (const float *)(uintptr_t)qp;
+    base.a.k = (const float *)(uintptr_t)kp;
+    base.a.v = (const float *)(uintptr_t)vp;
+    base.a.lse = (float *)(uintptr_t)lp;
+    base.a.table = (const float *)(uintptr_t)tp;
+    base.a.mask = (const uint8_t *)(uintptr_t)mp;
+    base.a.causal = causal;
+    base.a.scale = (float)scale;
+    base.a.units = base.a.B * base.a.HK * ((base.a.LK + BBK - 1) / BBK);
+    base.dout = (const float *)(uintptr_t)gp;
+    base.delta = (const float *)(uintptr_t)dp;
+    base.dk = (float *)(uintptr_t)dkp;
+    base.dv = (float *)(uintptr_t)dvp;
+    if (threads > base.a.units) threads = (int)base.a.units;
+    Py_ssize_t next = 0;
+    base.next = &next;
+    /* dq and dtab (zeroed by the caller) take thread 0's sums; the others get zeroed
+       buffers of their own */
+    size_t nq = (size_t)(base.a.B * base.a.H * base.a.LQ * base.a.D);
+    size_t nt = (size_t)(base.a.H * (base.a.LQ + base.a.LK - 1));
+    bwd_t *jobs = (bwd_t *)calloc((size_t)threads, sizeof(bwd_t));
+    float **dqs = (float **)calloc((size_t)threads, sizeof(float *));
+    float **dtabs = (float **)calloc((size_t)threads, sizeof(float *));
+    int failed = jobs == NULL || dqs == NULL || dtabs == NULL;
+    if (!failed) {
+        dqs[0] = (float *)(uintptr_t)dqp;
+        dtabs[0] = (float *)(uintptr_t)dtp;
+        for (int i = 1; i < threads && !failed; ++i) {
+            dqs[i] = (float *)calloc(nq, sizeof(float));
+            dtabs[i] = dtp ? (float *)calloc(nt, sizeof(float)) : NULL;
+            failed = dqs[i] == NULL || (dtp && dtabs[i] == NULL);
+        }
+    }
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; i < threads; ++i) {
+            jobs[i] = base;
+            jobs[i].a.tid = i;
+            jobs[i].a.nthreads = threads;
+            jobs[i].dq = dqs[i];
+            jobs[i].dtab = dtabs[i];
+            jobs[i].dqs = dqs;
+            jobs[i].dtabs = dtabs;
+        }
+        posenc_run_jobs(backward_run, jobs, threads, sizeof(bwd_t));
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].a.failed;
+        if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(bwd_t));
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 1; i < threads; ++i) {
+        if (dqs) free(dqs[i]);
+        if (dtabs) free(dtabs[i]);
+    }
+    free(dqs);
+    free(dtabs);
+    free(jobs);
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_TRUE;
+#else
+    (void)qp, (void)kp, (void)vp, (void)lp, (void)gp, (void)dp, (void)tp, (void)mp, (void)dqp,
+        (void)dkp, (void)dvp, (void)dtp, (void)causal, (void)scale;
     Py_RETURN_FALSE;
 #endif
 }

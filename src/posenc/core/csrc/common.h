@@ -58,5 +58,6 @@ int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name);
 PyObject *posenc_table(PyObject *self, PyObject *args);
 PyObject *posenc_rotate(PyObject *self, PyObject *args);
 PyObject *posenc_attend(PyObject *self, PyObject *args);
+PyObject *posenc_attend_backward(PyObject *self, PyObject *args);
 
 #endif

@@ -4,7 +4,8 @@
    - table (table.c): the sinusoidal table loop of posenc.core.angles;
    - rotate (rotate.c): the float32 and bfloat16 rotary rotation of
      posenc.families.rotary.apply;
-   - attend (attend.c): the float32 attention loop of posenc.integration.attention.
+   - attend and attend_backward (attend.c): the float32 attention loop of
+     posenc.integration.attention and its gradients.
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
@@ -36,6 +37,8 @@ static PyMethodDef methods[] = {
     {"rotate", posenc_rotate, METH_VARARGS, "The fused rotary rotation (see the module source)."},
     {"attend", posenc_attend, METH_VARARGS,
      "Flash attention with a relative bias (see the module source)."},
+    {"attend_backward", posenc_attend_backward, METH_VARARGS,
+     "The gradients of attend (see the module source)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
