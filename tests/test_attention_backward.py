@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.families.bias import KERPLE, NoPE, T5Bias
+from posenc.families.bias import FIRE, KERPLE, NoPE, T5Bias
 from posenc.families.bias.modules import ALiBi
 from posenc.integration import attention as attend
 
@@ -29,6 +29,8 @@ BIASES = {
     "t5": lambda h: T5Bias(h),
     "kerple-log": lambda h: KERPLE(h),
     "kerple-power": lambda h: KERPLE(h, kind="power"),
+    # every query below FIRE's threshold: its bias is one of key - query, a table
+    "fire": lambda h: FIRE(h, init_L=1e4),
 }
 
 # (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim): lengths around the
@@ -199,7 +201,7 @@ def param_bounds(bias, lq, lk, table_bound, table_max):
     per_entry = table_bound + (n + 8) * U * table_max
     out = []
     for j in jac:  # (heads, q_len + k_len - 1, *param shape)
-        flat = j.abs().flatten(2)
+        flat = j.abs().reshape(*j.shape[:2], -1)  # 0-d parameters (FIRE's c, L) too
         out.append(2 * (flat * per_entry[..., None]).sum((0, 1)).view(j.shape[2:]))
     return out
 
@@ -228,8 +230,8 @@ def run_case(bias_name, shape, causal, seed=0):
 
 
 def assert_within(got, want, tols):
-    names = ["dq", "dk", "dv", "dparam0", "dparam1"]
-    for name, a, b, t in zip(names, got, want, tols, strict=False):
+    names = ["dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(got) - 3)]
+    for name, a, b, t in zip(names, got, want, tols, strict=True):
         err = (a.double() - b).abs()
         assert bool((err <= t).all()), f"{name}: error {float(err.max()):.3g} > bound"
 
@@ -353,3 +355,39 @@ def test_compiled_graph_takes_the_fused_backward(kernel_only):
     want = torch.autograd.grad(layer(q, k, v), params, dout)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fire_queries_below_its_threshold_take_the_table(monkeypatch):
+    # FIRE's bias is f(psi(|i - j|) / psi(max(L, i))): a function of the distance for
+    # queries i < L. Causal, those queries attend apart, through a table and the
+    # compiled loop; the others block by block. Together: dense attention, gradients
+    # included (L's too, which the table's normaliser carries).
+    torch.manual_seed(3)
+    bias = FIRE(2, mlp_width=8, init_L=40.5)
+    calls = []
+    forward = attend._forward_kernel
+
+    def spy(plan, params, q, k, v):
+        calls.append((q.shape[2], k.shape[2], plan.kernel_table))
+        return forward(plan, params, q, k, v)
+
+    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    q, k, v, dout, _ = make((1, 2, 2, 90, 100, 16, 16), seed=4)
+    out = posenc.attention(q, k, v, bias=bias, causal=True)
+    # queries at key positions 10 .. 40 (< 40.5): 31 of them, with the 41 keys they see
+    assert calls == [(31, 41, True), (59, 100, False)]
+
+    # float64 (the torch path, split the same way) against dense attention
+    bias64 = copy.deepcopy(bias).double()
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    params = trainable(bias64)
+    got = posenc.attention(q64, k64, v64, bias=bias64, causal=True)
+    grads = torch.autograd.grad(got, [q64, k64, v64, *params], dout.double())
+    ref = dense(q64, k64, v64, bias64, causal=True, scale=0.25, mask=torch.ones(1, 100).bool())
+    want = torch.autograd.grad(ref, [q64, k64, v64, *params], dout.double())
+    # the same sums in float64 in another order: a few hundred roundings of 2**-53
+    # relative to the largest term, far below 1e-10 at these magnitudes
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-10)
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=1e-4)

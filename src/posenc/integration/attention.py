@@ -150,7 +150,8 @@ def _bias_plan(
     module's bias float64, gradients included).
     """
     factor = scale if bias.scale_with_logits else 1.0
-    if bias.relative:
+    if bias.relative or bias.relative_below() > k_len - 1:
+        # every query's bias is one of key - query (FIRE's queries below its threshold)
         rel = torch.arange(-(k_len - 1), q_len, device=device)
         table = bias.relative_bias(rel).to(dtype)
         if factor != 1.0:
@@ -578,25 +579,74 @@ def attention(
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()
 
+    if backend == "auto":
+        backend = "kernel" if q.device.type == "cpu" else "flex"
+    split = _table_rows(bias, causal, lq, lk) if backend != "flex" else 0
+    if split:
+        # FIRE: queries below its threshold L take a table of key - query (and the
+        # compiled loop); each query's softmax is its own, so the rest attend apart
+        head = _attend(
+            q[:, :, :split],
+            k[:, :, : offset + split],
+            v[:, :, : offset + split],
+            bias,
+            causal,
+            scale,
+            None if key_mask is None else key_mask[:, : offset + split],
+            backend,
+        )
+        tail = _attend(q[:, :, split:], k, v, bias, causal, scale, key_mask, backend)
+        out = torch.cat((head, tail), dim=2)
+    else:
+        out = _attend(q, k, v, bias, causal, scale, key_mask, backend)
+    return out.to(dtype)
+
+
+def _table_rows(bias: AttentionBias | None, causal: bool, q_len: int, k_len: int) -> int:
+    """How many leading queries to attend apart with a table (0: attend all at once).
+
+    For a bias that depends on ``key - query`` only below a query position (FIRE's
+    threshold), under a causal mask: the queries below it see only the keys up to
+    them, so they attend as a bottom-right aligned call of their own.
+    """
+    if bias is None or bias.relative or not causal:
+        return 0
+    below = bias.relative_below()
+    first = k_len - q_len  # the position of query 0
+    if not math.isfinite(below) or below <= first or below > k_len - 1:
+        return 0  # no query, or every query, has a bias of key - query
+    return math.ceil(below) - first
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: AttentionBias | None,
+    causal: bool,
+    scale: float,
+    key_mask: torch.Tensor | None,
+    backend: str,
+) -> torch.Tensor:
+    """Attention of prepared inputs (rotated, float32 or float64), queries bottom-right."""
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
     bias_fn: BiasFn | None = None
     params: tuple[torch.Tensor, ...] = ()
     table = False
     if bias is not None and not isinstance(bias, NoPE):
         bias_fn, params, table = _bias_plan(bias, h, lq, lk, scale, q.device, q.dtype)
-    plan = _Plan(bias_fn, causal, scale, key_mask, offset, table)
+    plan = _Plan(bias_fn, causal, scale, key_mask, lk - lq, table)
 
-    if backend == "auto":
-        backend = "kernel" if q.device.type == "cpu" else "flex"
     if backend == "flex" and b * h * v.shape[-1] > 0:
-        out = _flex(q, k, v, plan, params, bias)
-    elif torch.compiler.is_compiling():
+        return _flex(q, k, v, plan, params, bias)
+    if torch.compiler.is_compiling():
         # the compiled loop is opaque to the tracer: a graph break around it, and
         # autograd records it as in eager mode (CPU FlexAttention has no backward,
         # and inductor's CPU flex template cannot read a table made in the graph)
-        out = _eager_apply(q, k, v, plan, backend == "kernel", *params)
-    else:
-        out = _Attention.apply(q, k, v, plan, backend == "kernel", *params)
-    return out.to(dtype)
+        return _eager_apply(q, k, v, plan, backend == "kernel", *params)
+    out: torch.Tensor = _Attention.apply(q, k, v, plan, backend == "kernel", *params)
+    return out
 
 
 @torch.compiler.disable

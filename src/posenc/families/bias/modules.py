@@ -10,6 +10,8 @@ position is ``key - query`` as in HF T5. Modules whose bias depends on
 ``key - query`` only (all but FIRE) say so with ``relative = True`` and give
 ``module.relative_bias(rel)``; :func:`posenc.attention` then evaluates them once
 per call over the ``q_len + k_len - 1`` relative positions instead of per score.
+FIRE's bias depends on ``key - query`` only for queries up to its threshold
+``L`` (:meth:`AttentionBias.relative_below`): those queries take the same table.
 
 Each class docstring cites its paper and the implementation it matches. Learned parameters are
 ordinary ``nn.Parameter`` and train through :func:`posenc.attention`. Fixed
@@ -22,6 +24,7 @@ loaders do) holds exact values, not uninitialised memory.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -60,8 +63,21 @@ class AttentionBias(DerivedBuffers):
     scale_with_logits: bool = False
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
-        """The bias ``(heads, *rel.shape)`` of integer relative positions ``key - query``."""
+        """The bias ``(heads, *rel.shape)`` of integer relative positions ``key - query``.
+
+        For a bias that is not ``relative``, the bias of queries at positions below
+        :meth:`relative_below`.
+        """
         raise NotImplementedError
+
+    def relative_below(self) -> float:
+        """The query position below which the bias depends on ``key - query`` only.
+
+        ``inf`` for a ``relative`` bias, ``-inf`` for one that never does;
+        FIRE's threshold ``L``, below which its normaliser is constant (at ``L``
+        itself the value is too, but ``max(L, i)`` splits its gradient).
+        """
+        return math.inf if self.relative else -math.inf
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The bias ``(heads, *broadcast_shape)`` of integer query and key positions."""
@@ -324,6 +340,16 @@ class FIRE(AttentionBias):
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.mlp(self._normalised(q_pos, k_pos).unsqueeze(-1)).movedim(-1, 0)
+
+    def relative_below(self) -> float:
+        # psi(max(L, i)) is psi(L) for every query i < L: there the bias is f(psi(|i - j|)
+        # / psi(L)), a function of the distance alone
+        return float((self.L_multiplier * self.init_L).abs().detach())
+
+    def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        # the bias of a query at position 0 (< L) and a key at rel: that of every query
+        # below L at distance rel (its gradient reaches L through the normaliser too)
+        return self(torch.zeros_like(rel), rel)
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         # the MLP of one head written out unit by unit: a score mod may not reduce
