@@ -72,7 +72,8 @@ def dense(q, k, v, bias, *, causal, scale, mask):
         s = s + bias.bias(lq, lk)
     allowed = mask[:, None, None, :].expand(b, 1, lq, lk)
     if causal:
-        allowed = allowed & (torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + lk - lq)
+        keys, queries = torch.arange(lk, device=q.device), torch.arange(lq, device=q.device)
+        allowed = allowed & (keys[None, :] <= queries[:, None] + lk - lq)
     p = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
     return p @ v
 
@@ -391,3 +392,28 @@ def test_fire_queries_below_its_threshold_take_the_table(monkeypatch):
     for a, b in zip(grads, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device: FlexAttention's backward (the GPU path) runs only where one exists",
+)
+@pytest.mark.parametrize("bias_name", ["alibi", "t5", "fire"])
+def test_flex_backward_on_gpu(bias_name):
+    # on a GPU "auto" takes compiled FlexAttention, whose backward torch derives from
+    # the score mod: the same gradients as dense attention, within float32 rounding
+    torch.manual_seed(5)
+    bias = BIASES[bias_name](4).cuda()
+    q, k, v, dout, mask = (t.cuda() for t in make((1, 4, 2, 128, 128, 64, 64), seed=6))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    params = trainable(bias)
+    out = posenc.attention(q, k, v, bias=bias, causal=True, attention_mask=mask)
+    got = torch.autograd.grad(out, [q, k, v, *params], dout)
+    bias64 = copy.deepcopy(bias).double()
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    ref = dense(q64, k64, v64, bias64, causal=True, scale=0.125, mask=mask)
+    want = torch.autograd.grad(ref, [q64, k64, v64, *trainable(bias64)], dout.double())
+    for a, b in zip(got, want, strict=True):
+        # float32 sums over 128 keys of terms of magnitude <= max|b|: 128 * 2**-24 each,
+        # times a factor 8 for the chain of products (score, weight, dS)
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=8 * 128 * U * (1 + b.abs().max()))
