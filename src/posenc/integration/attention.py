@@ -31,7 +31,13 @@ function; gradients reach q, k, v and the bias module's parameters. Its
 backward is compiled where the forward was (``attend_backward``: flash-attention
 2, the table's gradient summed along its diagonals, from which autograd reaches
 the module's parameters) and else the blockwise recomputation (float64, other
-devices, FIRE, a head_dim or v_dim that is no multiple of 16).
+devices, a head_dim or v_dim that is no multiple of 16).
+
+FIRE's bias depends on ``key - query`` only for queries below its threshold
+``L``: those take the table (every query, when all are below ``L``; under a
+causal mask the queries below ``L`` attend apart, with the keys they see, and the
+rest block by block; bidirectional with queries at or past ``L``, every query
+goes block by block).
 """
 
 from __future__ import annotations
