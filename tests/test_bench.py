@@ -187,6 +187,7 @@ def test_public_names_and_case_order():
         "rotary-bfloat16",
         "rotary-bfloat16-backward",
         "attention-bias",
+        "attention-bias-train",
     ]
     families = (bench.sinusoidal, bench.rotary, bench.attention)
     assert [c.name for f in families for c in f.CASES] == list(bench.CASES)
@@ -320,6 +321,35 @@ def test_attention_rows_compute_the_same_attention():
     torch.testing.assert_close(out["posenc ALiBi"], out["x-transformers ALiBi"], rtol=0, atol=1e-5)
     torch.testing.assert_close(out["posenc ALiBi"], out["flex_attention ALiBi"], rtol=0, atol=1e-5)
     assert not torch.allclose(out["posenc ALiBi"], out["posenc, no bias"])
+
+
+def test_attention_train_case_runs_every_row_or_says_why_not():
+    case = bench.CASES["attention-bias-train"]
+    assert case.memory
+    assert dict(case.full) == {"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64}
+    rows = bench.run_case(case, size=TINY_ATTENTION, repeat=1)
+    assert rows[0].impl == "SDPA causal" and rows[0].role == "baseline"
+    status = {t.impl: (t.status, t.reason) for t in rows}
+    flex = status.pop("flex_attention ALiBi")
+    # torch's CPU FlexAttention has no backward: the row carries torch's refusal, no time
+    assert flex[0] == "ok" or (flex[0] == "skipped" and "backward" in flex[1]), flex
+    assert all(s == "ok" for s, _ in status.values()), status
+
+
+def test_attention_train_rows_compute_the_same_gradients():
+    """Rows with the same bias give the same gradients; bias parameters get theirs."""
+    impls = {i.name: i for i in bench.attention.train_impls(**TINY_ATTENTION)}
+    grads = {name: impl.make()() for name, impl in impls.items() if "flex" not in name}
+    # float32 gradients of attention over 40 keys with values ~1: a few ulps apart
+    pairs = (("SDPA causal", "posenc, no bias"), ("posenc ALiBi", "x-transformers ALiBi"))
+    for a, b in pairs:
+        assert len(grads[a]) == len(grads[b]) == 3  # q, k, v only: ALiBi has no parameters
+        for x, y in zip(grads[a], grads[b], strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
+    assert not torch.allclose(grads["posenc ALiBi"][0], grads["posenc, no bias"][0])
+    for name in ("posenc T5", "posenc FIRE", "posenc FIRE, L=seq"):
+        params = grads[name][3:]
+        assert params and all(g is not None and g.abs().sum() > 0 for g in params), name
 
 
 def test_peak_memory_sees_an_allocation():

@@ -6,7 +6,7 @@
 - One module per family of cases, each listing its cases as ``CASES``:
   :mod:`~posenc.faces.bench.sinusoidal` (``sinusoidal-table``),
   :mod:`~posenc.faces.bench.rotary` (``rotary-*``) and
-  :mod:`~posenc.faces.bench.attention` (``attention-bias``).
+  :mod:`~posenc.faces.bench.attention` (``attention-bias``, ``attention-bias-train``).
 
 They are registered here in that order, the order ``posenc bench`` runs and
 prints them. Nothing here imports torch or a peer at module import time.

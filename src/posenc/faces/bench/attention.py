@@ -1,20 +1,27 @@
-"""The ``attention-bias`` case: attention with a positional bias, against attention with none.
+"""The ``attention-bias*`` cases: attention with a positional bias, against attention with none.
 
-posenc's :func:`~posenc.attention` with no bias, ALiBi, T5 and KERPLE, against
-SDPA without a bias (the baseline), x-transformers' dense ALiBi bias handed to
-SDPA as a mask, and FlexAttention with ALiBi in a compiled score mod. The case
-also measures each row's peak memory.
+``attention-bias`` times the forward: posenc's :func:`~posenc.attention` with no
+bias, ALiBi, T5 and KERPLE, against SDPA without a bias (the baseline),
+x-transformers' dense ALiBi bias handed to SDPA as a mask, and FlexAttention
+with ALiBi in a compiled score mod.
+
+``attention-bias-train`` times one causal training step, forward and backward
+into q, k, v and the bias module's parameters: posenc with no bias, ALiBi, T5
+and FIRE, against SDPA's causal forward and backward (the baseline) and the
+same two peers with the causal mask added.
+
+Both cases also measure each row's peak memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "impls"]
+__all__ = ["CASES", "impls", "train_impls"]
 
 
 def impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
@@ -116,6 +123,114 @@ def impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
     ]
 
 
+def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
+    """One causal training step of attention over ``(batch, heads, seq, head_dim)`` float32.
+
+    Each call resets the gradients to None, runs the forward, and backward from a
+    fixed random upstream gradient into q, k, v and the bias module's
+    parameters (ALiBi has none); it returns those gradients. Inputs and the
+    modules' initial parameters are seeded, so every row starts from the same
+    numbers. The baseline is SDPA with ``is_causal=True``. The peers are the
+    forward case's, made causal: x-transformers' dense ALiBi bias with ``-inf``
+    above the diagonal as SDPA's float mask, and compiled FlexAttention with
+    an ALiBi score mod and a causal block mask (made once, as a training loop
+    reuses it). torch 2.13 has no FlexAttention backward on CPU: that row then
+    reports torch's refusal as its reason, with no time.
+    """
+    shape = (batch, heads, seq, head_dim)
+
+    def step(
+        forward: Callable[[Any, Any, Any], Any], params: Sequence[Any] = ()
+    ) -> Callable[[], object]:
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        q, k, v, g = (torch.randn(shape, generator=gen) for _ in range(4))
+        leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
+
+        def call() -> object:
+            for t in leaves:
+                t.grad = None  # each run stores fresh gradients, as the first one does
+            forward(q, k, v).backward(g)
+            return tuple(t.grad for t in leaves)
+
+        # the first call pays one-time costs (loading posenc's compiled kernels,
+        # torch.compile): the harness's warm-up and run budget then time the step
+        call()
+        return call
+
+    def module(kind: str) -> Any:
+        import torch
+
+        with torch.random.fork_rng():
+            torch.manual_seed(0)  # the same initial parameters in every run of the bench
+            return {
+                "alibi": lambda: posenc.ALiBi(heads, symmetric=False),
+                "t5": lambda: posenc.T5Bias(heads, bidirectional=False),
+                "fire": lambda: posenc.FIRE(heads),
+                "fire-long": lambda: posenc.FIRE(heads, init_L=seq),
+            }[kind]()
+
+    def sdpa() -> Callable[[], object]:
+        import torch.nn.functional as F
+
+        return step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def ours(kind: str) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            bias = None if kind == "none" else module(kind)
+            params = () if bias is None else tuple(bias.parameters())
+            return step(lambda q, k, v: posenc.attention(q, k, v, bias=bias, causal=True), params)
+
+        return make
+
+    def materialised() -> Callable[[], object]:
+        import torch
+        import torch.nn.functional as F
+        from x_transformers.x_transformers import AlibiPositionalBias
+
+        alibi = AlibiPositionalBias(heads=heads, total_heads=heads)
+
+        def forward(q: Any, k: Any, v: Any) -> Any:
+            alibi.bias = None  # x-transformers caches the dense bias: build it each call
+            future = torch.ones((seq, seq), dtype=torch.bool).triu(1)  # as its Attend does
+            mask = alibi(seq, seq).masked_fill(future, float("-inf"))  # (heads, seq, seq)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        return step(forward)
+
+    def flex() -> Callable[[], object]:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32)
+
+        def score_mod(score: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return score - slopes[h] * (qi - ki)
+
+        def causal(b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return qi >= ki
+
+        block_mask = torch.compile(create_block_mask)(causal, None, None, seq, seq, device="cpu")
+        compiled = torch.compile(flex_attention)
+        return step(lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask))
+
+    # FIRE's bias is one of key - query for queries up to its threshold L, and
+    # depends on the query too past it: with the default L, at seq > 513, posenc
+    # attends the two sets of queries apart
+    fire = "init_L=512: " + ("query 513 on: not key - query" if seq > 513 else "key - query")
+    return [
+        Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)"),
+        Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
+        Impl("posenc ALiBi", ours("alibi"), "ours", "causal, no parameters"),
+        Impl("posenc T5", ours("t5"), "ours", "T5Bias, decoder buckets"),
+        Impl("posenc FIRE", ours("fire"), "ours", fire),
+        Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
+        Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
+        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask"),
+    ]
+
+
 #: This module's cases, in the order ``posenc bench`` runs them.
 CASES = (
     Case(
@@ -125,6 +240,17 @@ CASES = (
         build=impls,
         full={"batch": 1, "heads": 8, "seq": 8192, "head_dim": 64},
         quick={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
+        quick_repeat=3,
+        memory=True,
+    ),
+    Case(
+        "attention-bias-train",
+        "One causal training step of attention with a positional bias (float32, forward + "
+        "backward into q, k, v and the bias parameters), against SDPA's; peak MiB is what one "
+        "step adds.",
+        build=train_impls,
+        full={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
+        quick={"batch": 1, "heads": 8, "seq": 512, "head_dim": 64},
         quick_repeat=3,
         memory=True,
     ),

@@ -5,8 +5,9 @@ builder that, for a size, returns the implementations to time. Each
 :class:`Impl` holds a ``make`` function that imports what it needs and
 returns the zero-argument callable to time, so a peer that is not installed
 shows up as *skipped* (its ``make`` raises ``ImportError``) rather than as an
-error. The first ``"baseline"`` implementation of a case is the memory-bound
-reference (allocate and fill an array of the output's size); every other row
+error, and so does a peer that cannot run here (``NotImplementedError``). The
+first ``"baseline"`` implementation of a case is the memory-bound reference
+(allocate and fill an array of the output's size); every other row
 is reported as a ratio to its median.
 
 The harness (:func:`run`) warms every implementation up once, then times them
@@ -78,7 +79,8 @@ class Impl:
     Attributes:
         name: short label shown in the table (unique within a case).
         make: builds the zero-argument callable to time; imports live here.
-            ``ImportError`` means "not installed" and the row is skipped.
+            ``ImportError`` means "not installed" and the row is skipped; so does
+            ``NotImplementedError`` from a peer ("unsupported here").
         role: ``"baseline"`` (memory-bound reference; the first one is the
             denominator of every ratio), ``"ours"`` (posenc) or ``"peer"``.
         note: what the row computes, in a few words.
@@ -125,7 +127,7 @@ class Timing:
         role: ``"baseline"``, ``"ours"`` or ``"peer"``.
         note: the implementation's note.
         size: the size the case was built with.
-        status: ``"ok"``, ``"skipped"`` (not installed) or ``"error"`` (a
+        status: ``"ok"``, ``"skipped"`` (not installed, or unsupported here) or ``"error"`` (a
             peer that failed; posenc's own failures raise).
         reason: why a row was skipped or failed.
         runs: timed calls.
@@ -228,6 +230,8 @@ class _Progress:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, ImportError):
         return f"not installed ({exc.name or exc})"
+    if isinstance(exc, NotImplementedError):
+        return f"unsupported here: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -265,6 +269,12 @@ def _measure(
                 if elapsed > budget_s:
                     break
         except ImportError as exc:
+            rows[i] = row(impl, "skipped", reason=_describe(exc))
+            continue
+        except NotImplementedError as exc:
+            if impl.role != "peer":
+                raise
+            # a peer that says it cannot run here (FlexAttention's backward on a CPU)
             rows[i] = row(impl, "skipped", reason=_describe(exc))
             continue
         except Exception as exc:
