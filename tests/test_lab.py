@@ -18,7 +18,15 @@ from posenc.faces.cli import main
 from posenc.faces.lab import names, tasks
 from posenc.faces.lab.encodings import REGISTRY, training_encoding
 from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
-from posenc.faces.lab.run import LabConfig, Record, _World, run, text_lengths, train
+from posenc.faces.lab.run import (
+    LabConfig,
+    Record,
+    _World,
+    param_groups,
+    run,
+    text_lengths,
+    train,
+)
 
 TINY = LabConfig(
     task="copy", encodings=("alibi",), train_len=3, test_len=5, seeds=1, steps=40,
@@ -154,6 +162,54 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path):
     assert not any(p.name.endswith(".partial.pt") for p in (tmp_path / "a").iterdir())
 
 
+def test_worker_processes_train_as_this_process_does(tmp_path):
+    config = replace(TINY, encodings=("alibi", "t5", "rope", "rope-linear"))
+    here = run(config, tmp_path / "here", progress=False, workers=1)
+    pool = run(config, tmp_path / "pool", progress=False, workers=2)
+    assert len(pool.trained) == len(here.trained) == 3  # rope-linear evaluates rope's model
+    assert [(r.encoding, r.seed, r.length) for r in pool.records] == [
+        (r.encoding, r.seed, r.length) for r in here.records
+    ]
+    # the same updates; a worker's one thread orders some float32 sums differently (a few
+    # ulps per step, as between one process and two under torchrun)
+    assert pool.losses.keys() == here.losses.keys()
+    for name, losses in pool.losses.items():
+        torch.testing.assert_close(
+            torch.tensor(losses), torch.tensor(here.losses[name]), rtol=1e-4, atol=1e-6
+        )
+    # an example whose answer sits that close to a tie may flip: at most one per length
+    assert all(abs(a.value - b.value) <= 1 / TINY.eval_examples
+               for a, b in zip(pool.records, here.records, strict=True))  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_workers_must_be_positive(tmp_path, workers):
+    with pytest.raises(ValueError, match="workers"):
+        run(replace(TINY, seeds=2), tmp_path, progress=False, workers=workers)
+
+
+@pytest.mark.parametrize("encoding", ["t5", "kerple", "fire", "alibi", "rope", "learned"])
+def test_position_biases_step_in_proportion_to_their_scale(encoding):
+    torch.manual_seed(0)
+    model = LabModel(TINY.model, encoding)
+    groups = param_groups(model, 1e-3)
+    grouped = [p for g in groups for p in g["params"]]
+    assert sorted(map(id, grouped)) == sorted(id(p) for p in model.parameters())
+    assert "lr" not in groups[0]  # everything but the bias at the optimiser's lr
+    own = [] if model.bias is None else list(model.bias.parameters())
+    assert [g["params"] for g in groups[1:]] == [[p] for p in own]
+
+    def rms(t):
+        return t.detach().double().pow(2).mean().sqrt().item()
+
+    reference = rms(model.blocks[0].qkv.weight)
+    for group in groups[1:]:
+        (p,) = group["params"]
+        assert group["lr"] == pytest.approx(1e-3 * max(1.0, rms(p) / reference), rel=1e-12)
+    if encoding == "t5":  # a unit-normal table against nn.Linear's 1/sqrt(3 fan_in) weights
+        assert groups[1]["lr"] > 5e-3
+
+
 def test_killed_run_keeps_finished_results(tmp_path, monkeypatch):
     from posenc.faces.lab import run as lab_run
 
@@ -165,8 +221,8 @@ def test_killed_run_keeps_finished_results(tmp_path, monkeypatch):
         return real(config, encoding, seed, **kw)
 
     monkeypatch.setattr(lab_run, "train", failing)
-    with pytest.raises(KeyboardInterrupt):
-        run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False)
+    with pytest.raises(KeyboardInterrupt):  # in this process: spawned workers see no monkeypatch
+        run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False, workers=1)
     monkeypatch.setattr(lab_run, "train", real)
     outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path, progress=False)
     assert len(outcome.reused) == 1 and len(outcome.trained) == 1

@@ -333,7 +333,7 @@ def _lab_run(args: argparse.Namespace) -> int:
         d_model=args.d_model, layers=args.layers, heads=args.heads,
         eval_examples=args.eval_examples,
     )  # fmt: skip
-    outcome = run(config, args.out, progress=not args.no_progress)
+    outcome = run(config, args.out, progress=not args.no_progress, workers=args.workers)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
     paths = results.write(args.out, outcome.records, config)
@@ -603,6 +603,14 @@ def build_parser() -> argparse.ArgumentParser:
     lab_run.add_argument("--lr", type=_number, default=None, help="peak learning rate")
     lab_run.add_argument("--out", default="posenc-lab", metavar="DIR", help="default: %(default)s")
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_run.add_argument(
+        "--workers",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="trainings at once, each in its own process (default: one per usable CPU; "
+        "1 under torchrun or on a GPU)",
+    )
     lab_run.set_defaults(run=_lab_run)
 
     from posenc.faces.plot import KINDS

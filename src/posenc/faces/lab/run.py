@@ -18,6 +18,7 @@ process's on the whole batch. Rank 0 alone writes files and shows progress.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -38,7 +39,7 @@ from posenc.faces.lab.model import LabModel, ModelConfig
 
 __all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
 
-VERSION = 1  # part of every key: bump when training or evaluation changes meaning
+VERSION = 2  # part of every key: bump when training or evaluation changes meaning
 DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned")
 
 
@@ -201,6 +202,37 @@ def _lr_at(step: int, config: LabConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def param_groups(model: LabModel, lr: float) -> list[dict[str, Any]]:
+    """AdamW's parameter groups: the position-bias parameters at a step relative to their scale.
+
+    Adam moves every parameter by about ``lr`` per step whatever its scale, so a
+    parameter drawn at scale ``s`` changes by ``lr / s`` of itself per step. The
+    attention projections start at ``s ~ 1 / sqrt(3 d_model)`` (``nn.Linear``'s
+    uniform draw) and a T5 bias table at ``s = 1`` (``nn.Embedding``'s normal
+    draw): at one ``lr`` the table would learn 14 times slower, relatively, than
+    the queries and keys it is added to, and over the schedule could move no more
+    than about half a logit from its random start. Each bias parameter therefore
+    gets ``lr`` times its initial RMS over the projections' (never less than
+    ``lr``): equal relative steps, as Adafactor's parameter-scale updates gave T5
+    (Shazeer & Stern 2018, section 8). Every other parameter keeps ``lr``.
+    """
+    if model.bias is None:
+        return [{"params": list(model.parameters())}]
+    own = {id(p) for p in model.bias.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in own]
+    if not own:
+        return [{"params": rest}]
+    reference = _rms(model.get_parameter("blocks.0.qkv.weight"))
+    groups: list[dict[str, Any]] = [{"params": rest}]
+    for p in model.bias.parameters():
+        groups.append({"params": [p], "lr": lr * max(1.0, _rms(p) / reference)})
+    return groups
+
+
+def _rms(p: torch.Tensor) -> float:
+    return float(p.detach().double().pow(2).mean().sqrt())
+
+
 class _Data:
     """The global batches of one training run, identical on every rank."""
 
@@ -246,7 +278,12 @@ def train(
         saved = torch.load(final, map_location=world.device, weights_only=False)
         model.load_state_dict(saved["model"])
         return model, saved["losses"]
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    # fused: one pass over every parameter instead of a dozen ops per tensor (same update)
+    fused = world.device.type in ("cpu", "cuda")
+    opt = torch.optim.AdamW(
+        param_groups(model, config.lr), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01,
+        fused=fused,
+    )  # fmt: skip
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
     data = _Data(config, seed, corpus)
     positions = torch.Generator().manual_seed(7 * seed + 3)
@@ -358,19 +395,168 @@ def evaluate(
 # ------------------------------------------------------------------ the whole run
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _worker_count(workers: int | None, world: _World, trainings: int) -> int:
+    """Processes that train at once: 1 under torchrun or on a GPU, else one per CPU by default."""
+    if workers is not None:
+        workers = checks.check_int(workers, "workers", minimum=1)
+    if world.size > 1 or world.device.type != "cpu" or trainings <= 1:
+        return 1
+    return min(trainings, workers if workers is not None else _usable_cpus())
+
+
+@dataclass
+class _Done:
+    """What one training and its evaluations produced."""
+
+    records: dict[tuple[str, int], list[Record]]
+    losses: list[float]
+    fresh: bool
+
+
+def _train_and_evaluate(
+    config: LabConfig,
+    jobs: Sequence[tuple[str, int]],
+    *,
+    directory: Path,
+    world: _World,
+    corpus: Any,
+    on_step: Callable[[int], None] | None,
+    on_evaluate: Callable[[], None] | None,
+) -> _Done:
+    """Train the model ``jobs`` share (one seed, one training key), then evaluate each job."""
+    seed = jobs[0][1]
+    key = config.training_key(jobs[0][0], seed)
+    fresh = not (directory / f"{key}.pt").exists()
+    model, losses = train(
+        config, jobs[0][0], seed, directory=directory, world=world, corpus=corpus, on_step=on_step
+    )
+    if on_evaluate is not None:
+        on_evaluate()
+    done = _Done({}, losses, fresh)
+    for encoding, seed in jobs:
+        records = evaluate(model, config, encoding, seed, corpus)
+        if world.main:
+            path = directory / f"{config.eval_key(encoding, seed)}.json"
+            _save([asdict(r) for r in records], path)
+        done.records[encoding, seed] = records
+    return done
+
+
+# a worker process's progress channel and corpus (built once per process)
+_PROGRESS: Any = None
+_CORPUS: dict[int, Any] = {}
+
+
+def _start_worker(threads: int, progress: Any) -> None:
+    global _PROGRESS
+    # one thread per worker: the lab's matrices are small enough that a second thread
+    # on the same op gains little, and OpenMP teams of several processes sharing the
+    # cores wait on each other at every op, while separate trainings share nothing
+    torch.set_num_threads(threads)
+    _PROGRESS = progress
+
+
+def _worker_job(config: LabConfig, jobs: list[tuple[str, int]], directory: Path) -> _Done:
+    """:func:`_train_and_evaluate` in a worker process, reporting progress on its channel."""
+    corpus = None
+    if config.task == "text":
+        if config.text_bytes not in _CORPUS:
+            _CORPUS[config.text_bytes] = T.TextCorpus(max_bytes=config.text_bytes)
+        corpus = _CORPUS[config.text_bytes]
+    tag = (jobs[0][0], jobs[0][1])
+
+    def on_step(done: int) -> None:
+        # every 10th step: the bar moves smoothly and the channel stays quiet
+        if _PROGRESS is not None and (done % 10 == 0 or done == config.steps):
+            _PROGRESS.put((tag, done))
+
+    def on_evaluate() -> None:
+        if _PROGRESS is not None:
+            _PROGRESS.put((tag, -1))
+
+    return _train_and_evaluate(
+        config, jobs, directory=directory, world=_World(), corpus=corpus,
+        on_step=on_step, on_evaluate=on_evaluate,
+    )  # fmt: skip
+
+
+def _in_workers(
+    config: LabConfig,
+    trainings: list[list[tuple[str, int]]],
+    directory: Path,
+    workers: int,
+    bar: _Bar,
+) -> list[_Done]:
+    """Every training in a pool of ``workers`` spawned processes, in the order given."""
+    import multiprocessing
+    import queue
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # spawn, not fork: a process forked after torch's OpenMP team ran cannot use it
+    context = multiprocessing.get_context("spawn")
+    channel = context.Queue()
+    threads = max(1, torch.get_num_threads() // workers)
+    results: dict[int, _Done] = {}
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker, initargs=(threads, channel)
+    ) as pool:
+        futures = {
+            pool.submit(_worker_job, config, jobs, directory): i for i, jobs in enumerate(trainings)
+        }
+        for jobs in trainings:
+            bar.queued(jobs[0])
+        pending = set(futures)
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                while True:
+                    try:
+                        tag, done = channel.get_nowait()
+                    except queue.Empty:
+                        break
+                    if done < 0:
+                        bar.evaluating(*tag)
+                    else:
+                        bar.update(tag, done)
+                for future in finished:
+                    i = futures[future]
+                    results[i] = future.result()
+                    bar.finished(trainings[i][0], len(trainings[i]))
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return [results[i] for i in range(len(trainings))]
+
+
 def run(
     config: LabConfig,
     out: str | Path,
     *,
     progress: bool = True,
+    workers: int | None = 1,
 ) -> Outcome:
     """Train and evaluate every (encoding, seed) of ``config``; write ``out/results.json``.
 
     Finished trainings and evaluations are read back from ``out/runs`` instead
     of recomputed. Returns every record of the requested encodings and seeds.
 
+    Trainings are independent: on a CPU, ``workers`` processes train at once
+    (``None``: one per usable CPU, what ``posenc lab run`` does), each on its share
+    of torch's threads. Under torchrun, or with ``workers=1`` (the default here),
+    they run one after another in this process. Workers are spawned, so a script
+    calling this with more than one must do so under ``if __name__ ==
+    "__main__":`` (as :mod:`multiprocessing` requires).
+
     Raises:
-        ValueError: an output directory that cannot be written.
+        ValueError: an output directory that cannot be written; ``workers`` < 1.
     """
     world = _world()
     if config.batch_size % world.size:
@@ -383,36 +569,47 @@ def run(
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot write to {str(out)!r}: {exc.strerror}") from None
-    corpus = None
-    if config.task == "text":
-        corpus = T.TextCorpus(max_bytes=config.text_bytes)
     outcome = Outcome([])
     jobs = [(e, s) for s in range(config.seeds) for e in config.encodings]
     todo = [(e, s) for e, s in jobs if not (directory / f"{config.eval_key(e, s)}.json").exists()]
+    # the jobs of one training (rope and its test-time scalings) share one model
+    shared: dict[str, list[tuple[str, int]]] = {}
+    for e, s in todo:
+        shared.setdefault(config.training_key(e, s), []).append((e, s))
+    trainings = list(shared.values())
+    count = _worker_count(workers, world, len(trainings))
     _barrier(world)  # every rank decided before any rank writes
     bar = _Bar(config, todo, enabled=progress and world.main)
     with bar:
-        for encoding, seed in jobs:
-            path = directory / f"{config.eval_key(encoding, seed)}.json"
-            if (encoding, seed) not in todo:
-                outcome.reused.append(path.stem)
-                outcome.records += [Record(**r) for r in json.loads(path.read_text())]
-                continue
-            key = config.training_key(encoding, seed)
-            fresh = not (directory / f"{key}.pt").exists()
-            model, losses = train(
-                config, encoding, seed, directory=directory, world=world, corpus=corpus,
-                on_step=bar.step(encoding, seed),
-            )  # fmt: skip
-            if fresh:
-                outcome.trained.append(key)
-            outcome.losses[f"{encoding}/{seed}"] = losses
-            bar.evaluating(encoding, seed)
-            records = evaluate(model, config, encoding, seed, corpus)
-            if world.main:
-                _save([asdict(r) for r in records], path)
-            outcome.records += records
-            bar.finished()
+        if count > 1:
+            results = _in_workers(config, trainings, directory, count, bar)
+        else:
+            corpus = T.TextCorpus(max_bytes=config.text_bytes) if config.task == "text" else None
+            results = []
+            for group in trainings:
+                bar.queued(group[0])
+                done = _train_and_evaluate(
+                    config, group, directory=directory, world=world, corpus=corpus,
+                    on_step=bar.step(group[0]),
+                    on_evaluate=functools.partial(bar.evaluating, *group[0]),
+                )  # fmt: skip
+                results.append(done)
+                bar.finished(group[0], len(group))
+    found: dict[tuple[str, int], list[Record]] = {}
+    for group, done in zip(trainings, results, strict=True):
+        found.update(done.records)
+        key = config.training_key(*group[0])
+        if done.fresh:
+            outcome.trained.append(key)
+        for encoding, seed in group:
+            outcome.losses[f"{encoding}/{seed}"] = done.losses
+    for encoding, seed in jobs:
+        if (encoding, seed) in found:
+            outcome.records += found[encoding, seed]
+            continue
+        path = directory / f"{config.eval_key(encoding, seed)}.json"
+        outcome.reused.append(path.stem)
+        outcome.records += [Record(**r) for r in json.loads(path.read_text())]
     if world.main:
         _save(
             {"config": asdict(config), "records": [asdict(r) for r in outcome.records]},
@@ -423,13 +620,13 @@ def run(
 
 
 class _Bar:
-    """Rich progress: one bar per run (steps, then evaluation) and one for the whole lab."""
+    """Rich progress: one bar per training (steps, then evaluation) and one for the whole lab."""
 
     def __init__(self, config: LabConfig, todo: Sequence[tuple[str, int]], enabled: bool) -> None:
         self.config, self.enabled = config, enabled
         self.total = len(todo)
         self.progress: Any = None
-        self.current: Any = None
+        self.tasks: dict[tuple[str, int], Any] = {}
 
     def __enter__(self) -> _Bar:
         if self.enabled and self.total:
@@ -454,24 +651,32 @@ class _Bar:
         if self.progress is not None:
             self.progress.stop()
 
-    def step(self, encoding: str, seed: int) -> Callable[[int], None]:
-        if self.progress is None:
-            return lambda done: None
-        self.current = self.progress.add_task(
-            f"  {encoding} seed {seed}", total=self.config.steps
-        )  # fmt: skip
-        return lambda done: self.progress.update(self.current, completed=done)
+    def queued(self, job: tuple[str, int]) -> None:
+        if self.progress is not None:
+            encoding, seed = job
+            self.tasks[job] = self.progress.add_task(
+                f"  {training_encoding(encoding)} seed {seed}", total=self.config.steps
+            )  # fmt: skip
+
+    def update(self, job: tuple[str, int], done: int) -> None:
+        if self.progress is not None and job in self.tasks:
+            self.progress.update(self.tasks[job], completed=done)
+
+    def step(self, job: tuple[str, int]) -> Callable[[int], None]:
+        return lambda done: self.update(job, done)
 
     def evaluating(self, encoding: str, seed: int) -> None:
-        if self.progress is not None and self.current is not None:
-            self.progress.update(self.current, description=f"  {encoding} seed {seed} (eval)")
+        job = (encoding, seed)
+        if self.progress is not None and job in self.tasks:
+            self.progress.update(
+                self.tasks[job], description=f"  {training_encoding(encoding)} seed {seed} (eval)"
+            )  # fmt: skip
 
-    def finished(self) -> None:
+    def finished(self, job: tuple[str, int], evaluations: int) -> None:
         if self.progress is not None:
-            if self.current is not None:
-                self.progress.remove_task(self.current)
-                self.current = None
-            self.progress.advance(self.lab)
+            if job in self.tasks:
+                self.progress.remove_task(self.tasks.pop(job))
+            self.progress.advance(self.lab, evaluations)
 
 
 def defaults_for(task: str) -> dict[str, Any]:
