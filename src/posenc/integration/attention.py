@@ -276,13 +276,7 @@ def _forward_kernel(
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty((b, h, lq, dv), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
-    table = None
-    if plan.bias_fn is not None:
-        # reversed, so that a row of keys reads it forwards: see core/csrc/attend.c
-        table = params[0].detach().float().flip(-1).contiguous()
-    mask = None
-    if plan.key_mask is not None:
-        mask = plan.key_mask.to(torch.uint8).contiguous()
+    table, mask = _kernel_operands(plan, params)
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
     done = compiled.attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
@@ -292,6 +286,20 @@ def _forward_kernel(
         plan.causal, plan.scale, threads,
     )  # fmt: skip
     return (out, lse) if done else None
+
+
+def _kernel_operands(
+    plan: _Plan, params: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The bias table and the key mask as both compiled loops read them (or None)."""
+    table = None
+    if plan.bias_fn is not None:
+        # reversed, so that a row of keys reads it forwards: see core/csrc/attend.c
+        table = params[0].detach().float().flip(-1).contiguous()
+    mask = None
+    if plan.key_mask is not None:
+        mask = plan.key_mask.to(torch.uint8).contiguous()
+    return table, mask
 
 
 def _bias_grads(
@@ -383,14 +391,8 @@ def _backward_kernel(
         return None
     b, h, lq, d = q.shape
     hk, lk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
-    table = dtable = None
-    if plan.bias_fn is not None:
-        table = params[0].detach().float().flip(-1).contiguous()  # as the forward read it
-        if wanted[0]:
-            dtable = torch.zeros_like(table)
-    mask = None
-    if plan.key_mask is not None:
-        mask = plan.key_mask.to(torch.uint8).contiguous()
+    table, mask = _kernel_operands(plan, params)  # as the forward read them
+    dtable = torch.zeros_like(table) if table is not None and wanted[0] else None
     dq = torch.zeros((b, h, lq, d), dtype=torch.float32)
     dk = torch.empty((b, hk, lk, d), dtype=torch.float32)
     dv = torch.empty((b, hk, lk, dv_dim), dtype=torch.float32)

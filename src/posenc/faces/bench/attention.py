@@ -215,10 +215,10 @@ def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
         compiled = torch.compile(flex_attention)
         return step(lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask))
 
-    # FIRE's bias is one of key - query for queries up to its threshold L, and
-    # depends on the query too past it: with the default L, at seq > 513, posenc
+    # FIRE's bias is one of key - query for queries below its threshold L, and
+    # depends on the query too from L on: with the default L, at seq > 512, posenc
     # attends the two sets of queries apart
-    fire = "init_L=512: " + ("query 513 on: not key - query" if seq > 513 else "key - query")
+    fire = "init_L=512: " + ("from query 512: not key - query" if seq > 512 else "key - query")
     return [
         Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)"),
         Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),

@@ -216,16 +216,12 @@ def param_groups(model: LabModel, lr: float) -> list[dict[str, Any]]:
     ``lr``): equal relative steps, as Adafactor's parameter-scale updates gave T5
     (Shazeer & Stern 2018, section 8). Every other parameter keeps ``lr``.
     """
-    if model.bias is None:
-        return [{"params": list(model.parameters())}]
-    own = {id(p) for p in model.bias.parameters()}
-    rest = [p for p in model.parameters() if id(p) not in own]
-    if not own:
-        return [{"params": rest}]
-    reference = _rms(model.get_parameter("blocks.0.qkv.weight"))
+    own = [] if model.bias is None else list(model.bias.parameters())
+    rest = [p for p in model.parameters() if all(p is not q for q in own)]
     groups: list[dict[str, Any]] = [{"params": rest}]
-    for p in model.bias.parameters():
-        groups.append({"params": [p], "lr": lr * max(1.0, _rms(p) / reference)})
+    if own:
+        reference = _rms(model.get_parameter("blocks.0.qkv.weight"))
+        groups += [{"params": [p], "lr": lr * max(1.0, _rms(p) / reference)} for p in own]
     return groups
 
 
@@ -415,6 +411,7 @@ def _worker_count(workers: int | None, world: _World, trainings: int) -> int:
 class _Done:
     """What one training and its evaluations produced."""
 
+    key: str  # the training's
     records: dict[tuple[str, int], list[Record]]
     losses: list[float]
     fresh: bool
@@ -439,7 +436,7 @@ def _train_and_evaluate(
     )
     if on_evaluate is not None:
         on_evaluate()
-    done = _Done({}, losses, fresh)
+    done = _Done(key, {}, losses, fresh)
     for encoding, seed in jobs:
         records = evaluate(model, config, encoding, seed, corpus)
         if world.main:
@@ -598,9 +595,8 @@ def run(
     found: dict[tuple[str, int], list[Record]] = {}
     for group, done in zip(trainings, results, strict=True):
         found.update(done.records)
-        key = config.training_key(*group[0])
         if done.fresh:
-            outcome.trained.append(key)
+            outcome.trained.append(done.key)
         for encoding, seed in group:
             outcome.losses[f"{encoding}/{seed}"] = done.losses
     for encoding, seed in jobs:

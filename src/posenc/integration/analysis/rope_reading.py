@@ -293,18 +293,21 @@ def _reading(
     rows.append(Row("rope type", spec.rope_type, type_source))
 
     # base and partial factor: inside the dict, else a top-level attribute, else default
-    def first(key: str, names: tuple[str, ...], default: str) -> str:
+    def first(key: str, names: tuple[str, ...], default: str) -> tuple[str, Any]:
+        """Where the config gives ``key`` and its value there (``None`` if it does not)."""
         if d.get(key) is not None:
-            return f"{where}.{key}"
+            return f"{where}.{key}", d[key]
         for name in names:
             if setting(part, name) is not None:
-                return f"{prefix}{name}" + (" (GPT-NeoX's name)" if name != key else "")
-        return default
+                source = f"{prefix}{name}" + (" (GPT-NeoX's name)" if name != key else "")
+                return source, setting(part, name)
+        return default, None
 
-    rows.append(Row("base (rope_theta)", spec.base, first(
+    base_source, _ = first(
         "rope_theta", ("rope_theta", "rotary_emb_base"),
         f"default (HF's default_theta {DEFAULT_THETA:g})",
-    )))  # fmt: skip
+    )  # fmt: skip
+    rows.append(Row("base (rope_theta)", spec.base, base_source))
     if setting(part, "head_dim") is not None:
         head_source = f"{prefix}head_dim"
     elif setting(part, "qk_rope_head_dim") is not None:
@@ -315,14 +318,9 @@ def _reading(
         hidden, heads = setting(part, hidden_key), setting(part, heads_key)
         head_source = f"{prefix}{hidden_key} // {prefix}{heads_key} = {hidden} // {heads}"
     rows.append(Row("head_dim", spec.head_dim, head_source))
-    partial_source = first(
+    partial_source, given = first(
         "partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), "default"
     )
-    given = next(
-        (v for v in (d.get("partial_rotary_factor"), setting(part, "partial_rotary_factor"),
-                     setting(part, "rotary_pct")) if v is not None),
-        None,
-    )  # fmt: skip
     fixed = model_types.lookup(model_types.FIXED_ROPE, setting(part, "model_type"))
     if given is not None and float(given) != spec.partial_rotary_factor:
         partial_row = Row(
