@@ -78,8 +78,19 @@ def dense(q, k, v, bias, *, causal, scale, mask):
     return p @ v
 
 
-def weight_stats(q, k, v, dout, bias, *, causal, scale, mask):
+def table_block(bias, q_len, k_len):
+    """The float64 bias of a relative bias as a block function (None without a bias)."""
+    if bias is None or isinstance(bias, NoPE):
+        return None
+    table = bias.relative_bias(torch.arange(-(k_len - 1), q_len)).double().detach()
+    return lambda q_pos, k_pos: table[:, k_pos[None, :] - q_pos[:, None] + k_len - 1]
+
+
+def weight_stats(q, k, v, dout, block, *, causal, scale, mask):
     """Float64 magnitudes the error bounds need, over blocks of queries (linear memory).
+
+    ``block(q_pos, k_pos)`` is the float64 bias (heads, n, k_len) of key
+    positions ``q_pos``, or None.
 
     colsum: the largest sum of weights one key gets (over its group's heads and
     all queries); diag: the sum of weights along each diagonal ``key - query`` of
@@ -91,9 +102,6 @@ def weight_stats(q, k, v, dout, bias, *, causal, scale, mask):
     hk, lk = k.shape[1], k.shape[2]
     q, k, v, dout = (t.double() for t in (q, k, v, dout))
     k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
-    table = None
-    if bias is not None and not isinstance(bias, NoPE):
-        table = bias.relative_bias(torch.arange(-(lk - 1), lq)).double().detach()
     col = torch.zeros(b, h, lk, dtype=torch.float64)
     diag = torch.zeros(h, lq + lk - 1, dtype=torch.float64)
     amax = smax = lmax = 0.0
@@ -103,8 +111,8 @@ def weight_stats(q, k, v, dout, bias, *, causal, scale, mask):
         q_pos = torch.arange(i0, i1) + lk - lq
         rel = k_pos[None, :] - q_pos[:, None] + lk - 1
         s = q[:, :, i0:i1] @ k.transpose(-1, -2) * scale
-        if table is not None:
-            s = s + table[:, rel]
+        if block is not None:
+            s = s + block(q_pos, k_pos)
         allowed = mask[:, None, None, :].expand(b, 1, i1 - i0, lk)
         if causal:
             allowed = allowed & (k_pos[None, :] <= q_pos[:, None])
@@ -123,8 +131,11 @@ def weight_stats(q, k, v, dout, bias, *, causal, scale, mask):
     return colsum, diag, amax, smax, lmax
 
 
-def bounds(q, k, v, dout, bias, *, causal, scale, mask):
+def bounds(q, k, v, dout, bias, *, causal, scale, mask, block=None, bias_error=None):
     """Per-element error bounds of float32 dq, dk, dv and the table gradient.
+
+    The bias is ``bias``'s table, or ``block`` (see weight_stats) with the bound
+    ``bias_error`` of its float32 evaluation.
 
     First order in U = 2**-24, each quantity carrying its own rounding and its
     inputs' errors (row norms bound dot products by Cauchy-Schwarz):
@@ -147,25 +158,29 @@ def bounds(q, k, v, dout, bias, *, causal, scale, mask):
       (the dS of one diagonal, over the batch: n = batch * min(q_len, k_len) terms
       whose weights sum to diag): diag (eta + (n + 1) U A), per entry.
 
-    Returns the bounds of dq, dk, dv and the table gradient (per entry), and a
-    bound of |the table gradient| (diag A).
+    Returns the bounds of dq, dk, dv and the table gradient (per entry), a
+    bound of |the table gradient| (diag A), eta and A, and the output's bound.
 
     Each bound is doubled for the second-order terms.
     """
-    colsum, diag, amax, smax, lmax = weight_stats(
-        q, k, v, dout, bias, causal=causal, scale=scale, mask=mask
-    )
     b, h, lq, d = q.shape
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    if block is None:
+        block = table_block(bias, lq, lk)
+    colsum, diag, amax, smax, lmax = weight_stats(
+        q, k, v, dout, block, causal=causal, scale=scale, mask=mask
+    )
     group = h // hk
 
     def norm(t):
         return float(t.double().norm(dim=-1).max())
 
-    bmax = 0.0
-    if bias is not None and not isinstance(bias, NoPE):
-        bmax = float(bias.relative_bias(torch.arange(-(lk - 1), lq)).detach().abs().max())
-    es = d * U * norm(q) * norm(k) * scale + 8 * U * bmax + 2 * U * smax
+    if bias_error is None:
+        bmax = 0.0
+        if block is not None:
+            bmax = float(block(torch.arange(lk - lq, lk), torch.arange(lk)).abs().max())
+        bias_error = 8 * U * bmax
+    es = d * U * norm(q) * norm(k) * scale + bias_error + 2 * U * smax
     ep = 4 * es + (lk + 8) * U + 2 * U * (lmax + smax)
     vmax, omax = float(v.abs().max()), float(dout.abs().max())
     err_out = math.sqrt(dv) * vmax * (ep + (lk + 2) * U)
@@ -175,7 +190,7 @@ def bounds(q, k, v, dout, bias, *, causal, scale, mask):
     tk = scale * norm(q) * colsum * (eta + (group * lq + 1) * U * amax)
     tv = colsum * omax * (ep + (group * lq + 1) * U)
     tt = diag * (eta + (b * min(lq, lk) + 1) * U * amax)
-    return 2 * tq, 2 * tk, 2 * tv, 2 * tt, diag * amax
+    return 2 * tq, 2 * tk, 2 * tv, 2 * tt, diag * amax, eta, amax, 2 * err_out
 
 
 def param_bounds(bias, lq, lk, table_bound, table_max):
@@ -223,7 +238,7 @@ def run_case(bias_name, shape, causal, seed=0):
     q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
     ref = dense(q64, k64, v64, bias64, causal=causal, scale=scale, mask=mask)
     want = torch.autograd.grad(ref, [q64, k64, v64, *trainable(bias64)], dout.double())
-    tq, tk, tv, tt, tmax = bounds(q, k, v, dout, bias, causal=causal, scale=scale, mask=mask)
+    tq, tk, tv, tt, tmax, *_ = bounds(q, k, v, dout, bias, causal=causal, scale=scale, mask=mask)
     tols = [tq, tk, tv]
     if params:
         tols += param_bounds(bias, shape[3], shape[4], tt, tmax)
@@ -308,7 +323,7 @@ def test_head_dim_off_the_vector_width_falls_back():
     # head_dim 24 is no multiple of 16: attend_backward declines, blockwise runs
     shape = (1, 2, 2, 9, 9, 24, 16)
     assert attend.compiled is not None
-    args = [0] * 12 + [list(shape), [0, 0, 0], [0, 0, 0], [0, 0, 0], True, 0.2, 1]
+    args = [0] * 12 + [list(shape), [0, 0, 0], [0, 0, 0], [0, 0, 0], True, 0.2, 1, None]
     assert attend.compiled.attend_backward(*args) is False
     got, want, tols = run_case("t5", shape, causal=True)
     assert_within(got, want, tols)
@@ -358,40 +373,159 @@ def test_compiled_graph_takes_the_fused_backward(kernel_only):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_fire_queries_below_its_threshold_take_the_table(monkeypatch):
-    # FIRE's bias is f(psi(|i - j|) / psi(max(L, i))): a function of the distance for
-    # queries i < L. Causal, those queries attend apart, through a table and the
-    # compiled loop; the others block by block. Together: dense attention, gradients
-    # included (L's too, which the table's normaliser carries).
-    torch.manual_seed(3)
-    bias = FIRE(2, mlp_width=8, init_L=40.5)
+# FIRE past its threshold: (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim)
+FIRE_SHAPES = {
+    "block-1": (2, 2, 2, 63, 63, 16, 16),
+    "cache-gqa": (2, 4, 2, 5, 65, 64, 32),
+    "gqa-130": (1, 4, 1, 130, 130, 80, 16),
+}
+
+
+def fire_case(shape, causal, init_l, seed=0):
+    """FIRE's pieces through the compiled loops against exact arithmetic on their inputs.
+
+    The reference takes the float32 inputs the kernel reads (table, scale, slopes,
+    intercepts) in float64 and each score's piece as the kernel picks it (from x
+    rounded to float32: at a knot both pieces give the same bias, so the choice
+    moves only which piece's gradient a score adds to). Returns the kernel's and
+    the reference's gradients of q, k, v and of the four tensors, and bounds.
+    """
+    b, h, hk, lq, lk, d, _ = shape
+    torch.manual_seed(seed)
+    bias = FIRE(h, mlp_width=16, init_L=init_l)
+    q, k, v, dout, mask = make(shape, seed)
+    scale = 1 / math.sqrt(d)
+    cpu = torch.device("cpu")
+    fn, params, form, knots = attend._bias_plan(bias, h, lq, lk, scale, cpu, torch.float32)
+    assert form == "scaled" and 0 < knots.numel() <= attend._MAX_KNOTS
+    plan = attend._Plan(fn, causal, scale, mask, lk - lq, form, knots)
+    leaves = [p.detach().requires_grad_(True) for p in params]
+    inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attend._Attention.apply(*inputs, plan, True, *leaves)
+    got = torch.autograd.grad(out, [*inputs, *leaves], dout)
+
+    q_pos, k_pos = torch.arange(lk - lq, lk), torch.arange(lk)
+    idx = k_pos[None, :] - q_pos[:, None] + lk - 1
+    piece = torch.bucketize(params[0].detach()[idx] * params[1].detach()[:, None], knots)
+    exact = [p.detach().double().requires_grad_(True) for p in params]
+    table, row_scale, slopes, intercepts = exact
+    x = table[idx] * row_scale[:, None]
+    dense_bias = slopes[:, piece] * x + intercepts[:, piece]  # (heads, q_len, k_len)
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    kk, vv = k64.repeat_interleave(h // hk, 1), v64.repeat_interleave(h // hk, 1)
+    s = q64 @ kk.transpose(-1, -2) * scale + dense_bias
+    allowed = mask[:, None, None, :].expand(b, 1, lq, lk)
+    if causal:
+        allowed = allowed & (k_pos[None, :] <= q_pos[:, None])
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    want = torch.autograd.grad(p @ vv, [q64, k64, v64, *exact], dout.double())
+
+    with torch.no_grad():
+        fixed = dense_bias.detach()
+        sx, ic = (slopes[:, piece] * x).abs(), intercepts[:, piece].abs()
+        # the kernel rounds x = table * scale once and fuses slope x + intercept: U (|slope
+        # x| + |bias|) <= 2 U (|slope x| + |intercept|) per score
+        bias_error = 2 * U * float((sx + ic).max())
+        tq, tk, tv, _, _, eta, amax, _ = bounds(
+            q, k, v, dout, None, causal=causal, scale=scale, mask=mask,
+            block=lambda qp, kp: fixed[:, qp - (lk - lq)][:, :, kp], bias_error=bias_error,
+        )  # fmt: skip
+        # each tensor's gradient sums dS (off by P eta; |dS| <= P A) times a factor of
+        # the score: any order of at most n float32 sums adds (n + 8) U A P per term
+        n = b * h * lq * lk
+        per = p.sum(0) * (eta + (n + 8) * U * amax)  # (heads, q_len, k_len)
+        slope = slopes.detach()[:, piece].abs()
+        tt = torch.zeros(lq + lk - 1, dtype=torch.float64)
+        on_table = (per * slope * row_scale.detach()[:, None]).sum(0)
+        tt.scatter_add_(0, idx.flatten(), on_table.flatten())
+        ts = (per * slope * table.detach()[idx]).sum((0, 2))
+        tsl = torch.zeros(h, knots.numel() + 1, dtype=torch.float64)
+        tsl.scatter_add_(1, piece.flatten().expand(h, -1), (per * x.detach()).flatten(1))
+        tin = torch.zeros_like(tsl).scatter_add_(1, piece.flatten().expand(h, -1), per.flatten(1))
+    return got, want, [tq, tk, tv, 2 * tt, 2 * ts, 2 * tsl, 2 * tin]
+
+
+@pytest.mark.parametrize("shape", FIRE_SHAPES.values(), ids=FIRE_SHAPES.keys())
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_fire_past_its_threshold_takes_the_pieces(shape, causal, kernel_only):
+    # L a third of the way in: queries on both sides of it
+    got, want, tols = fire_case(shape, causal, init_l=shape[4] / 3)
+    names = ["dq", "dk", "dv", "dtable", "dscale", "dslopes", "dintercepts"]
+    for name, a, b, t in zip(names, got, want, tols, strict=True):
+        err = (a.double() - b).abs()
+        assert bool((err <= t).all()), f"{name}: error {float(err.max()):.3g} > bound"
+
+
+def test_fire_routes_by_its_threshold(monkeypatch):
+    # every query below L: the table; any at or past it: the pieces, through the
+    # compiled loop forwards and backwards
     calls = []
     forward = attend._forward_kernel
 
     def spy(plan, params, q, k, v):
-        calls.append((q.shape[2], k.shape[2], plan.kernel_table))
-        return forward(plan, params, q, k, v)
+        result = forward(plan, params, q, k, v)
+        calls.append((plan.form, result is not None))
+        return result
 
     monkeypatch.setattr(attend, "_forward_kernel", spy)
-    q, k, v, dout, _ = make((1, 2, 2, 90, 100, 16, 16), seed=4)
-    out = posenc.attention(q, k, v, bias=bias, causal=True)
-    # queries at key positions 10 .. 40 (< 40.5): 31 of them, with the 41 keys they see
-    assert calls == [(31, 41, True), (59, 100, False)]
+    q, k, v, _, _ = make((1, 2, 2, 90, 100, 16, 16), seed=4)
+    for init_l, form in ((100.5, "table"), (40.5, "scaled"), (1.0, "scaled")):
+        bias = FIRE(2, mlp_width=8, init_L=init_l)
+        out = posenc.attention(q, k, v, bias=bias, causal=True)
+        assert calls.pop() == (form, True) and out.isfinite().all()
 
-    # float64 (the torch path, split the same way) against dense attention
-    bias64 = copy.deepcopy(bias).double()
-    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
-    params = trainable(bias64)
-    got = posenc.attention(q64, k64, v64, bias=bias64, causal=True)
-    grads = torch.autograd.grad(got, [q64, k64, v64, *params], dout.double())
-    ref = dense(q64, k64, v64, bias64, causal=True, scale=0.25, mask=torch.ones(1, 100).bool())
-    want = torch.autograd.grad(ref, [q64, k64, v64, *params], dout.double())
-    # the same sums in float64 in another order: a few hundred roundings of 2**-53
-    # relative to the largest term, far below 1e-10 at these magnitudes
-    torch.testing.assert_close(got, ref, rtol=0, atol=1e-10)
-    for a, b in zip(grads, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(out.double(), ref.detach(), rtol=0, atol=1e-4)
+
+def _many_knots(heads, knots):
+    """A FIRE whose MLP bends at ``knots`` points inside (0, 1)."""
+    bias = FIRE(heads, mlp_width=knots, init_L=4.0)
+    with torch.no_grad():
+        bias.mlp[0].weight.fill_(1.0)
+        bias.mlp[0].bias.copy_(-torch.linspace(0.01, 0.99, knots))
+    return bias
+
+
+def test_fire_with_more_knots_than_the_loop_holds_goes_blockwise(monkeypatch):
+    calls = []
+    forward = attend._forward_kernel
+
+    def spy(plan, params, q, k, v):
+        result = forward(plan, params, q, k, v)
+        calls.append((plan.form, plan.knots.numel(), result is None))
+        return result
+
+    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    shape = (1, 2, 2, 40, 40, 16, 16)
+    q, k, v, dout, mask = make(shape, seed=8)
+    bias = _many_knots(2, 100)
+    out = posenc.attention(q, k, v, bias=bias, causal=True, attention_mask=mask)
+    (form, knots, declined), *_ = calls
+    assert form == "scaled" and knots > attend._MAX_KNOTS and declined
+    exact = copy.deepcopy(bias).double()
+    ref = dense(*(t.double() for t in (q, k, v)), exact, causal=True, scale=0.25, mask=mask)
+    # the pieces in float32: x = psi / norm off by 7 U relative (log1p twice, the
+    # reciprocal, two products), then slope x + intercept rounded twice
+    with torch.no_grad():
+        form = bias.scaled_form(torch.arange(40), torch.arange(-39, 40))
+        size = form.slopes.abs().amax() * float(form.table.max() * form.scale.max())
+        bias_error = 10 * U * float(size + form.intercepts.abs().amax())
+        *_, out_bound = bounds(
+            q, k, v, dout, None, causal=True, scale=0.25, mask=mask, bias_error=bias_error,
+            block=lambda qp, kp: exact(qp[:, None], kp[None, :]),
+        )  # fmt: skip
+    assert bool(((out.double() - ref).abs() <= out_bound).all())
+
+
+def test_fire_with_nan_parameters_gives_nan_as_dense_does():
+    bias = FIRE(2, mlp_width=8, init_L=4.0)
+    with torch.no_grad():
+        bias.mlp[2].weight[1, 3] = float("nan")
+    q, k, v, _, _ = make((1, 2, 2, 20, 20, 16, 16), seed=9)
+    out = posenc.attention(q, k, v, bias=bias, causal=True)
+    causal = torch.ones(20, 20, dtype=torch.bool).tril()
+    s = (q @ k.transpose(-1, -2) * 0.25 + bias.bias(20, 20)).masked_fill(~causal, -math.inf)
+    ref = torch.softmax(s, -1) @ v  # head 1's bias is NaN, so are its rows
+    assert torch.equal(out.isnan(), ref.isnan()) and out[0, 1].isnan().all()
+    assert not out[0, 0].isnan().any()
 
 
 @pytest.mark.skipif(

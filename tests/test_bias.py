@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias, alibi_slopes, t5_bucket
-from posenc.families.bias.modules import ALiBi
+from posenc.families.bias.modules import ALiBi, relu_pieces
 
 pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
@@ -277,6 +277,74 @@ def test_fire_formula_and_training():
     m.bias(5, 600).sum().backward()
     assert m.c.grad is not None and m.L_multiplier.grad is not None
     assert all(p.grad is not None for p in m.mlp.parameters())
+
+
+def _pieces_bias(form, q_pos, k_pos, k_len):
+    """The bias a ScaledForm gives, as posenc.attention's blocks evaluate it."""
+    x = form.table[k_pos[None, :] - q_pos[:, None] + k_len - 1] * form.scale[:, None]
+    piece = torch.bucketize(x, form.knots)
+    return form.slopes[:, piece] * x + form.intercepts[:, piece]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    width=st.integers(1, 40),
+    low=st.floats(-3, 3),
+    span=st.floats(0.01, 5),
+)
+def test_relu_pieces_equal_the_mlp(seed, width, low, span):
+    # in float64 the pieces are the MLP itself: on each piece the same units are
+    # active, so slope x + intercept is the same sum regrouped (a few roundings of
+    # 2**-53 relative to the sum of |terms|)
+    gen = torch.Generator().manual_seed(seed)
+    first, last = torch.nn.Linear(1, width).double(), torch.nn.Linear(width, 3).double()
+    with torch.no_grad():
+        for p in (*first.parameters(), *last.parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        first.weight[::5] = 0.0  # units without a bend: constant relu(b)
+    high = low + span
+    x = torch.cat((torch.linspace(low, high, 257, dtype=torch.float64), torch.tensor([low, high])))
+    with torch.no_grad():
+        knots, slopes, intercepts = relu_pieces(first, last, low, high)
+        piece = torch.bucketize(x, knots)
+        got = slopes[:, piece] * x + intercepts[:, piece]
+        want = last(torch.relu(first(x[:, None]))).T
+        size = last.weight.abs() @ (first.weight.abs() * x.abs() + first.bias.abs()[:, None])
+    assert bool((knots[1:] >= knots[:-1]).all()) and bool(((knots > low) & (knots < high)).all())
+    assert bool(((got - want).abs() <= 64 * 2.0**-53 * (size + last.bias.abs()[:, None])).all())
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("init_l", [3.0, 20.0, 1e4])
+def test_fire_scaled_form_is_its_bias(init_l, causal):
+    # queries on both sides of L (and all below it): the pieces give the module's
+    # bias, and the same gradients through its parameters, in float64
+    torch.manual_seed(7)
+    module = FIRE(3, mlp_width=24, init_L=init_l).double()
+    q_len, k_len = 30, 40
+    q_pos, k_pos = torch.arange(k_len - q_len, k_len), torch.arange(k_len)
+    form = module.scaled_form(q_pos, torch.arange(-(k_len - 1), q_len))
+    assert form is not None and form.knots.requires_grad is False
+    got = _pieces_bias(form, q_pos, k_pos, k_len)
+    want = module(q_pos[:, None], k_pos[None, :])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    weights = torch.randn(want.shape, dtype=torch.float64)
+    if causal:
+        weights = weights * (k_pos[None, :] <= q_pos[:, None])
+    params = list(module.parameters())
+    g_got = torch.autograd.grad((got * weights).sum(), params)
+    g_want = torch.autograd.grad((want * weights).sum(), params)
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_fire_scaled_form_needs_finite_parameters():
+    module = FIRE(2)
+    with torch.no_grad():
+        module.mlp[2].weight[0, 0] = float("nan")
+    assert module.scaled_form(torch.arange(3), torch.arange(-2, 3)) is None
+    assert ALiBi(2).scaled_form(torch.arange(3), torch.arange(-2, 3)) is None
 
 
 def test_sandwich_formula():

@@ -34,10 +34,12 @@ the module's parameters) and else the blockwise recomputation (float64, other
 devices, a head_dim or v_dim that is no multiple of 16).
 
 FIRE's bias depends on ``key - query`` only for queries below its threshold
-``L``: those take the table (every query, when all are below ``L``; under a
-causal mask the queries below ``L`` attend apart, with the keys they see, and the
-rest block by block; bidirectional with queries at or past ``L``, every query
-goes block by block).
+``L``: when every query is, it takes the table. Otherwise its
+:meth:`~posenc.bias.AttentionBias.scaled_form` does: the MLP as linear pieces of
+``x = table[key - query] * scale[query]``, which the compiled loops evaluate per
+score (a search over at most 63 knots; more, and the blockwise path evaluates the
+same pieces) and differentiate into the table, the scales, and each piece's slope
+and intercept, from which autograd reaches the MLP, ``c`` and ``L``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import torch
 
 from posenc.core import checks
 from posenc.core.kernels import compiled
-from posenc.families.bias.modules import AttentionBias, NoPE
+from posenc.families.bias.modules import AttentionBias, NoPE, ScaledForm
 
 __all__ = ["attention"]
 
@@ -60,6 +62,9 @@ BACKENDS = ("auto", "kernel", "blockwise", "flex")
 # Scores per block of the blockwise path (4 MiB of float32): a block is a run of
 # queries against every key, so its softmax is exact without rescaling.
 _BLOCK_SCORES = 1 << 20
+
+# The compiled loops keep a scaled form's knots in four vectors of 16, one a +inf pad
+_MAX_KNOTS = 63
 
 BiasFn = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -73,7 +78,10 @@ class _Plan:
     scale: float
     key_mask: torch.Tensor | None  # (batch, k_len) bool, True = attend
     offset: int  # k_len - q_len: the key position of query 0
-    kernel_table: bool  # the bias is params[0], a table over key - query (or None)
+    # "table": params are a table over key - query; "scaled": a ScaledForm's table,
+    # scale, slopes and intercepts (its knots here); None: none, or the module's own
+    form: str | None
+    knots: torch.Tensor | None = None
 
 
 def _check_inputs(q: Any, k: Any, v: Any) -> None:
@@ -145,20 +153,23 @@ def _bias_plan(
     scale: float,
     device: torch.device,
     dtype: torch.dtype,
-) -> tuple[BiasFn, tuple[torch.Tensor, ...], bool]:
-    """The bias as a block function of its tensors, the tensors, and whether they are a table.
+    pieces: bool = True,
+) -> tuple[BiasFn, tuple[torch.Tensor, ...], str | None, torch.Tensor | None]:
+    """The bias as a block function of its tensors, the tensors, their form, and knots.
 
     A bias of ``key - query`` is evaluated once over the ``q_len + k_len - 1``
     relative positions (``-(k_len - 1) .. q_len - 1``) into a ``(heads, n)``
-    table that blocks index; autograd carries the table's gradient back to
-    the module's parameters. Other biases (FIRE) are evaluated per block. The
-    bias is cast to ``dtype``, the scores' (float64 attention keeps a float64
-    module's bias float64, gradients included).
+    table that blocks index ("table"); one with a scaled form (FIRE) into that
+    form's tensors ("scaled"); autograd carries their gradients back to the
+    module's parameters. Other biases (and, without ``pieces``, scaled forms)
+    are evaluated per block by the module (form None). The bias is cast to
+    ``dtype``, the scores' (float64 attention keeps a float64 module's bias
+    float64, gradients included).
     """
     factor = scale if bias.scale_with_logits else 1.0
+    rel = torch.arange(-(k_len - 1), q_len, device=device)
     if bias.relative or bias.relative_below() > k_len - 1:
         # every query's bias is one of key - query (FIRE's queries below its threshold)
-        rel = torch.arange(-(k_len - 1), q_len, device=device)
         table = bias.relative_bias(rel).to(dtype)
         if factor != 1.0:
             table = table * factor
@@ -174,7 +185,13 @@ def _bias_plan(
             index = k_pos[None, :] - q_pos[:, None] + (k_len - 1)
             return params[0][:, index]
 
-        return from_table, (table,), True
+        return from_table, (table,), "table", None
+
+    form = (
+        bias.scaled_form(torch.arange(k_len - q_len, k_len, device=device), rel) if pieces else None
+    )
+    if form is not None:
+        return _scaled_plan(form, heads, q_len, k_len, factor, dtype)
 
     params = tuple(p for p in bias.parameters() if p.requires_grad)
 
@@ -184,7 +201,41 @@ def _bias_plan(
         out = bias(q_pos[:, None], k_pos[None, :]).to(dtype)
         return out * factor if factor != 1.0 else out
 
-    return per_block, params, False
+    return per_block, params, None, None
+
+
+def _scaled_plan(
+    form: ScaledForm, heads: int, q_len: int, k_len: int, factor: float, dtype: torch.dtype
+) -> tuple[BiasFn, tuple[torch.Tensor, ...], str, torch.Tensor]:
+    """A scaled form as the block function of its table, scale, slopes and intercepts."""
+    pieces = form.knots.numel() + 1
+    shapes = {
+        "table": (form.table, (q_len + k_len - 1,)),
+        "scale": (form.scale, (q_len,)),
+        "slopes": (form.slopes, (heads, pieces)),
+        "intercepts": (form.intercepts, (heads, pieces)),
+    }
+    for name, (t, want) in shapes.items():
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"the scaled form's {name} has shape {tuple(t.shape)}; expected {want}"
+            )
+    slopes, intercepts = form.slopes.to(dtype), form.intercepts.to(dtype)
+    if factor != 1.0:
+        slopes, intercepts = slopes * factor, intercepts * factor
+    knots = form.knots.detach().to(dtype)
+    offset = k_len - q_len
+
+    def from_pieces(
+        params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor:
+        table, row_scale, slope, intercept = params
+        x = table[k_pos[None, :] - q_pos[:, None] + (k_len - 1)] * row_scale[q_pos - offset, None]
+        piece = torch.bucketize(x, knots)
+        return slope[:, piece] * x + intercept[:, piece]
+
+    params = (form.table.to(dtype), form.scale.to(dtype), slopes, intercepts)
+    return from_pieces, params, "scaled", knots
 
 
 def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -266,7 +317,9 @@ def _forward_kernel(
     """The compiled forward, or None where it does not apply (the caller goes blockwise)."""
     if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
         return None
-    if q.dtype != torch.float32 or (plan.bias_fn is not None and not plan.kernel_table):
+    if q.dtype != torch.float32 or (plan.bias_fn is not None and plan.form is None):
+        return None
+    if plan.knots is not None and plan.knots.numel() > _MAX_KNOTS:
         return None
     if q.shape[0] * q.shape[1] * v.shape[-1] == 0:  # an empty result: nothing to loop over
         return None
@@ -276,30 +329,61 @@ def _forward_kernel(
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty((b, h, lq, dv), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
-    table, mask = _kernel_operands(plan, params)
+    ops = _kernel_operands(plan, params)
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
     done = compiled.attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-        0 if table is None else table.data_ptr(), 0 if mask is None else mask.data_ptr(),
+        _address(ops.table), _address(ops.mask),
         [b, h, hk, lq, lk, q.shape[-1], dv],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads,
+        plan.causal, plan.scale, threads, ops.form(),
     )  # fmt: skip
     return (out, lse) if done else None
 
 
-def _kernel_operands(
-    plan: _Plan, params: Sequence[torch.Tensor]
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The bias table and the key mask as both compiled loops read them (or None)."""
-    table = None
-    if plan.bias_fn is not None:
-        # reversed, so that a row of keys reads it forwards: see core/csrc/attend.c
-        table = params[0].detach().float().flip(-1).contiguous()
-    mask = None
-    if plan.key_mask is not None:
-        mask = plan.key_mask.to(torch.uint8).contiguous()
-    return table, mask
+@dataclass(frozen=True)
+class _Operands:
+    """The bias, key mask and scaled form as both compiled loops read them."""
+
+    table: torch.Tensor | None  # (heads, n) or, scaled, (n,): reversed
+    mask: torch.Tensor | None  # (batch, k_len) uint8
+    pieces: tuple[torch.Tensor, ...] = ()  # scaled: scale, knots (64), slopes, intercepts
+    levels: int = 0  # scaled: binary search steps over the knots
+
+    def form(self, grads: Sequence[torch.Tensor] | None = None) -> tuple[int, ...] | None:
+        """The scaled form's argument, or None; for the backward (``grads`` given) with
+        the addresses of the scale's, slopes' and intercepts' gradients (0s: none)."""
+        if not self.pieces:
+            return None
+        out = (*(t.data_ptr() for t in self.pieces), self.levels)
+        if grads is None:
+            return out
+        return (*out, *(g.data_ptr() for g in grads)) if grads else (*out, 0, 0, 0)
+
+
+def _address(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _kernel_operands(plan: _Plan, params: Sequence[torch.Tensor]) -> _Operands:
+    """The bias and the key mask as both compiled loops read them (see core/csrc/attend.c)."""
+    mask = None if plan.key_mask is None else plan.key_mask.to(torch.uint8).contiguous()
+    if plan.bias_fn is None:
+        return _Operands(None, mask)
+    # reversed, so that a row of keys reads it forwards
+    table = params[0].detach().float().flip(-1).contiguous()
+    if plan.form != "scaled":
+        return _Operands(table, mask)
+    assert plan.knots is not None
+    n = plan.knots.numel()
+    knots = torch.full((_MAX_KNOTS + 1,), math.inf)
+    knots[:n] = plan.knots.float()
+    slopes, intercepts = (
+        torch.nn.functional.pad(t.detach().float(), (0, _MAX_KNOTS - n)).contiguous()
+        for t in params[2:]
+    )
+    scale = params[1].detach().float().contiguous()
+    return _Operands(table, mask, (scale, knots, slopes, intercepts), n.bit_length())
 
 
 def _bias_grads(
@@ -314,9 +398,10 @@ def _bias_grads(
     """Add the gradient of the bias tensors for one block (``dbias``: (heads, n, k_len))."""
     assert plan.bias_fn is not None
     with torch.enable_grad():
-        if plan.kernel_table:  # the table itself: differentiate the gather from it
-            leaves = [params[0].detach().requires_grad_(True)]
-            block = plan.bias_fn(leaves, q_pos, k_pos)
+        if plan.form is not None:  # the tensors themselves: differentiate the block of them
+            detached = [p.detach().requires_grad_(w) for p, w in zip(params, wanted, strict=True)]
+            leaves = [p for p in detached if p.requires_grad]
+            block = plan.bias_fn(detached, q_pos, k_pos)
         else:  # the module's parameters, which the block is computed from
             leaves = [p for p, w in zip(params, wanted, strict=True) if w]
             block = plan.bias_fn(params, q_pos, k_pos)
@@ -381,18 +466,23 @@ def _backward_kernel(
     dout: torch.Tensor,
     delta: torch.Tensor,
 ) -> tuple[torch.Tensor | None, ...] | None:
-    """The compiled backward of a compiled forward: dq, dk, dv and the table's gradient.
+    """The compiled backward of a compiled forward: dq, dk, dv and the bias tensors' gradients.
 
-    None where it has no loop (the caller goes blockwise). The table's gradient
+    None where it has no loop (the caller goes blockwise). A table's gradient
     is the score gradient summed per head along each diagonal ``key - query``;
-    autograd carries it on to the bias module's parameters.
+    a scaled form's are its table's, its scale's and its pieces'. Autograd
+    carries them on to the bias module's parameters.
     """
     if compiled is None or not hasattr(compiled, "attend_backward"):
         return None
     b, h, lq, d = q.shape
     hk, lk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
-    table, mask = _kernel_operands(plan, params)  # as the forward read them
-    dtable = torch.zeros_like(table) if table is not None and wanted[0] else None
+    ops = _kernel_operands(plan, params)  # as the forward read them
+    dtable = torch.zeros_like(ops.table) if ops.table is not None and any(wanted) else None
+    dpieces: list[torch.Tensor] = []  # the scale's, slopes' and intercepts': all or none
+    if ops.pieces and dtable is not None:
+        scale, _, slopes, intercepts = ops.pieces
+        dpieces = [torch.zeros_like(t) for t in (scale, slopes, intercepts)]
     dq = torch.zeros((b, h, lq, d), dtype=torch.float32)
     dk = torch.empty((b, hk, lk, d), dtype=torch.float32)
     dv = torch.empty((b, hk, lk, dv_dim), dtype=torch.float32)
@@ -400,16 +490,21 @@ def _backward_kernel(
     threads = min(torch.get_num_threads(), max(1, b * hk * ((lk + 63) // 64)))
     done = compiled.attend_backward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), lse.data_ptr(), dout.data_ptr(),
-        delta.data_ptr(), 0 if table is None else table.data_ptr(),
-        0 if mask is None else mask.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-        0 if dtable is None else dtable.data_ptr(),
+        delta.data_ptr(), _address(ops.table), _address(ops.mask),
+        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _address(dtable),
         [b, h, hk, lq, lk, d, dv_dim],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads,
+        plan.causal, plan.scale, threads, ops.form(dpieces),
     )  # fmt: skip
     if not done:
         return None
-    return (dq, dk, dv, None if dtable is None else dtable.flip(-1))
+    if ops.table is None:
+        return (dq, dk, dv)
+    grads: list[torch.Tensor | None] = [None if dtable is None else dtable.flip(-1)]
+    if plan.form == "scaled":
+        pieces = plan.knots.numel() + 1 if plan.knots is not None else 0
+        grads += [None] * 3 if not dpieces else [dpieces[0]] + [g[:, :pieces] for g in dpieces[1:]]
+    return (dq, dk, dv, *(g if w else None for g, w in zip(grads, wanted, strict=True)))
 
 
 class _Attention(torch.autograd.Function):
@@ -462,7 +557,7 @@ def _flex(
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     offset, key_mask = plan.offset, plan.key_mask
-    table = params[0] if plan.kernel_table else None
+    table = params[0] if plan.form == "table" else None
     factor = plan.scale if bias is not None and bias.scale_with_logits else 1.0
 
     def score_mod(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
@@ -589,41 +684,8 @@ def attention(
 
     if backend == "auto":
         backend = "kernel" if q.device.type == "cpu" else "flex"
-    split = _table_rows(bias, causal, lq, lk) if backend != "flex" else 0
-    if split:
-        # FIRE: queries below its threshold L take a table of key - query (and the
-        # compiled loop); each query's softmax is its own, so the rest attend apart
-        head = _attend(
-            q[:, :, :split],
-            k[:, :, : offset + split],
-            v[:, :, : offset + split],
-            bias,
-            causal,
-            scale,
-            None if key_mask is None else key_mask[:, : offset + split],
-            backend,
-        )
-        tail = _attend(q[:, :, split:], k, v, bias, causal, scale, key_mask, backend)
-        out = torch.cat((head, tail), dim=2)
-    else:
-        out = _attend(q, k, v, bias, causal, scale, key_mask, backend)
+    out = _attend(q, k, v, bias, causal, scale, key_mask, backend)
     return out.to(dtype)
-
-
-def _table_rows(bias: AttentionBias | None, causal: bool, q_len: int, k_len: int) -> int:
-    """How many leading queries to attend apart with a table (0: attend all at once).
-
-    For a bias that depends on ``key - query`` only below a query position (FIRE's
-    threshold), under a causal mask: the queries below it see only the keys up to
-    them, so they attend as a bottom-right aligned call of their own.
-    """
-    if bias is None or bias.relative or not causal:
-        return 0
-    below = bias.relative_below()
-    first = k_len - q_len  # the position of query 0
-    if not math.isfinite(below) or below <= first or below > k_len - 1:
-        return 0  # no query, or every query, has a bias of key - query
-    return math.ceil(below) - first
 
 
 def _attend(
@@ -641,10 +703,13 @@ def _attend(
     lk = k.shape[2]
     bias_fn: BiasFn | None = None
     params: tuple[torch.Tensor, ...] = ()
-    table = False
+    form, knots = None, None
     if bias is not None and not isinstance(bias, NoPE):
-        bias_fn, params, table = _bias_plan(bias, h, lq, lk, scale, q.device, q.dtype)
-    plan = _Plan(bias_fn, causal, scale, key_mask, lk - lq, table)
+        # FlexAttention calls the module's score per element: no pieces to make
+        bias_fn, params, form, knots = _bias_plan(
+            bias, h, lq, lk, scale, q.device, q.dtype, pieces=backend != "flex"
+        )
+    plan = _Plan(bias_fn, causal, scale, key_mask, lk - lq, form, knots)
 
     if backend == "flex" and b * h * v.shape[-1] > 0:
         return _flex(q, k, v, plan, params, bias)

@@ -51,6 +51,10 @@ typedef struct {
     const float *q, *k, *v, *table;
     const uint8_t *mask;
     float *out, *lse;
+    /* the scaled form (pw_* 0 without it): knots (64, ascending, +inf padded),
+       slopes and intercepts (H, 64), row scale (LQ), the search's levels */
+    const float *pw_scale, *pw_knots, *pw_slopes, *pw_inter;
+    int pw_levels;
     Py_ssize_t B, H, HK, LQ, LK, D, DV;
     Py_ssize_t qs[3], ks[3], vs[3];
     int causal;
@@ -143,18 +147,69 @@ static void transpose_block(const float *x, Py_ssize_t stride, Py_ssize_t n, Py_
         for (Py_ssize_t ii = 0; ii < ABQ; ++ii) Xt[d * ABQ + ii] = ii < n ? x[ii * stride + d] : 0.0f;
 }
 
+/* The scaled form of a bias: bias_h(i, j) = F_h(x), x = table[key - query] *
+   scale[i], F_h piecewise linear with knots t_0 <= .. shared by the heads: slope_h[s] x
+   + intercept_h[s] on segment s = #{knots < x}. FIRE is one: x = psi(|i - j|) /
+   psi(max(L, i)) and F its ReLU MLP (posenc.integration.attention builds the pieces).
+   Up to 63 knots, padded to 64 with +inf, in four registers, as are one head's
+   slopes and intercepts. */
+typedef struct {
+    __m512 knot[4], slope[4], inter[4];
+    int levels; /* binary search steps: 2**levels > the number of knots */
+} pw_t;
+
+AVX512 static void pw_load(pw_t *f, const att_t *a, Py_ssize_t h) {
+    for (int r = 0; r < 4; ++r) {
+        f->knot[r] = _mm512_loadu_ps(a->pw_knots + 16 * r);
+        f->slope[r] = _mm512_loadu_ps(a->pw_slopes + 64 * h + 16 * r);
+        f->inter[r] = _mm512_loadu_ps(a->pw_inter + 64 * h + 16 * r);
+    }
+    f->levels = a->pw_levels;
+}
+
+/* t[idx] per lane for 64 entries in four registers, idx in 0 .. 63 */
+AVX512 static inline __m512 lookup64(const __m512 *t, __m512i idx) {
+    __m512 lo = _mm512_permutex2var_ps(t[0], idx, t[1]);
+    __m512 hi = _mm512_permutex2var_ps(t[2], idx, t[3]);
+    return _mm512_mask_mov_ps(lo, _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32)), hi);
+}
+
+/* The segment of each lane's x: the count of knots below it (branch-free binary
+   search; a NaN x compares false throughout and takes segment 0, whose NaN slope
+   or intercept, if any, then shows) */
+AVX512 static inline __m512i segment16(const pw_t *f, __m512 x) {
+    __m512i idx = _mm512_setzero_si512();
+    for (int step = (1 << f->levels) >> 1; step; step >>= 1) {
+        __m512 knot = lookup64(f->knot, _mm512_add_epi32(idx, _mm512_set1_epi32(step - 1)));
+        __mmask16 above = _mm512_cmp_ps_mask(x, knot, _CMP_GT_OQ);
+        idx = _mm512_mask_add_epi32(idx, above, idx, _mm512_set1_epi32(step));
+    }
+    return idx;
+}
+
 /* The scores of key j for the 16 queries i0 + 16 c .. of a block (raw dot products
    at sp) as softmax sees them: scaled, biased, and -inf where masked (key j
    padding, a query before key j when causal, a lane past the nq queries). t = j -
-   i0 - (LK - LQ): the queries ii < t of the block may not see key j. Forward and
-   backward both score through here, so the backward recomputes the forward's
-   scores bit for bit and exp(score - lse) are its weights. */
-AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float *tb, int dead,
-                                    Py_ssize_t j, Py_ssize_t i0, Py_ssize_t nq, Py_ssize_t c,
-                                    Py_ssize_t t) {
+   i0 - (LK - LQ): the queries ii < t of the block may not see key j. The bias is
+   read from the table (tb: the head's row, or with pw the shared row of x's
+   table) and, with the scaled form pw, made by it; its x and segment go to xo and
+   io. Forward and backward both score through here, so the backward recomputes
+   the forward's scores bit for bit and exp(score - lse) are its weights. */
+AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float *tb,
+                                    const pw_t *pw, int dead, Py_ssize_t j, Py_ssize_t i0,
+                                    Py_ssize_t nq, Py_ssize_t c, Py_ssize_t t, __m512 *xo,
+                                    __m512i *io) {
     __m512 s = _mm512_mul_ps(_mm512_load_ps(sp), _mm512_set1_ps(a->scale));
     __mmask16 cols = (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
-    if (tb) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c));
+    if (pw) {
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c),
+                                 _mm512_maskz_loadu_ps(cols, a->pw_scale + i0 + 16 * c));
+        __m512i idx = segment16(pw, x);
+        s = _mm512_add_ps(s, _mm512_fmadd_ps(lookup64(pw->slope, idx), x, lookup64(pw->inter, idx)));
+        *xo = x;
+        *io = idx;
+    } else if (tb)
+        s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c));
     __mmask16 keep = dead ? 0 : cols;
     if (a->causal && t > 16 * c) {
         __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -226,7 +281,12 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
     const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
     const float *kb = a->k + b * a->ks[0] + hk * a->ks[1];
     const float *vb = a->v + b * a->vs[0] + hk * a->vs[1];
-    const float *tb = a->table ? a->table + h * (LQ + LK - 1) : NULL;
+    /* the scaled form reads one table of x shared by the heads */
+    const float *tb = a->table ? a->table + (a->pw_knots ? 0 : h) * (LQ + LK - 1) : NULL;
+    pw_t pwh, *pw = NULL;
+    if (a->pw_knots) pw_load(pw = &pwh, a, h);
+    __m512 x = _mm512_setzero_ps(); /* x and segment: the scaled form's, unused here */
+    __m512i seg = _mm512_setzero_si512();
     const uint8_t *mb = a->mask ? a->mask + b * LK : NULL;
     transpose_block(qb, a->qs[2], nq, D, Qt);
     for (Py_ssize_t ii = 0; ii < ABQ; ++ii) {
@@ -247,7 +307,7 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
             int dead = mb != NULL && mb[j] == 0;
             for (Py_ssize_t c = 0; c < nv; ++c) {
                 float *sp = St + jj * ABQ + 16 * c;
-                __m512 s = score16(a, sp, tb, dead, j, i0, nq, c, j - i0 - off);
+                __m512 s = score16(a, sp, tb, pw, dead, j, i0, nq, c, j - i0 - off, &x, &seg);
                 _mm512_store_ps(sp, s);
                 cmax[c] = _mm512_max_ps(cmax[c], s);
             }
@@ -332,7 +392,10 @@ typedef struct {
     const float *dout, *delta;
     float *dk, *dv;
     float *dq, *dtab;   /* this thread's: (B, H, LQ, D) and (H, LQ + LK - 1) */
-    float **dqs, **dtabs; /* every thread's, for the sum */
+    /* the scaled form's (0 without it): this thread's gradient of the row scale (LQ)
+       and its sums of dS x and dS per head, segment and lane (H, 64, 16) */
+    float *dw, *dsl, *din;
+    float **dqs, **dtabs, **dws; /* every thread's, for the sum */
     Py_ssize_t *next;   /* the next unit to take, shared */
 } bwd_t;
 
@@ -355,9 +418,13 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
     memset(t->dV, 0, sizeof(float) * (size_t)(BBK * DV));
     /* causal: queries before j0 - off see none of these keys */
     Py_ssize_t first = a->causal && j0 > off ? (j0 - off) / ABQ * ABQ : 0;
+    Py_ssize_t rows = a->pw_knots ? 0 : 1; /* the scaled form's table is shared */
+    __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (Py_ssize_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const float *tb = a->table ? a->table + h * (LQ + LK - 1) : NULL;
-        float *dtb = w->dtab ? w->dtab + h * (LQ + LK - 1) : NULL;
+        const float *tb = a->table ? a->table + rows * h * (LQ + LK - 1) : NULL;
+        float *dtb = w->dtab ? w->dtab + rows * h * (LQ + LK - 1) : NULL;
+        pw_t pwh, *pw = NULL;
+        if (a->pw_knots) pw_load(pw = &pwh, a, h);
         for (Py_ssize_t i0 = first; i0 < LQ; i0 += ABQ) {
             Py_ssize_t nq = LQ - i0 < ABQ ? LQ - i0 : ABQ, nv = (nq + 15) / 16;
             const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
@@ -377,26 +444,51 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
             }
             scores_block(kb, a->ks[2], nk, t->Qt, D, nv, t->St);
             scores_block(vb, a->vs[2], nk, t->dOt, DV, nv, t->dSt);
+            __m512 dwsum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                               _mm512_setzero_ps()};
             for (Py_ssize_t jj = 0; jj < nk; ++jj) {
                 Py_ssize_t j = j0 + jj;
                 int dead = mb != NULL && mb[j] == 0;
                 for (Py_ssize_t c = 0; c < nv; ++c) {
                     float *sp = t->St + jj * ABQ + 16 * c, *dp = t->dSt + jj * ABQ + 16 * c;
-                    __m512 s = score16(a, sp, tb, dead, j, i0, nq, c, j - i0 - off);
+                    __m512 x = _mm512_setzero_ps();
+                    __m512i seg = _mm512_setzero_si512();
+                    __m512 s = score16(a, sp, tb, pw, dead, j, i0, nq, c, j - i0 - off, &x, &seg);
                     __m512 p = exp512(_mm512_sub_ps(s, _mm512_load_ps(t->lse + 16 * c)));
                     __m512 ds = _mm512_mul_ps(
                         p, _mm512_sub_ps(_mm512_load_ps(dp), _mm512_load_ps(t->delta + 16 * c)));
                     _mm512_store_ps(sp, p);
                     _mm512_store_ps(dp, ds);
-                    if (dtb) { /* the reversed table: queries of key j read it forwards */
-                        float *g = dtb + LK - 1 - j + i0 + 16 * c;
-                        __mmask16 cols =
-                            (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
-                        _mm512_mask_storeu_ps(g, cols,
-                                              _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), ds));
+                    if (!dtb) continue;
+                    /* the reversed table: queries of key j read it forwards */
+                    float *g = dtb + LK - 1 - j + i0 + 16 * c;
+                    __mmask16 cols =
+                        (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
+                    __m512 gt = ds;
+                    if (pw) {
+                        /* bias = slope x + intercept, x = table * scale: dS slope
+                           reaches the table times the scale and the scale times the
+                           table; dS x and dS the segment's slope and intercept,
+                           summed per lane (no two lanes share an address) */
+                        __m512 sd = _mm512_mul_ps(ds, lookup64(pw->slope, seg));
+                        gt = _mm512_mul_ps(sd, _mm512_maskz_loadu_ps(cols, a->pw_scale + i0 + 16 * c));
+                        dwsum[c] = _mm512_fmadd_ps(sd, _mm512_maskz_loadu_ps(cols, tb + LK - 1 - j + i0 + 16 * c),
+                                                   dwsum[c]);
+                        __m512i at = _mm512_add_epi32(_mm512_slli_epi32(seg, 4), lane);
+                        float *bs = w->dsl + h * 1024, *bi = w->din + h * 1024;
+                        _mm512_i32scatter_ps(bs, at, _mm512_fmadd_ps(ds, x, _mm512_i32gather_ps(at, bs, 4)), 4);
+                        _mm512_i32scatter_ps(bi, at, _mm512_add_ps(ds, _mm512_i32gather_ps(at, bi, 4)), 4);
                     }
+                    _mm512_mask_storeu_ps(g, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), gt));
                 }
             }
+            if (pw && dtb)
+                for (Py_ssize_t c = 0; c < nv; ++c) {
+                    __mmask16 cols =
+                        (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
+                    float *g = w->dw + i0 + 16 * c;
+                    _mm512_mask_storeu_ps(g, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), dwsum[c]));
+                }
             acc_block(t->St, 1, nq, t->orows, nk, t->dV, DV, DV);
             acc_block(t->dSt, 1, nq, t->qrows, nk, t->dK, D, D);
             acc_block(t->dSt, 0, nk, t->krows, nq, w->dq + ((b * H + h) * LQ + i0) * D, D, D);
@@ -450,13 +542,15 @@ static void *backward_run(void *arg) {
 AVX512 static void *backward_sum(void *arg) {
     bwd_t *w = (bwd_t *)arg;
     const att_t *a = &w->a;
-    Py_ssize_t nq = a->B * a->H * a->LQ * a->D, nt = a->H * (a->LQ + a->LK - 1);
-    for (int pass = 0; pass < 2; ++pass) {
-        float **src = pass ? w->dtabs : w->dqs;
-        Py_ssize_t n = pass ? nt : nq, share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
+    Py_ssize_t nq = a->B * a->H * a->LQ * a->D;
+    Py_ssize_t nt = (a->pw_knots ? 1 : a->H) * (a->LQ + a->LK - 1);
+    for (int pass = 0; pass < 3; ++pass) {
+        float **src = pass == 0 ? w->dqs : pass == 1 ? w->dtabs : w->dws;
+        Py_ssize_t n = pass == 0 ? nq : pass == 1 ? nt : a->LQ;
+        Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
         Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
         float factor = pass ? 1.0f : a->scale;
-        if (src[0] == NULL) continue;
+        if (src == NULL || src[0] == NULL) continue;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
             for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
@@ -491,16 +585,42 @@ static int read_shapes(att_t *base, PyObject *sizes, PyObject *qstr, PyObject *k
     return 0;
 }
 
+/* Reads the scaled form (None, or (scale, knots, slopes, intercepts, levels) as
+   addresses and an int, then with want_grads the addresses of its gradients (dw,
+   dslopes, dintercepts)) into a; grads gets those. */
+static int read_form(att_t *a, PyObject *form, int want_grads, unsigned long long *grads) {
+    if (form == Py_None) return 0;
+    unsigned long long sp, kp, lp, ip;
+    int levels;
+    grads[0] = grads[1] = grads[2] = 0;
+    int ok = want_grads ? PyArg_ParseTuple(form, "KKKKiKKK", &sp, &kp, &lp, &ip, &levels,
+                                           &grads[0], &grads[1], &grads[2])
+                        : PyArg_ParseTuple(form, "KKKKi", &sp, &kp, &lp, &ip, &levels);
+    if (!ok) return -1;
+    if (levels < 0 || levels > 6 || !a->table) {
+        PyErr_SetString(PyExc_ValueError, "attend: the scaled form needs a table and 0..6 levels");
+        return -1;
+    }
+    a->pw_scale = (const float *)(uintptr_t)sp;
+    a->pw_knots = (const float *)(uintptr_t)kp;
+    a->pw_slopes = (const float *)(uintptr_t)lp;
+    a->pw_inter = (const float *)(uintptr_t)ip;
+    a->pw_levels = levels;
+    return 0;
+}
+
 PyObject *posenc_attend(PyObject *self, PyObject *args) {
-    unsigned long long qp, kp, vp, op, lp, tp, mp;
-    PyObject *sizes, *qstr, *kstr, *vstr;
+    unsigned long long qp, kp, vp, op, lp, tp, mp, unused[3];
+    PyObject *sizes, *qstr, *kstr, *vstr, *form;
     int causal, threads;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdi", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
-                          &qstr, &kstr, &vstr, &causal, &scale, &threads))
+    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdiO", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
+                          &qstr, &kstr, &vstr, &causal, &scale, &threads, &form))
         return NULL;
     att_t base;
     if (read_shapes(&base, sizes, qstr, kstr, vstr, threads)) return NULL;
+    base.table = (const float *)(uintptr_t)tp;
+    if (read_form(&base, form, 0, unused)) return NULL;
 #ifdef HAVE_AVX512_ATTEND
     if (!__builtin_cpu_supports("avx512f") || base.DV % 16) Py_RETURN_FALSE;
     base.q = (const float *)(uintptr_t)qp;
@@ -508,7 +628,6 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
     base.v = (const float *)(uintptr_t)vp;
     base.out = (float *)(uintptr_t)op;
     base.lse = (float *)(uintptr_t)lp;
-    base.table = (const float *)(uintptr_t)tp;
     base.mask = (const uint8_t *)(uintptr_t)mp;
     base.causal = causal;
     base.scale = (float)scale;
@@ -530,30 +649,36 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
-    (void)qp, (void)kp, (void)vp, (void)op, (void)lp, (void)tp, (void)mp, (void)causal,
-        (void)scale;
+    (void)qp, (void)kp, (void)vp, (void)op, (void)lp, (void)mp, (void)causal, (void)scale;
     Py_RETURN_FALSE;
 #endif
 }
 
 PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
-    unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp;
-    PyObject *sizes, *qstr, *kstr, *vstr;
+    unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp, fg[3];
+    PyObject *sizes, *qstr, *kstr, *vstr, *form;
     int causal, threads;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdi", &qp, &kp, &vp, &lp, &gp, &dp, &tp, &mp,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdiO", &qp, &kp, &vp, &lp, &gp, &dp, &tp, &mp,
                           &dqp, &dkp, &dvp, &dtp, &sizes, &qstr, &kstr, &vstr, &causal, &scale,
-                          &threads))
+                          &threads, &form))
         return NULL;
     bwd_t base;
+    memset(&base, 0, sizeof base);
     if (read_shapes(&base.a, sizes, qstr, kstr, vstr, threads)) return NULL;
+    base.a.table = (const float *)(uintptr_t)tp;
+    if (read_form(&base.a, form, 1, fg)) return NULL;
+    int scaled = base.a.pw_knots != NULL;
+    if (scaled && dtp && !(fg[0] && fg[1] && fg[2])) {
+        PyErr_SetString(PyExc_ValueError, "attend_backward: the scaled form's gradients are missing");
+        return NULL;
+    }
 #ifdef HAVE_AVX512_ATTEND
     if (!__builtin_cpu_supports("avx512f") || base.a.DV % 16 || base.a.D % 16) Py_RETURN_FALSE;
     base.a.q = (const float *)(uintptr_t)qp;
     base.a.k = (const float *)(uintptr_t)kp;
     base.a.v = (const float *)(uintptr_t)vp;
     base.a.lse = (float *)(uintptr_t)lp;
-    base.a.table = (const float *)(uintptr_t)tp;
     base.a.mask = (const uint8_t *)(uintptr_t)mp;
     base.a.causal = causal;
     base.a.scale = (float)scale;
@@ -565,21 +690,32 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
     if (threads > base.a.units) threads = (int)base.a.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    /* dq and dtab (zeroed by the caller) take thread 0's sums; the others get zeroed
-       buffers of their own */
+    /* dq, dtab and dw (zeroed by the caller) take thread 0's sums; the others get
+       zeroed buffers of their own. The segment sums are per thread and lane, every
+       thread's its own, added into the caller's (H, 64) afterwards. */
+    int segs = scaled && dtp;
     size_t nq = (size_t)(base.a.B * base.a.H * base.a.LQ * base.a.D);
-    size_t nt = (size_t)(base.a.H * (base.a.LQ + base.a.LK - 1));
+    size_t nt = (size_t)((scaled ? 1 : base.a.H) * (base.a.LQ + base.a.LK - 1));
+    size_t nw = (size_t)base.a.LQ, ns = (size_t)(base.a.H * 64 * 16);
     bwd_t *jobs = (bwd_t *)calloc((size_t)threads, sizeof(bwd_t));
     float **dqs = (float **)calloc((size_t)threads, sizeof(float *));
     float **dtabs = (float **)calloc((size_t)threads, sizeof(float *));
-    int failed = jobs == NULL || dqs == NULL || dtabs == NULL;
+    float **dws = (float **)calloc((size_t)threads, sizeof(float *));
+    float **sums = (float **)calloc((size_t)threads, sizeof(float *));
+    int failed = jobs == NULL || dqs == NULL || dtabs == NULL || dws == NULL || sums == NULL;
     if (!failed) {
         dqs[0] = (float *)(uintptr_t)dqp;
         dtabs[0] = (float *)(uintptr_t)dtp;
-        for (int i = 1; i < threads && !failed; ++i) {
-            dqs[i] = (float *)calloc(nq, sizeof(float));
-            dtabs[i] = dtp ? (float *)calloc(nt, sizeof(float)) : NULL;
-            failed = dqs[i] == NULL || (dtp && dtabs[i] == NULL);
+        dws[0] = segs ? (float *)(uintptr_t)fg[0] : NULL;
+        for (int i = 0; i < threads && !failed; ++i) {
+            if (i) {
+                dqs[i] = (float *)calloc(nq, sizeof(float));
+                dtabs[i] = dtp ? (float *)calloc(nt, sizeof(float)) : NULL;
+                dws[i] = segs ? (float *)calloc(nw, sizeof(float)) : NULL;
+                failed |= dqs[i] == NULL || (dtp && dtabs[i] == NULL) || (segs && dws[i] == NULL);
+            }
+            sums[i] = segs ? (float *)calloc(2 * ns, sizeof(float)) : NULL;
+            failed |= segs && sums[i] == NULL;
         }
     }
     if (!failed) {
@@ -590,26 +726,42 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
             jobs[i].a.nthreads = threads;
             jobs[i].dq = dqs[i];
             jobs[i].dtab = dtabs[i];
+            jobs[i].dw = dws[i];
+            jobs[i].dsl = sums[i];
+            jobs[i].din = sums[i] ? sums[i] + ns : NULL;
             jobs[i].dqs = dqs;
             jobs[i].dtabs = dtabs;
+            jobs[i].dws = segs ? dws : NULL;
         }
         posenc_run_jobs(backward_run, jobs, threads, sizeof(bwd_t));
         for (int i = 0; i < threads; ++i) failed |= jobs[i].a.failed;
         if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(bwd_t));
+        if (!failed && segs) {
+            float *dsl = (float *)(uintptr_t)fg[1], *din = (float *)(uintptr_t)fg[2];
+            for (int i = 0; i < threads; ++i)
+                for (size_t e = 0; e < ns; ++e) {
+                    dsl[e / 16] += sums[i][e];
+                    din[e / 16] += sums[i][ns + e];
+                }
+        }
         Py_END_ALLOW_THREADS
     }
-    for (int i = 1; i < threads; ++i) {
-        if (dqs) free(dqs[i]);
-        if (dtabs) free(dtabs[i]);
+    for (int i = 0; i < threads; ++i) {
+        if (i && dqs) free(dqs[i]);
+        if (i && dtabs) free(dtabs[i]);
+        if (i && dws) free(dws[i]);
+        if (sums) free(sums[i]);
     }
     free(dqs);
     free(dtabs);
+    free(dws);
+    free(sums);
     free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
-    (void)qp, (void)kp, (void)vp, (void)lp, (void)gp, (void)dp, (void)tp, (void)mp, (void)dqp,
-        (void)dkp, (void)dvp, (void)dtp, (void)causal, (void)scale;
+    (void)qp, (void)kp, (void)vp, (void)lp, (void)gp, (void)dp, (void)mp, (void)dqp, (void)dkp,
+        (void)dvp, (void)dtp, (void)causal, (void)scale, (void)scaled;
     Py_RETURN_FALSE;
 #endif
 }

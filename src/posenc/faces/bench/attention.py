@@ -217,8 +217,8 @@ def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
 
     # FIRE's bias is one of key - query for queries below its threshold L, and
     # depends on the query too from L on: with the default L, at seq > 512, posenc
-    # attends the two sets of queries apart
-    fire = "init_L=512: " + ("from query 512: not key - query" if seq > 512 else "key - query")
+    # evaluates its MLP as linear pieces per score
+    fire = "init_L=512: " + ("MLP as linear pieces" if seq > 512 else "key - query")
     return [
         Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)"),
         Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),

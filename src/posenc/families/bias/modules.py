@@ -12,6 +12,9 @@ position is ``key - query`` as in HF T5. Modules whose bias depends on
 per call over the ``q_len + k_len - 1`` relative positions instead of per score.
 FIRE's bias depends on ``key - query`` only for queries up to its threshold
 ``L`` (:meth:`AttentionBias.relative_below`): those queries take the same table.
+Beyond it FIRE gives a :class:`ScaledForm` (:meth:`AttentionBias.scaled_form`):
+its MLP as linear pieces of a table over ``key - query`` times a scale per query,
+which the compiled attention loop evaluates per score.
 
 Each class docstring cites its paper and the implementation it matches. Learned parameters are
 ordinary ``nn.Parameter`` and train through :func:`posenc.attention`. Fixed
@@ -25,6 +28,7 @@ loaders do) holds exact values, not uninitialised memory.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,11 +38,73 @@ from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
 from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
 
-__all__ = ["FIRE", "KERPLE", "ALiBi", "AttentionBias", "NoPE", "Sandwich", "T5Bias"]
+__all__ = [
+    "FIRE",
+    "KERPLE",
+    "ALiBi",
+    "AttentionBias",
+    "NoPE",
+    "Sandwich",
+    "ScaledForm",
+    "T5Bias",
+    "relu_pieces",
+]
 
 
 def _check_heads(num_heads: Any) -> int:
     return checks.check_int(num_heads, "num_heads", minimum=1)
+
+
+@dataclass(frozen=True)
+class ScaledForm:
+    """A bias of queries ``q_pos`` and relative positions ``rel`` in linear pieces.
+
+    ``bias_h(i, r) = slopes[h, s] * x + intercepts[h, s]`` with ``x = table[r] *
+    scale[i]`` and ``s`` the number of ``knots`` below ``x`` (``torch.bucketize``):
+    piecewise linear in ``x``, continuous at the knots. Every tensor but the knots
+    carries the module's gradient.
+
+    Attributes:
+        table: ``(n_rel,)``, over the relative positions ``rel`` it was made for.
+        scale: ``(n_q,)``, over the query positions ``q_pos``.
+        knots: ``(n_knots,)`` ascending, no gradient.
+        slopes, intercepts: ``(heads, n_knots + 1)``.
+    """
+
+    table: torch.Tensor
+    scale: torch.Tensor
+    knots: torch.Tensor
+    slopes: torch.Tensor
+    intercepts: torch.Tensor
+
+
+def relu_pieces(
+    first: nn.Linear, last: nn.Linear, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The MLP ``last(relu(first(x)))`` of a scalar ``x`` in ``[low, high]`` as linear pieces.
+
+    Each hidden unit ``u`` bends at ``x = -b_u / w_u``; the bends strictly inside
+    ``(low, high)`` are the knots, and on each piece the active units are those
+    positive at its midpoint, so ``slope = W2 diag(active) w`` and ``intercept =
+    W2 diag(active) b + b2``, computed in float64 from the parameters (their
+    gradients included). Outside ``[low, high]`` the pieces extend the end ones,
+    which is right only for inputs inside it.
+
+    Returns:
+        ``knots (n,)`` ascending and detached; ``slopes`` and ``intercepts``
+        ``(out_features, n + 1)``; in the parameters' dtype.
+    """
+    w, b = first.weight[:, 0], first.bias
+    with torch.no_grad():
+        bends = -b / w  # +-inf (no bend) where w = 0, NaN where b = w = 0
+        knots = bends[(bends > low) & (bends < high)].sort().values
+        edges = torch.cat((knots.new_tensor([low]), knots, knots.new_tensor([high]))).double()
+        mids = (edges[:-1] + edges[1:]) / 2  # inside each piece: no bend between it and x
+        active = (w.double()[None, :] * mids[:, None] + b.double()[None, :] > 0).double()
+    w2 = last.weight.double()
+    slopes = (active * w.double()) @ w2.T
+    intercepts = (active * b.double()) @ w2.T + last.bias.double()
+    return knots, slopes.T.to(w.dtype), intercepts.T.to(w.dtype)
 
 
 class AttentionBias(DerivedBuffers):
@@ -78,6 +144,14 @@ class AttentionBias(DerivedBuffers):
         itself the value is too, but ``max(L, i)`` splits its gradient).
         """
         return math.inf if self.relative else -math.inf
+
+    def scaled_form(self, q_pos: torch.Tensor, rel: torch.Tensor) -> ScaledForm | None:
+        """The bias of queries ``q_pos`` (1-D) and relative positions ``rel`` (1-D) in pieces.
+
+        None for a bias that has no such form (the default), or whose parameters
+        are not finite; :func:`posenc.attention` then evaluates it per block.
+        """
+        return None
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The bias ``(heads, *broadcast_shape)`` of integer query and key positions."""
@@ -328,15 +402,31 @@ class FIRE(AttentionBias):
         self.init_L.fill_(self._init[1])
         self.L_multiplier.fill_(1.0)
 
+    def _psi(self, dist: torch.Tensor) -> torch.Tensor:
+        return torch.log1p((self.c * dist.to(self.c.dtype)).abs())
+
+    def _norm(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """``psi(max(L, i)) + eps``: the normaliser of queries at ``q_pos``."""
+        threshold = (self.L_multiplier * self.init_L).abs()
+        return self._psi(torch.maximum(q_pos.to(self.c.dtype), threshold)) + self.eps
+
     def _normalised(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """``psi(|i - j|) / (psi(max(L, i)) + eps)``, the MLP's input."""
-        dtype = self.c.dtype
-        q = q_pos.to(dtype)
-        dist = (q - k_pos.to(dtype)).abs()
-        threshold = (self.L_multiplier * self.init_L).abs()
-        psi = torch.log1p((self.c * dist).abs())
-        norm = torch.log1p((self.c * torch.maximum(q, threshold)).abs()) + self.eps
-        return psi / norm
+        dist = (q_pos.to(self.c.dtype) - k_pos.to(self.c.dtype)).abs()
+        return self._psi(dist) / self._norm(q_pos)
+
+    def scaled_form(self, q_pos: torch.Tensor, rel: torch.Tensor) -> ScaledForm | None:
+        # x = psi(|rel|) * (1 / norm(i)) lies in [0, max table * max scale]: the MLP's
+        # pieces over that range (one ulp wider, for x rounded in the product)
+        table, scale = self._psi(rel.abs()), 1 / self._norm(q_pos)
+        first, last = self.mlp[0], self.mlp[2]
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+        params = (first.weight, first.bias, last.weight, last.bias, table, scale)
+        if not all(bool(t.detach().isfinite().all()) for t in params):
+            return None
+        high = float(table.detach().max()) * float(scale.detach().max()) * (1 + 1e-6)
+        knots, slopes, intercepts = relu_pieces(first, last, 0.0, high)
+        return ScaledForm(table, scale, knots, slopes, intercepts)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return self.mlp(self._normalised(q_pos, k_pos).unsqueeze(-1)).movedim(-1, 0)
