@@ -1,5 +1,5 @@
 /* attend(q, k, v, out, lse, table, mask, sizes, q_strides, k_strides, v_strides,
-          causal, scale, threads) -> bool
+          causal, scale, threads, form) -> bool
 
    Softmax attention of posenc.integration.attention for float32 CPU tensors,
    flash-attention style: scores are made, biased, masked, exponentiated and multiplied into the
@@ -18,6 +18,11 @@
    reversed so that a key's row of queries reads it forwards. Keys j > i + LK - LQ are
    masked when causal; keys with mask[b * LK + j] == 0 when mask is not 0.
 
+   form is None, or the scaled form (scale, knots, slopes, intercepts, levels; see
+   pw_t): then table is one reversed row (LQ + LK - 1) shared by the heads, and the
+   bias is slopes[h, s] x + intercepts[h, s], x = table[..] * scale[i], s the count of
+   knots below x.
+
    Returns False (doing nothing) where it has no loop for the input: without
    AVX-512, or DV not a multiple of 16. Work units (b, h, block of queries) go
    to the threads in turn, which balances causal blocks. exp is a Cephes-style
@@ -27,7 +32,7 @@
    -inf score weighs 0); only a query that sees no key gets 0.
 
    attend_backward(q, k, v, lse, dout, delta, table, mask, dq, dk, dv, dtable, sizes,
-                   q_strides, k_strides, v_strides, causal, scale, threads) -> bool
+                   q_strides, k_strides, v_strides, causal, scale, threads, form) -> bool
 
    Its gradients, flash-attention-2 style (see backward_unit), from attend's lse and
    delta = rowsum(dout * out) (B, H, LQ), without a (B, H, LQ, LK) tensor. q, k,
@@ -36,9 +41,12 @@
    and adds into dq (B, H, LQ, D) and dtable (H, LQ + LK - 1) (both C-contiguous
    and zeroed; dtable 0 when no table gradient is wanted): dtable is the gradient
    of the reversed table attend reads, the score gradient summed along each
-   diagonal. Returns False (doing nothing) without AVX-512, or D or DV not a
-   multiple of 16. Memory beyond the outputs: a dq and a dtable per thread but
-   the first. The sums of dq and dtable over key blocks are taken in the order
+   diagonal. With the scaled form, form adds the addresses of its gradients (dscale
+   (LQ), dslopes and dintercepts (H, 64), zeroed; all 0 when dtable is 0) and dtable is
+   the shared row's. Returns False (doing nothing) without AVX-512, or D or DV not a
+   multiple of 16. Memory beyond the outputs: a dq and a dtable (and dscale) per
+   thread but the first, and the scaled form's (H, 64, 16) per-lane sums of dslopes
+   and dintercepts per thread. The sums of dq and dtable over key blocks are taken in the order
    the threads take the blocks: equal to float32 rounding from run to run, not
    bit for bit. */
 
