@@ -8,6 +8,12 @@ import sys
 import posenc
 
 EXPECTED = {
+    "cu_seqlens_from_document_ids",
+    "document_positions",
+    "mask_positions",
+    "packed_document_ids",
+    "packed_positions",
+    "restart_positions",
     "ALiBi",
     "AttentionBias",
     "FIRE",

@@ -11,7 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.core.positions import cache_positions, fairseq_positions, opt_positions
+from posenc.core.positions import (
+    cache_positions,
+    fairseq_positions,
+    mask_positions,
+    opt_positions,
+)
 
 
 def padded_tokens(rng, batch, seq, padding_idx, *, left=False):
@@ -159,6 +164,50 @@ def test_cache_positions_is_hf_cache_position():
     )
 
 
+# ---------------------------------------------------------------------------- generate
+
+
+def hf_generate_positions(mask: torch.Tensor) -> torch.Tensor:
+    from transformers.generation.utils import GenerationMixin
+
+    inputs = torch.zeros_like(mask)
+    # the method reads only its arguments
+    return GenerationMixin._prepare_position_ids_for_generation(
+        None, inputs, {"attention_mask": mask}
+    )
+
+
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float32])
+def test_mask_positions_is_hf_generate(side, dtype):
+    rng = np.random.default_rng(len(side))
+    mask = np.ones((4, 9), dtype=np.int64)
+    for b in range(4):
+        n = int(rng.integers(0, 9))
+        if side == "left":
+            mask[b, :n] = 0
+        elif side == "right":
+            mask[b, 9 - n :] = 0
+        else:
+            mask[b, rng.integers(0, 9, size=n)] = 0
+    anchor = hf_generate_positions(torch.from_numpy(mask))
+    ours = mask_positions(torch.from_numpy(mask).to(dtype))
+    assert ours.dtype == torch.int64 and torch.equal(ours, anchor)
+    np.testing.assert_array_equal(mask_positions(mask.astype(bool)), anchor.numpy())
+    # generate keeps the last columns behind a cache
+    assert torch.equal(mask_positions(torch.from_numpy(mask), past_length=4), anchor[:, 4:])
+    # OPT's convention is the same numbering with pads at -1
+    np.testing.assert_array_equal(mask_positions(mask, pad_value=-1), opt_positions(mask))
+
+
+def test_mask_positions_literal():
+    mask = [[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]
+    np.testing.assert_array_equal(mask_positions(mask), [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]])
+    # transformers 4's Llama prepare_inputs_for_generation
+    np.testing.assert_array_equal(mask_positions(mask, 1), [[1, 1, 0, 1, 2], [0, 1, 2, 1, 1]])
+    np.testing.assert_array_equal(mask_positions(mask[0], 1, past_length=3), [1, 2])
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
@@ -180,6 +229,11 @@ def test_cache_positions_is_hf_cache_position():
         (lambda: opt_positions(np.ones(3), past_length=torch.tensor(1)), TypeError, "past_length"),
         (lambda: opt_positions(np.ones((1, 1, 3))), ValueError, "attention_mask must be"),
         (lambda: opt_positions(torch.ones(2, dtype=torch.complex64)), TypeError, "attention_mask"),
+        (lambda: mask_positions([0, 2]), ValueError, "only 0 and 1"),
+        (lambda: mask_positions([0, 1], pad_value=0.5), TypeError, "pad_value"),
+        (lambda: mask_positions([0, 1], pad_value=True), TypeError, "pad_value"),
+        (lambda: mask_positions([0, 1], past_length=3), ValueError, "past_length"),
+        (lambda: mask_positions(np.ones((1, 1, 2))), ValueError, "attention_mask must be"),
         (lambda: cache_positions(-1), ValueError, "seq_len"),
         (lambda: cache_positions(2.0), TypeError, "seq_len"),
         (lambda: cache_positions(2, -3), ValueError, "past_length"),

@@ -11,7 +11,17 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 from typing import Any
 
 from posenc import _moved
-from posenc.core.positions import cache_positions, fairseq_positions, opt_positions
+from posenc.core.positions import (
+    cache_positions,
+    cu_seqlens_from_document_ids,
+    document_positions,
+    fairseq_positions,
+    mask_positions,
+    opt_positions,
+    packed_document_ids,
+    packed_positions,
+    restart_positions,
+)
 from posenc.families.absolute.fourier import (
     fourier_features,
     gaussian_fourier_features,
@@ -44,7 +54,7 @@ _LAZY = {
     "attention": "posenc.integration.attention",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
-_SUBMODULES = ("absolute", "analysis", "bench", "bias", "hf", "rotary")
+_SUBMODULES = ("absolute", "analysis", "bench", "bias", "context_parallel", "hf", "rotary")
 
 __all__ = [
     "FIRE",
@@ -66,15 +76,21 @@ __all__ = [
     "apply_rotary",
     "attention",
     "cache_positions",
+    "cu_seqlens_from_document_ids",
+    "document_positions",
     "fairseq_positions",
     "fourier_features",
     "gaussian_fourier_features",
     "gaussian_fourier_matrix",
     "grid",
     "grid_frequencies",
+    "mask_positions",
     "nerf",
     "nerf_frequencies",
     "opt_positions",
+    "packed_document_ids",
+    "packed_positions",
+    "restart_positions",
     "shift_matrix",
     "sinusoidal",
     "t5_bucket",

@@ -24,6 +24,7 @@ MOVED = {
     "posenc.positions": "posenc.core.positions",
     "posenc.attend": "posenc.integration.attention",
     "posenc.hf": "posenc.integration.hf",
+    "posenc.context_parallel": "posenc.integration.context_parallel",
     "posenc.analysis": "posenc.integration.analysis",
     "posenc.plot": "posenc.faces.plot",
     "posenc.report": "posenc.faces.report",

@@ -14,6 +14,23 @@ Shapes: ``(seq,)`` or ``(batch, seq)``; cumulative sums run along the last axis.
   ``-1`` and the first real token ``0`` (the embedding adds its offset 2).
 - :func:`cache_positions`: ``past_length .. past_length + seq_len - 1``, the
   positions of new tokens behind a KV cache (HF ``cache_position``).
+- :func:`mask_positions`: HF ``generate``'s ``cumsum(mask) - 1`` with pads set to
+  ``pad_value``, for left or right padding.
+
+Packed sequences (several documents in one row, attention kept within each):
+
+- :func:`packed_positions`: ``i - cu_seqlens[doc(i)]``, positions restarting at 0
+  per document, as flash-attn's ``varlen`` functions and HF's
+  ``DataCollatorWithFlattening`` number them.
+- :func:`document_positions`: the same from per-token document ids (HF's
+  ``seq_idx``), restarting wherever the id changes.
+- :func:`packed_document_ids` and :func:`cu_seqlens_from_document_ids`: the two
+  descriptions of a packing, each from the other.
+- :func:`restart_positions`: any position ids of a packed row (M-RoPE's
+  ``(3, seq)`` ones too) made to restart per document, axis by axis.
+
+``cu_seqlens`` is flash-attn's: ``(n + 1,)`` ints rising from 0 to the number of
+packed tokens; equal neighbours are empty documents, which flash-attn allows too.
 """
 
 from __future__ import annotations
@@ -40,8 +57,16 @@ def _check_int(value: Any, name: str, minimum: int = 0, *, tensor_ok: bool = Fal
     return checks.check_int(value, name, minimum)
 
 
-def _as_array(x: Any, name: str, kinds: str, what: str) -> Any:
-    """``x`` as a tensor (unchanged) or numpy array, of rank 1 or 2 and dtype kind in ``kinds``."""
+def _as_array(
+    x: Any,
+    name: str,
+    kinds: str,
+    what: str,
+    ranks: tuple[int, ...] = (1, 2),
+    shapes: str = "(seq,) or (batch, seq)",
+) -> Any:
+    """``x`` as a tensor (unchanged) or numpy array, of a rank in ``ranks`` (described by
+    ``shapes``) and dtype kind in ``kinds``."""
     if checks.is_torch(x):
         import torch
 
@@ -64,9 +89,27 @@ def _as_array(x: Any, name: str, kinds: str, what: str) -> Any:
         shown = str(x.dtype)
     if kind not in kinds:
         raise TypeError(f"{name} must hold {what}; got dtype {shown}")
-    if x.ndim not in (1, 2):
-        raise ValueError(f"{name} must be (seq,) or (batch, seq); got shape {tuple(x.shape)}")
+    if x.ndim not in ranks:
+        raise ValueError(f"{name} must be {shapes}; got shape {tuple(x.shape)}")
     return x
+
+
+def _int64(x: Any) -> Any:
+    """An int array or tensor as int64 (the dtype of every result here)."""
+    if checks.is_torch(x):
+        import torch
+
+        return x.to(torch.int64)
+    return x.astype(np.int64)
+
+
+def _arange(n: Any, like: Any) -> Any:
+    """``0 .. n - 1`` as int64, a tensor on ``like``'s device when ``like`` is one."""
+    if checks.is_torch(like):
+        import torch
+
+        return torch.arange(n, dtype=torch.int64, device=like.device)
+    return np.arange(n, dtype=np.int64)
 
 
 def fairseq_positions(tokens: Any, padding_idx: int = 1, past_length: Any = 0) -> Any:
@@ -127,6 +170,42 @@ def opt_positions(attention_mask: Any, past_length: int = 0) -> Any:
         ValueError: mask values other than 0 and 1, wrong rank, ``past_length``
             outside ``[0, total]``.
     """
+    return _mask_positions(attention_mask, -1, past_length)
+
+
+def mask_positions(attention_mask: Any, pad_value: int = 0, past_length: int = 0) -> Any:
+    """Real tokens numbered ``0, 1, ...`` in order, pads set to ``pad_value``.
+
+    HF ``generate``'s position ids (``GenerationMixin._prepare_position_ids_for_generation``
+    in transformers 5): ``cumsum(mask) - 1``, then ``masked_fill(mask == 0, 0)``; the
+    value of a pad is never read where attention masks it, but must index a table.
+    Left and right padding, and pads in the middle, give the same numbers to the same
+    real tokens. ``pad_value=1`` is transformers 4's Llama ``prepare_inputs_for_generation``
+    (and Idefics, Qwen2.5-Omni still), ``pad_value=-1`` is :func:`opt_positions`.
+
+    Args:
+        attention_mask: 1 for real tokens, 0 for pads; ``(total,)`` or
+            ``(batch, total)`` with ``total = past_length + seq``; bool, int or float.
+        pad_value: the position of every pad (any int).
+        past_length: tokens already in the KV cache, ``0 <= past_length <= total``:
+            their columns are dropped, as ``generate`` keeps the last ``seq``.
+
+    Returns:
+        int64 positions ``(seq,)`` or ``(batch, seq)`` (numpy or torch, as the mask).
+
+    Raises:
+        TypeError: ``attention_mask`` not numeric, ``pad_value`` or ``past_length`` not
+            ints.
+        ValueError: mask values other than 0 and 1, wrong rank, ``past_length``
+            outside ``[0, total]``.
+    """
+    if isinstance(pad_value, bool) or not isinstance(pad_value, (int, np.integer)):
+        raise TypeError(f"pad_value must be an int; got {type(pad_value).__name__} {pad_value!r}")
+    return _mask_positions(attention_mask, int(pad_value), past_length)
+
+
+def _mask_positions(attention_mask: Any, pad_value: int, past_length: int) -> Any:
+    """``cumsum(mask) - 1`` at real tokens, ``pad_value`` at pads, the last columns only."""
     mask = _as_array(attention_mask, "attention_mask", "bif", "0/1 values")
     past_length = _check_int(past_length, "past_length")
     total = mask.shape[-1]
@@ -141,12 +220,14 @@ def opt_positions(attention_mask: Any, past_length: int = 0) -> Any:
         # one device sync; skipped while tracing, where the values are unknown
         if not torch.compiler.is_compiling() and bool(((mask != 0) & (mask != 1)).any()):
             raise ValueError("attention_mask must hold only 0 and 1")
-        m = mask.to(torch.int64)
-        return (torch.cumsum(m, dim=-1) * m - 1)[..., past_length:]
+        real = mask != 0
+        count = torch.cumsum(real.to(torch.int64), dim=-1) - 1
+        return count.masked_fill(~real, pad_value)[..., past_length:]
     if ((mask != 0) & (mask != 1)).any():
         raise ValueError("attention_mask must hold only 0 and 1")
-    m = mask.astype(np.int64)
-    return (np.cumsum(m, axis=-1) * m - 1)[..., past_length:]
+    kept = mask != 0
+    numbered = np.cumsum(kept, axis=-1, dtype=np.int64) - 1
+    return np.where(kept, numbered, np.int64(pad_value))[..., past_length:]
 
 
 def cache_positions(
@@ -188,3 +269,261 @@ def cache_positions(
     if checks.is_torch(past_length):
         return out + past_length.to(device=device, dtype=torch.int64)
     return out + past_length
+
+
+# ---------------------------------------------------------------------------- packing
+
+
+def _check_cu_seqlens(cu_seqlens: Any, total: Any) -> tuple[Any, Any]:
+    """``cu_seqlens`` as int64 and the packed length (``cu_seqlens[-1]`` when ``total`` is None).
+
+    The values are checked in eager mode only: while ``torch.compile`` traces they are
+    unknown, and ``total`` must be given.
+    """
+    cu = _as_array(
+        cu_seqlens,
+        "cu_seqlens",
+        "i",
+        "integer cumulative lengths",
+        ranks=(1,),
+        shapes="1-D, (n + 1,) cumulative lengths of n documents",
+    )
+    if cu.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold at least its leading 0; got an empty array")
+    cu = _int64(cu)
+    if total is None:
+        if checks._compiling():
+            raise ValueError(
+                "pass total (the packed length) under torch.compile: cu_seqlens[-1] is a "
+                "value, unknown while tracing"
+            )
+        total = int(cu[-1])
+    else:
+        total = _check_int(total, "total")
+    if checks._compiling():
+        return cu, total
+    checks.check_exact(0, total - 1, "packed positions 0 .. total - 1")
+    # one sync of a device tensor: the first and last entries and the first decrease
+    drops = cu[1:] < cu[:-1]
+    if checks.is_torch(cu):
+        import torch
+
+        first, last, dropped = torch.stack([cu[0], cu[-1], drops.any()]).tolist()
+    else:
+        first, last, dropped = int(cu[0]), int(cu[-1]), bool(drops.any())
+    shown = cu.tolist() if cu.shape[0] <= 16 else f"{cu.shape[0]} entries"
+    if first != 0:
+        raise ValueError(f"cu_seqlens must start at 0; got {shown}")
+    if dropped:
+        at = int(np.flatnonzero(np.asarray(drops.tolist()))[0]) + 1
+        raise ValueError(
+            "cu_seqlens must never decrease (equal neighbours are empty documents, as "
+            f"flash-attn allows); entry {at} drops below entry {at - 1} in {shown}"
+        )
+    if last != total:
+        raise ValueError(
+            f"cu_seqlens must end at the number of packed tokens, total={total}; got {shown}"
+        )
+    return cu, total
+
+
+def _packed(cu_seqlens: Any, total: Any) -> tuple[Any, Any, Any]:
+    """``(index, doc, cu)``: every packed token's index and document, and the checked
+    ``cu_seqlens``; a sorted search, so no shape depends on the values."""
+    cu, total = _check_cu_seqlens(cu_seqlens, total)
+    index = _arange(total, cu)
+    if checks.is_torch(cu):
+        import torch
+
+        # right: an empty document (equal neighbours) owns no token
+        doc = torch.searchsorted(cu[1:].contiguous(), index, right=True)
+    else:
+        doc = np.searchsorted(cu[1:], index, side="right").astype(np.int64)
+    return index, doc, cu
+
+
+def packed_positions(cu_seqlens: Any, total: Any = None) -> Any:
+    """Positions restarting at 0 in every packed document: ``i - cu_seqlens[doc(i)]``.
+
+    How flash-attn's ``varlen`` functions and HF's ``DataCollatorWithFlattening``
+    (its ``position_ids``) number the tokens of documents packed into one row:
+    ``cu_seqlens = [0, 3, 5]`` gives ``[0, 1, 2, 0, 1]``. ``Rotary.forward(cu_seqlens=...)``
+    rotates by these.
+
+    Args:
+        cu_seqlens: ``(n + 1,)`` ints (any int dtype; flash-attn's are int32), rising
+            from 0 to the number of packed tokens; equal neighbours are empty
+            documents (allowed, as in flash-attn).
+        total: the number of packed tokens; ``cu_seqlens[-1]`` by default. Needed
+            under ``torch.compile``, where that value is unknown while tracing.
+
+    Returns:
+        int64 ``(total,)`` positions: numpy, or torch on ``cu_seqlens``' device.
+
+    Raises:
+        TypeError: ``cu_seqlens`` not integers, ``total`` not an int.
+        ValueError: ``cu_seqlens`` not 1-D or empty, not starting at 0, decreasing, or
+            not ending at ``total``; ``total`` of ``2**31`` or more (refused before any
+            work).
+    """
+    index, doc, cu = _packed(cu_seqlens, total)
+    return index - cu[doc]
+
+
+def packed_document_ids(cu_seqlens: Any, total: Any = None) -> Any:
+    """The document of every packed token, ``0 .. n - 1`` (empty documents own none).
+
+    HF's ``DataCollatorWithFlattening(return_seq_idx=True)`` ``seq_idx`` (without its
+    batch dim); what a block-diagonal (document) attention mask compares.
+
+    Args:
+        cu_seqlens: as in :func:`packed_positions`.
+        total: as in :func:`packed_positions`.
+
+    Returns:
+        int64 ``(total,)`` document indices: numpy, or torch on ``cu_seqlens``' device.
+
+    Raises:
+        TypeError: ``cu_seqlens`` not integers, ``total`` not an int.
+        ValueError: as :func:`packed_positions`.
+    """
+    return _packed(cu_seqlens, total)[1]
+
+
+def _run_starts(document_ids: Any) -> tuple[Any, Any, Any]:
+    """``(ids, index, start)``: ``start[..., i]`` is where the run of equal ids holding
+    token ``i`` begins, along the last axis (a running maximum, no loop over runs)."""
+    ids = _as_array(document_ids, "document_ids", "i", "integer document ids")
+    index = _arange(ids.shape[-1], ids)
+    if checks.is_torch(ids):
+        import torch
+
+        first = torch.ones_like(ids[..., :1], dtype=torch.bool)
+        change = torch.cat([first, ids[..., 1:] != ids[..., :-1]], dim=-1)
+        start = torch.cummax(torch.where(change, index, 0), dim=-1).values
+        return ids, index, start
+    changes = np.concatenate(
+        [np.ones_like(ids[..., :1], dtype=bool), ids[..., 1:] != ids[..., :-1]], -1
+    )
+    return ids, index, np.maximum.accumulate(np.where(changes, index, 0), axis=-1)
+
+
+def document_positions(document_ids: Any) -> Any:
+    """Positions restarting at 0 wherever the document id changes along the last axis.
+
+    From per-token document ids (HF's ``seq_idx``, Mamba-2's ``seq_idx``, a flex
+    attention ``document_id``): ``[7, 7, 7, 2, 2]`` gives ``[0, 1, 2, 0, 1]``. A run
+    of equal ids is one document, so an id that comes back after another
+    (``[0, 0, 1, 0]``) starts a new document.
+
+    Args:
+        document_ids: ``(seq,)`` or ``(batch, seq)`` integer ids; each row restarts
+            at its first token.
+
+    Returns:
+        int64 positions shaped like ``document_ids`` (numpy or torch, as the ids).
+
+    Raises:
+        TypeError: ``document_ids`` not integers.
+        ValueError: ``document_ids`` not 1-D or 2-D.
+    """
+    _, index, start = _run_starts(document_ids)
+    return index - start
+
+
+def cu_seqlens_from_document_ids(document_ids: Any) -> Any:
+    """flash-attn's ``cu_seqlens`` of a packed row given by per-token document ids.
+
+    The inverse of :func:`packed_document_ids` (up to empty documents, which ids
+    cannot show): ``[7, 7, 7, 2, 2]`` gives ``[0, 3, 5]``. Its length depends on
+    the values, so it is for eager code (data collators), not ``torch.compile``.
+
+    Args:
+        document_ids: ``(seq,)`` integer ids, a run of equal ids per document.
+
+    Returns:
+        int64 ``(n + 1,)`` (numpy, or torch on the ids' device); flash-attn wants
+        int32: ``.int()``.
+
+    Raises:
+        TypeError: ``document_ids`` not integers.
+        ValueError: ``document_ids`` not 1-D.
+    """
+    ids = _as_array(document_ids, "document_ids", "i", "integer document ids", (1,), "(seq,)")
+    _, index, start = _run_starts(ids)
+    starts = index[start == index]
+    if checks.is_torch(ids):
+        import torch
+
+        return torch.cat([starts, index.new_full((1,), ids.shape[0])])
+    return np.append(starts, np.int64(ids.shape[0]))
+
+
+def restart_positions(
+    position_ids: Any, *, cu_seqlens: Any = None, document_ids: Any = None
+) -> Any:
+    """Position ids of a packed row made to restart per document, axis by axis.
+
+    Each token's ids minus those of its document's first token. For 1-D positions
+    ``0 .. seq - 1`` this is :func:`packed_positions`; its use is multi-axis ids,
+    such as M-RoPE's ``(3, seq)`` or ``(3, batch, seq)`` (Qwen2-VL's
+    ``get_rope_index``), computed over a packed row as one sequence: every document
+    after the first is shifted by the same amount on every axis (its first token,
+    text or the first cell of an image grid, is at that shift on all three), which
+    this removes, giving each document the ids it gets alone.
+
+    Args:
+        position_ids: ``(..., seq)`` integer ids: ``(seq,)``, ``(batch, seq)``,
+            ``(axes, seq)``, ``(axes, batch, seq)``.
+        cu_seqlens: the documents of the row, as in :func:`packed_positions`
+            (``total`` is ``seq``).
+        document_ids: instead of ``cu_seqlens``: ``(seq,)`` or ``(batch, seq)`` ids,
+            as in :func:`document_positions`, broadcasting against ``position_ids``.
+
+    Returns:
+        int64 ids shaped like ``position_ids`` (numpy or torch, as ``position_ids``;
+        the packing is moved to its kind and device).
+
+    Raises:
+        TypeError: non-integer ids or packing.
+        ValueError: not exactly one of ``cu_seqlens`` and ``document_ids``; a packing
+            whose length is not ``position_ids.shape[-1]`` or that does not broadcast
+            against it; bad ``cu_seqlens`` (see :func:`packed_positions`).
+    """
+    if (cu_seqlens is None) == (document_ids is None):
+        raise ValueError("pass exactly one of cu_seqlens and document_ids")
+    pos = _as_array(
+        position_ids,
+        "position_ids",
+        "i",
+        "integer position ids",
+        ranks=(1, 2, 3),
+        shapes="(seq,), (batch, seq), (axes, seq) or (axes, batch, seq)",
+    )
+    packing = cu_seqlens if document_ids is None else document_ids
+    if checks.is_torch(pos):
+        import torch
+
+        packing = torch.as_tensor(packing, device=pos.device)
+    elif checks.is_torch(packing):
+        packing = packing.cpu().numpy()
+    seq = pos.shape[-1]
+    if document_ids is None:
+        offsets = packed_positions(packing, seq)
+    else:
+        offsets = document_positions(packing)
+        try:
+            np.broadcast_shapes(tuple(offsets.shape), tuple(pos.shape))
+            ok = offsets.shape[-1] == seq and offsets.ndim <= pos.ndim
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"document_ids must be (seq,) or (batch, seq) broadcasting against "
+                f"position_ids {tuple(pos.shape)}; got shape {tuple(offsets.shape)}"
+            )
+    pos = _int64(pos)
+    start = _arange(seq, pos) - offsets
+    if checks.is_torch(pos):
+        return pos - torch.gather(pos, -1, start.expand(pos.shape))
+    return pos - np.take_along_axis(pos, np.broadcast_to(start, pos.shape), -1)

@@ -28,6 +28,7 @@ from posenc.core.tables import LOCK, ExactTables, Tables
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.config import has_rope_settings, parse_rope_type, rope_spec
 from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
+from posenc.families.rotary.rerotate import rerotate_keys
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
@@ -306,6 +307,63 @@ class Rotary(ExactTables, DerivedBuffers):
         c, s = self._lookup(positions, positions.device, checks.work_dtype(dtype))
         return c.to(dtype), s.to(dtype)
 
+    # ------------------------------------------------------------------ KV-cache re-rotation
+
+    def rerotate(
+        self,
+        keys: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        old_len: int,
+        new_len: int,
+    ) -> torch.Tensor:
+        """Cached keys rotated with the tables for ``old_len`` positions, moved to ``new_len``'s.
+
+        For the length-dependent schedules: ``dynamic`` (the base for a sequence of
+        that many positions; below ``max_position_embeddings`` the original one) and
+        ``longrope`` (the long factors above ``original_max_position_embeddings``).
+        The lengths are HF's ``seq_len``, ``max(position_ids) + 1`` of the call that
+        built the tables. The module's own state is not changed. The result equals
+        the unrotated keys rotated with ``new_len``'s tables within float32 rounding
+        (:func:`posenc.rotary.rerotate.rerotate_keys`); channels past ``rotary_dim``
+        pass through.
+
+        ``dynamic`` keeps a grown base while calls stay between
+        ``max_position_embeddings`` and the longest length seen (HF's
+        ``dynamic_rope_update``): ``new_len`` is the length whose tables the next call
+        uses, that longest length in such a case.
+
+        Args:
+            keys: ``(batch, kv_heads, seq, head_dim)`` (``seq_dim=-2``) or ``(batch,
+                seq, kv_heads, head_dim)`` (``seq_dim=-3``).
+            positions: ``(seq,)`` or ``(batch, seq)`` positions of the keys; ``None``
+                means ``0 .. seq - 1`` (a cache holding a whole sequence).
+            old_len: the length the keys' tables were made for.
+            new_len: the length whose tables they should carry.
+
+        Raises:
+            ValueError: a rope type whose frequencies do not depend on the length
+                (nothing to re-rotate), lengths below 1, ``keys`` without
+                ``head_dim`` channels, ``positions`` not matching ``keys``.
+            TypeError: non-int lengths, non-float ``keys``, non-tensor ``positions``.
+        """
+        if self.rope_type not in LENGTH_DEPENDENT:
+            raise ValueError(
+                f"rope type {self.rope_type!r} has the same frequencies at every length: "
+                f"cached keys never need re-rotation (only {', '.join(LENGTH_DEPENDENT)} do)"
+            )
+        old = self._frequencies(checks.check_int(old_len, "old_len", minimum=1))
+        new = self._frequencies(checks.check_int(new_len, "new_len", minimum=1))
+        keys = checks.check_float_tensor(keys, "keys")
+        if keys.ndim < -self.seq_dim or keys.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"keys must have at least {-self.seq_dim} dims (seq_dim={self.seq_dim}) and "
+                f"head_dim={self.head_dim} channels; got shape {tuple(keys.shape)}"
+            )
+        if positions is None:
+            positions = torch.arange(keys.shape[self.seq_dim], device=keys.device)
+        return rerotate_keys(keys, positions, old, new, layout=self.layout, seq_dim=self.seq_dim)
+
     # ------------------------------------------------------------------ rotation
 
     def forward(
@@ -416,20 +474,9 @@ class Rotary(ExactTables, DerivedBuffers):
 
     @staticmethod
     def _packed_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
-        """``i - cu_seqlens[j]`` for token ``i`` of sequence ``j`` (no data-dependent shapes)."""
+        """:func:`posenc.positions.packed_positions` of ``cu_seqlens`` (a tensor) on ``device``."""
+        from posenc.core.positions import packed_positions
+
         cu = checks.check_position_tensor(cu_seqlens, "cu_seqlens", floats=False)
-        if cu.ndim != 1 or cu.shape[0] < 2:
-            raise ValueError(
-                f"cu_seqlens must be 1-D (n + 1,) cumulative lengths; got shape {tuple(cu.shape)}"
-            )
-        cu = cu.to(device=device, dtype=torch.int64)
-        if not torch.compiler.is_compiling():
-            first, last = cu[0].item(), cu[-1].item()
-            if first != 0 or last != total or bool((cu[1:] < cu[:-1]).any()):
-                raise ValueError(
-                    f"cu_seqlens must rise from 0 to the {total} packed tokens; got "
-                    f"{cu.tolist() if cu.numel() <= 16 else 'other values'}"
-                )
-        index = torch.arange(total, device=device)
-        seq = torch.searchsorted(cu[1:], index, right=True)
-        return index - cu[seq]
+        positions: torch.Tensor = packed_positions(cu.to(device), total)
+        return positions
