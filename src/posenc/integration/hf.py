@@ -27,6 +27,10 @@ output decides what replaces it:
   module's output against exact tables and checked on a second, wider probe.
 
 What matches none of these is refused with a ``ValueError`` naming the module.
+
+:func:`rerotate_cache` moves the keys of an HF ``DynamicCache`` or ``StaticCache`` from
+one length's tables to another's, for the length-dependent rope types (``dynamic``,
+``longrope``), which transformers leaves stale.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from posenc.core import checks
 from posenc.families.rotary.config import (
     DEFAULT_THETA,
     MULTI_AXIS_KEYS,
@@ -48,7 +53,14 @@ from posenc.families.rotary.config import (
 
 # HFRotaryEmbedding (posenc.integration.hf_module, which imports torch) is imported on
 # first access through the module __getattr__, so that this module imports without torch
-__all__ = ["DEFAULT_THETA", "RopeSpec", "patch_model", "rope_layer_types", "rope_spec"]
+__all__ = [
+    "DEFAULT_THETA",
+    "RopeSpec",
+    "patch_model",
+    "rerotate_cache",
+    "rope_layer_types",
+    "rope_spec",
+]
 
 # --------------------------------------------------------------------------------------
 # Patching models.
@@ -736,3 +748,225 @@ def _check_type(label: str, spec: RopeSpec, module_type: Any) -> None:
         raise ValueError(
             f"{label} uses rope type {module_type!r} but its config reads as {spec.rope_type!r}"
         )
+
+
+# --------------------------------------------------------------------------------------
+# Re-rotating a KV cache.
+
+
+def _cache_layer_slots(layer: Any, index: int, head_dim: int) -> tuple[Any, int, int] | None:
+    """``(keys view, tokens seen, slots held)`` of one HF cache layer; None if it is empty.
+
+    The view holds the slots to re-rotate, the last ``slots`` of the ``tokens`` the
+    layer has seen (a sliding window keeps only the last ones; a static layer fills its
+    buffer from the start).
+    """
+    from transformers import cache_utils
+
+    kind = type(layer)
+    supported = (
+        cache_utils.DynamicLayer,
+        cache_utils.DynamicSlidingWindowLayer,
+        cache_utils.StaticLayer,
+    )
+    if kind not in supported:
+        raise ValueError(
+            f"cache.layers[{index}] is a {kind.__name__}; rerotate_cache reads "
+            f"{', '.join(k.__name__ for k in supported)} (DynamicCache, StaticCache)"
+        )
+    keys = getattr(layer, "keys", None)
+    if not getattr(layer, "is_initialized", False) or keys is None or keys.numel() == 0:
+        return None
+    if keys.ndim != 4 or keys.shape[-1] != head_dim:
+        raise ValueError(
+            f"cache.layers[{index}] holds keys of shape {tuple(keys.shape)}; the config's RoPE "
+            f"needs (batch, kv_heads, seq, head_dim={head_dim})"
+        )
+    if kind is cache_utils.StaticLayer:
+        tokens = int(layer.cumulative_length)
+        return keys[:, :, :tokens], tokens, tokens
+    slots = int(keys.shape[-2])
+    if kind is cache_utils.DynamicSlidingWindowLayer:
+        return keys, int(layer.cumulative_length), slots
+    return keys, slots, slots
+
+
+def _per_token_lengths(old_len: Any, tokens: int) -> list[int]:
+    """``old_len`` as one length per cached token."""
+    import torch
+
+    if isinstance(old_len, torch.Tensor):
+        if old_len.is_floating_point() or old_len.is_complex() or old_len.dtype == torch.bool:
+            raise TypeError(f"old_len must hold ints; got a tensor of {old_len.dtype}")
+        old_len = old_len.tolist()
+    if isinstance(old_len, (str, bytes)) or not hasattr(old_len, "__len__"):
+        return [checks.check_int(old_len, "old_len", minimum=1)] * tokens
+    lengths = [checks.check_int(v, f"old_len[{i}]", minimum=1) for i, v in enumerate(old_len)]
+    if len(lengths) != tokens:
+        raise ValueError(
+            f"old_len must be an int or one length per cached token ({tokens}); got "
+            f"{len(lengths)} lengths"
+        )
+    return lengths
+
+
+def rerotate_cache(
+    model_or_config: Any,
+    cache: Any,
+    old_len: Any,
+    new_len: int,
+    *,
+    positions: Any = None,
+) -> Any:
+    """Re-rotate the keys of an HF cache from the RoPE tables of ``old_len`` to ``new_len``'s.
+
+    For models whose RoPE depends on the sequence length: ``dynamic`` (NTK base grown
+    for the length) and ``longrope`` (Phi-3: long factors past
+    ``original_max_position_embeddings``). transformers' ``dynamic_rope_update``
+    recomputes the rotary module's ``inv_freq`` from each call's ``seq_len =
+    max(position_ids) + 1`` but leaves the cache alone: past
+    ``max_position_embeddings`` a ``dynamic`` model (Llama) stores every decode step's
+    key under a new base and attends with each new query to keys cached under all the
+    earlier bases. Phi-3's ``prepare_inputs_for_generation`` (PhiMoE's and Phi-4
+    multimodal's too) instead drops the cache the first time ``generate``'s input grows
+    past ``original_max_position_embeddings`` and prefills the whole sequence again.
+    This function is the third way: every cached key ``k`` at position ``p``, stored as
+    ``a R(p omega_old) k``, is rotated in place to ``a' R(p omega_new) k``
+    (:func:`posenc.rotary.rerotate.rerotate_keys`: the angle difference exact, equal to
+    the new tables' rotation within float32 rounding).
+
+    Call it before the forward that will use the new tables, with ``new_len`` the
+    length whose tables that call uses: its ``max(position_ids) + 1`` (for
+    ``dynamic``, a base once grown stays while calls remain between
+    ``max_position_embeddings`` and the longest length seen: then that length).
+
+    What it does not do: a key of layer 0 is a function of its token alone, so layer 0
+    becomes exactly what a re-prefill would cache; the keys and values of later layers
+    were computed from hidden states that attended under the old tables, which a
+    re-rotation cannot redo (only a re-prefill does). A one-layer model decodes exactly
+    as after a re-prefill; a deeper one decodes with consistent tables, not with a
+    re-prefill's hidden states.
+
+    Args:
+        model_or_config: an HF model (its ``config`` is read) or config, or a
+            ``config.json`` dict: read by :func:`rope_spec`.
+        cache: a ``transformers`` ``DynamicCache`` or ``StaticCache`` (layers
+            ``DynamicLayer``, ``DynamicSlidingWindowLayer``, ``StaticLayer``); its keys
+            are ``(batch, kv_heads, seq, head_dim)``.
+        old_len: the length the cached keys' tables were made for (the prefill's
+            ``seq_len``), or one length per cached token, when the keys were cached
+            by calls of different lengths: after a prefill of ``P`` tokens and
+            decode steps past ``max_position_embeddings``, ``[P] * P + list(range(P +
+            1, n + 1))`` for ``n`` cached tokens.
+        new_len: the length whose tables the keys should carry.
+        positions: ``(tokens,)`` or ``(batch, tokens)`` int positions of the cached
+            tokens (left-padded batches: HF's ``attention_mask.cumsum(-1) - 1``);
+            ``0 .. tokens - 1`` by default. Sliding-window layers take the last ones.
+
+    Returns:
+        ``cache``, its keys re-rotated in place (static layers keep their buffers).
+
+    Raises:
+        ValueError: a rope type whose tables do not depend on the length (nothing to
+            re-rotate), M-RoPE or per-layer-type RoPE (not supported), a config
+            posenc cannot read; cache layers of other kinds (quantized, offloaded
+            kinds ...), keys not ``(batch, kv_heads, seq, head_dim)``, layers that
+            disagree on how many tokens they have seen; ``old_len`` or ``positions``
+            not matching the cached tokens. Nothing is changed then.
+        TypeError: ``cache`` not an HF cache, non-int lengths or positions.
+    """
+    import torch
+
+    from posenc.families.rotary.apply import apply_rotary
+    from posenc.families.rotary.dynamic import LENGTH_DEPENDENT
+    from posenc.families.rotary.rerotate import rerotation_cos_sin
+
+    config = model_or_config
+    if isinstance(model_or_config, torch.nn.Module):
+        config = getattr(model_or_config, "config", None)
+        if config is None:
+            raise TypeError("model_or_config is a module without an HF config attribute")
+    if rope_layer_types(config):
+        raise ValueError(
+            "model_or_config has one RoPE per layer type; rerotate_cache handles one RoPE "
+            "for all layers"
+        )
+    spec = _read_spec(config, "model_or_config")
+    if spec.mrope_section is not None or spec.mrope_default is not None:
+        raise ValueError("model_or_config describes M-RoPE; rerotate_cache handles one-axis RoPE")
+    if spec.rope_type not in LENGTH_DEPENDENT:
+        raise ValueError(
+            f"model_or_config's rope type {spec.rope_type!r} has the same tables at every "
+            f"length: cached keys never need re-rotation (rerotate_cache handles "
+            f"{', '.join(map(repr, LENGTH_DEPENDENT))})"
+        )
+    new_len = checks.check_int(new_len, "new_len", minimum=1)
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        raise TypeError(
+            "cache must be a transformers Cache (DynamicCache, StaticCache) with .layers; "
+            f"got {type(cache).__name__}"
+        )
+
+    # every layer is read (and every argument checked) before any key changes
+    found: list[tuple[Any, int, int]] = []
+    for i, layer in enumerate(layers):
+        slots = _cache_layer_slots(layer, i, spec.head_dim)
+        if slots is not None:
+            found.append(slots)
+    tokens = max((t for _, t, _ in found), default=0)
+    for _, seen, _ in found:
+        if seen != tokens:
+            raise ValueError(
+                f"cache layers disagree on the tokens seen ({seen} and {tokens}); "
+                "rerotate_cache needs them to hold one sequence"
+            )
+    lengths = _per_token_lengths(old_len, tokens)
+    if positions is None:
+        positions = torch.arange(tokens)
+    positions = checks.check_position_tensor(positions, "positions", floats=False, exact=True)
+    if positions.ndim not in (1, 2) or positions.shape[-1] != tokens:
+        raise ValueError(
+            f"positions must be (tokens,) or (batch, tokens) with tokens = {tokens} cached; "
+            f"got shape {tuple(positions.shape)}"
+        )
+    if positions.ndim == 2:
+        for keys, _, _ in found:
+            if positions.shape[0] not in (1, keys.shape[0]):
+                raise ValueError(
+                    f"positions has {positions.shape[0]} rows; the cache holds a batch of "
+                    f"{keys.shape[0]}"
+                )
+    if not found:
+        return cache
+
+    # one table for every layer: float64 from the exact engine, rounded per layer's dtype
+    new = spec.frequencies(new_len)
+    width = spec.rotary_dim
+    device = found[0][0].device
+    positions = positions.to(device)
+    cos = torch.empty((*positions.shape, width), dtype=torch.float64, device=device)
+    sin = torch.empty_like(cos)
+    # tokens cached under the same tables share one evaluation (dynamic is the original
+    # at every length up to max_position_embeddings, longrope has two tables in all)
+    unique, inverse = torch.unique(torch.tensor(lengths, dtype=torch.int64), return_inverse=True)
+    groups: dict[Any, int] = {}
+    group_of = [groups.setdefault(spec.frequencies(n), len(groups)) for n in unique.tolist()]
+    token_group = torch.tensor(group_of, dtype=torch.int64)[inverse].to(device)
+    for old, group in groups.items():
+        index = torch.nonzero(token_group == group).flatten()
+        c, s = rerotation_cos_sin(
+            positions.index_select(-1, index), old, new, layout=spec.layout, dtype=torch.float64
+        )
+        cos.index_copy_(-2, index, c)
+        sin.index_copy_(-2, index, s)
+    if positions.ndim == 2:
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (batch, 1, tokens, r): all heads
+
+    with torch.no_grad():
+        for keys, _, held in found:
+            work = checks.work_dtype(keys.dtype)
+            c = cos[..., tokens - held :, :].to(keys.device, work)
+            s = sin[..., tokens - held :, :].to(keys.device, work)
+            keys.copy_(apply_rotary(keys, c, s, layout=spec.layout, rotary_dim=width))
+    return cache

@@ -9,6 +9,9 @@
   inverse rotation.
 - :mod:`posenc.rotary.module`: the :class:`Rotary` module (GQA, per-batch
   positions, KV-cache offsets, packed sequences, ``from_hf_config``).
+- :mod:`posenc.rotary.rerotate`: :func:`rerotate_keys`, KV-cache keys moved from
+  one length's tables to another's (``dynamic``, ``longrope``), exactly;
+  :meth:`Rotary.rerotate` and :func:`posenc.hf.rerotate_cache` use it.
 - :mod:`posenc.rotary.multiaxis`: M-RoPE (Qwen2-VL contiguous, Qwen3-VL
   interleaved sections), axial 2-D/3-D RoPE (:class:`AxialRotary`) and xPos.
 
