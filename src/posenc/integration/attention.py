@@ -82,6 +82,9 @@ class _Plan:
     # scale, slopes and intercepts (its knots here); None: none, or the module's own
     form: str | None
     knots: torch.Tensor | None = None
+    # packed sequences: each key position's document, (1 or batch, k_len), numbers
+    # that never decrease along a row; a score is masked across documents
+    docs: torch.Tensor | None = None
 
 
 def _check_inputs(q: Any, k: Any, v: Any) -> None:
@@ -128,8 +131,9 @@ def _key_mask(mask: Any, batch: int, k_len: int, device: torch.device) -> torch.
 
 
 def _rotate(
-    rotary: Any, q: torch.Tensor, k: torch.Tensor, offset: int
+    rotary: Any, q: torch.Tensor, k: torch.Tensor, offset: int, local: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated at their key positions, or at ``local`` ones (1 or batch, k_len)."""
     from posenc.families.rotary.apply import apply_rotary
 
     for attr in ("cos_sin", "layout", "rotary_dim", "head_dim"):
@@ -139,10 +143,15 @@ def _rotate(
         raise ValueError(
             f"rotary has head_dim={rotary.head_dim}; q and k have {q.shape[-1]} channels"
         )
-    pos = torch.arange(k.shape[2], device=q.device)
-    c, s = rotary.cos_sin(pos)
+    if local is None:
+        c, s = rotary.cos_sin(torch.arange(k.shape[2], device=q.device))
+    else:  # positions restart in every document: (rows, k_len, rotary_dim), per head
+        c, s = (t[:, None] for t in rotary.cos_sin(local))
     kw = {"layout": rotary.layout, "rotary_dim": rotary.rotary_dim}
-    return apply_rotary(q, c[offset:], s[offset:], **kw), apply_rotary(k, c, s, **kw)
+    return (
+        apply_rotary(q, c[..., offset:, :], s[..., offset:, :], **kw),
+        apply_rotary(k, c, s, **kw),
+    )
 
 
 def _bias_plan(
@@ -154,6 +163,7 @@ def _bias_plan(
     device: torch.device,
     dtype: torch.dtype,
     pieces: bool = True,
+    local: torch.Tensor | None = None,
 ) -> tuple[BiasFn, tuple[torch.Tensor, ...], str | None, torch.Tensor | None]:
     """The bias as a block function of its tensors, the tensors, their form, and knots.
 
@@ -164,7 +174,10 @@ def _bias_plan(
     module's parameters. Other biases (and, without ``pieces``, scaled forms)
     are evaluated per block by the module (form None). The bias is cast to
     ``dtype``, the scores' (float64 attention keeps a float64 module's bias
-    float64, gradients included).
+    float64, gradients included). ``local`` (k_len,) gives each key position's
+    position within its document (packed sequences): what a bias that is not
+    one of ``key - query`` sees (within a document ``key - query`` is the same
+    either way).
     """
     factor = scale if bias.scale_with_logits else 1.0
     rel = torch.arange(-(k_len - 1), q_len, device=device)
@@ -178,18 +191,10 @@ def _bias_plan(
                 f"{type(bias).__name__}.relative_bias gave shape {tuple(table.shape)}; "
                 f"expected ({heads}, {q_len + k_len - 1})"
             )
+        return table_fn(k_len - 1), (table,), "table", None
 
-        def from_table(
-            params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
-        ) -> torch.Tensor:
-            index = k_pos[None, :] - q_pos[:, None] + (k_len - 1)
-            return params[0][:, index]
-
-        return from_table, (table,), "table", None
-
-    form = (
-        bias.scaled_form(torch.arange(k_len - q_len, k_len, device=device), rel) if pieces else None
-    )
+    queries = torch.arange(k_len - q_len, k_len, device=device)
+    form = bias.scaled_form(queries if local is None else local[queries], rel) if pieces else None
     if form is not None:
         return _scaled_plan(form, heads, q_len, k_len, factor, dtype)
 
@@ -198,6 +203,8 @@ def _bias_plan(
     def per_block(
         _: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor:
+        if local is not None:
+            q_pos, k_pos = local[q_pos], local[k_pos]
         out = bias(q_pos[:, None], k_pos[None, :]).to(dtype)
         return out * factor if factor != 1.0 else out
 
@@ -224,18 +231,41 @@ def _scaled_plan(
     if factor != 1.0:
         slopes, intercepts = slopes * factor, intercepts * factor
     knots = form.knots.detach().to(dtype)
-    offset = k_len - q_len
+    params = (form.table.to(dtype), form.scale.to(dtype), slopes, intercepts)
+    return pieces_fn(k_len - 1, k_len - q_len, knots), params, "scaled", knots
+
+
+def table_fn(base: int) -> BiasFn:
+    """The block function of a table over ``key - query``: entry ``base`` is distance 0.
+
+    Queries and keys are given by key position (query ``i`` at ``i + offset``);
+    ``base = q_len - 1 + offset``, ``k_len - 1`` bottom-right aligned.
+    """
+
+    def from_table(
+        params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> torch.Tensor:
+        return params[0][:, k_pos[None, :] - q_pos[:, None] + base]
+
+    return from_table
+
+
+def pieces_fn(base: int, offset: int, knots: torch.Tensor) -> BiasFn:
+    """The block function of a scaled form's table, scale, slopes and intercepts.
+
+    The table as :func:`table_fn`'s; the scale per query (query ``i`` at key
+    position ``i + offset``).
+    """
 
     def from_pieces(
         params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
     ) -> torch.Tensor:
         table, row_scale, slope, intercept = params
-        x = table[k_pos[None, :] - q_pos[:, None] + (k_len - 1)] * row_scale[q_pos - offset, None]
+        x = table[k_pos[None, :] - q_pos[:, None] + base] * row_scale[q_pos - offset, None]
         piece = torch.bucketize(x, knots)
         return slope[:, piece] * x + intercept[:, piece]
 
-    params = (form.table.to(dtype), form.scale.to(dtype), slopes, intercepts)
-    return from_pieces, params, "scaled", knots
+    return from_pieces
 
 
 def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -264,6 +294,9 @@ def _block_scores(
     if plan.key_mask is not None:
         km = plan.key_mask[:, None, None, :]
         allowed = km if allowed is None else allowed & km
+    if plan.docs is not None:
+        same = plan.docs[:, None, q_pos, None] == plan.docs[:, None, None, k_pos]
+        allowed = same if allowed is None else allowed & same
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
     return s
@@ -329,14 +362,14 @@ def _forward_kernel(
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty((b, h, lq, dv), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
-    ops = _kernel_operands(plan, params)
+    ops = _kernel_operands(plan, params, b, lq)
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
     done = compiled.attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         _address(ops.table), _address(ops.mask),
         [b, h, hk, lq, lk, q.shape[-1], dv],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads, ops.form(),
+        plan.causal, plan.scale, threads, ops.form(), plan.offset, ops.documents(),
     )  # fmt: skip
     return (out, lse) if done else None
 
@@ -349,6 +382,11 @@ class _Operands:
     mask: torch.Tensor | None  # (batch, k_len) uint8
     pieces: tuple[torch.Tensor, ...] = ()  # scaled: scale, knots (64), slopes, intercepts
     levels: int = 0  # scaled: binary search steps over the knots
+    docs: tuple[torch.Tensor, torch.Tensor] | None = None  # int32 (batch, q_len), (batch, k_len)
+
+    def documents(self) -> tuple[int, int] | None:
+        """The documents' argument: the addresses of the queries' and keys', or None."""
+        return None if self.docs is None else (self.docs[0].data_ptr(), self.docs[1].data_ptr())
 
     def form(self, grads: Sequence[torch.Tensor] | None = None) -> tuple[int, ...] | None:
         """The scaled form's argument, or None; for the backward (``grads`` given) with
@@ -365,15 +403,21 @@ def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _kernel_operands(plan: _Plan, params: Sequence[torch.Tensor]) -> _Operands:
-    """The bias and the key mask as both compiled loops read them (see core/csrc/attend.c)."""
+def _kernel_operands(
+    plan: _Plan, params: Sequence[torch.Tensor], batch: int, q_len: int
+) -> _Operands:
+    """The bias, key mask and documents as both compiled loops read them (core/csrc/attend.c)."""
     mask = None if plan.key_mask is None else plan.key_mask.to(torch.uint8).contiguous()
+    docs = None
+    if plan.docs is not None:
+        keys = plan.docs.to(torch.int32).expand(batch, -1).contiguous()
+        docs = (keys[:, plan.offset : plan.offset + q_len].contiguous(), keys)
     if plan.bias_fn is None:
-        return _Operands(None, mask)
+        return _Operands(None, mask, docs=docs)
     # reversed, so that a row of keys reads it forwards
     table = params[0].detach().float().flip(-1).contiguous()
     if plan.form != "scaled":
-        return _Operands(table, mask)
+        return _Operands(table, mask, docs=docs)
     assert plan.knots is not None
     n = plan.knots.numel()
     knots = torch.full((_MAX_KNOTS + 1,), math.inf)
@@ -383,7 +427,7 @@ def _kernel_operands(plan: _Plan, params: Sequence[torch.Tensor]) -> _Operands:
         for t in params[2:]
     )
     scale = params[1].detach().float().contiguous()
-    return _Operands(table, mask, (scale, knots, slopes, intercepts), n.bit_length())
+    return _Operands(table, mask, (scale, knots, slopes, intercepts), n.bit_length(), docs)
 
 
 def _bias_grads(
@@ -477,7 +521,7 @@ def _backward_kernel(
         return None
     b, h, lq, d = q.shape
     hk, lk, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
-    ops = _kernel_operands(plan, params)  # as the forward read them
+    ops = _kernel_operands(plan, params, b, lq)  # as the forward read them
     dtable = torch.zeros_like(ops.table) if ops.table is not None and any(wanted) else None
     dpieces: list[torch.Tensor] = []  # the scale's, slopes' and intercepts': all or none
     if ops.pieces and dtable is not None:
@@ -486,7 +530,8 @@ def _backward_kernel(
     dq = torch.zeros((b, h, lq, d), dtype=torch.float32)
     dk = torch.empty((b, hk, lk, d), dtype=torch.float32)
     dv = torch.empty((b, hk, lk, dv_dim), dtype=torch.float32)
-    delta = delta.contiguous()
+    # the loop indexes lse, dout and delta as C-contiguous (ring attention passes rows)
+    lse, dout, delta = lse.contiguous(), dout.contiguous(), delta.contiguous()
     threads = min(torch.get_num_threads(), max(1, b * hk * ((lk + 63) // 64)))
     done = compiled.attend_backward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), lse.data_ptr(), dout.data_ptr(),
@@ -494,7 +539,7 @@ def _backward_kernel(
         dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _address(dtable),
         [b, h, hk, lq, lk, d, dv_dim],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads, ops.form(dpieces),
+        plan.causal, plan.scale, threads, ops.form(dpieces), plan.offset, ops.documents(),
     )  # fmt: skip
     if not done:
         return None
@@ -551,12 +596,15 @@ def _flex(
     plan: _Plan,
     params: Sequence[torch.Tensor],
     bias: AttentionBias | None,
+    local: torch.Tensor | None,
 ) -> torch.Tensor:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     offset, key_mask = plan.offset, plan.key_mask
+    docs = None if plan.docs is None else plan.docs.expand(b, -1)
+    where = torch.arange(lk, device=q.device) if local is None else local
     table = params[0] if plan.form == "table" else None
     factor = plan.scale if bias is not None and bias.scale_with_logits else 1.0
 
@@ -564,7 +612,7 @@ def _flex(
         if table is not None:
             return score + table[hi, ki - qi - offset + (lk - 1)]
         if bias is not None and not isinstance(bias, NoPE):
-            return score + bias.score(hi, qi + offset, ki) * factor
+            return score + bias.score(hi, where[qi + offset], where[ki]) * factor
         return score
 
     def mask_mod(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
@@ -573,16 +621,23 @@ def _flex(
             keep = keep & (ki <= qi + offset)
         if key_mask is not None:
             keep = keep & key_mask[bi, ki]
+        if docs is not None:
+            keep = keep & (docs[bi, ki] == docs[bi, qi + offset])
         return keep
 
     compiling = torch.compiler.is_compiling()
     block_mask = None
-    if plan.causal or key_mask is not None:
+    if plan.causal or key_mask is not None or docs is not None:
         # eager create_block_mask materialises the dense (B, H, q_len, k_len) mask
         # first; compiled, it evaluates mask_mod block by block
         make_mask = create_block_mask if compiling else _compiled(create_block_mask)
         block_mask = make_mask(
-            mask_mod, None if key_mask is None else b, None, lq, lk, device=q.device
+            mask_mod,
+            None if key_mask is None and docs is None else b,
+            None,
+            lq,
+            lk,
+            device=q.device,
         )
     run = flex_attention if compiling else _compiled(flex_attention)
     out: torch.Tensor = run(
@@ -612,6 +667,8 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     attention_mask: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Softmax attention with a rotary encoding and/or a bias, without quadratic memory.
@@ -637,6 +694,14 @@ def attention(
             no key gets a zero output. A NaN or infinite input gives what
             softmax gives, never a zero: a NaN or +inf score makes its
             query's row NaN, an infinite value its column infinite.
+        cu_seqlens: packed documents: ``(n + 1,)`` ints rising from 0 to
+            ``k_len`` (flash-attn's varlen convention), the same for every row
+            of the batch. Each query attends only to keys of its own document,
+            and rotary positions and the bias restart with each document: the
+            result equals running every document alone.
+        document_ids: packed documents as ids: ``(k_len,)`` or ``(batch, k_len)``
+            ints, a new document wherever the id changes along a row (HF's
+            ``seq_idx``); as ``cu_seqlens`` otherwise.
         backend: ``"auto"``, ``"kernel"`` (CPU float32; falls back to blockwise
             where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
             FlexAttention; on CPU forward only).
@@ -654,7 +719,8 @@ def attention(
             not a multiple of kv_heads); ``head_dim = 0`` (scores of no
             channels: not attention); bias heads not q's heads; a causal
             request with ``q_len > k_len``; a mask of the wrong shape; an
-            unknown backend; a non-positive scale.
+            unknown backend; a non-positive scale; ``cu_seqlens`` not rising
+            from 0 to ``k_len``, or given with ``document_ids``.
     """
     _check_inputs(q, k, v)
     checks.check_choice(backend, "backend", BACKENDS)
@@ -675,17 +741,72 @@ def attention(
         if bias.num_heads != h:
             raise ValueError(f"bias has {bias.num_heads} heads; q has {h}")
     key_mask = None if attention_mask is None else _key_mask(attention_mask, b, lk, q.device)
+    docs = _documents(cu_seqlens, document_ids, b, lk, q.device)
     offset = lk - lq
     if rotary is not None:
-        q, k = _rotate(rotary, q, k, offset)
+        q, k = _rotate(rotary, q, k, offset, None if docs is None else docs[1])
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()
 
     if backend == "auto":
         backend = "kernel" if q.device.type == "cpu" else "flex"
-    out = _attend(q, k, v, bias, causal, scale, key_mask, backend)
+    if docs is not None and docs[0].shape[0] > 1 and _sees_positions(bias, lk):
+        # a bias of more than key - query reads positions within documents, which
+        # differ from row to row here: one row at a time
+        rows = []
+        for i in range(b):
+            row_mask = None if key_mask is None else key_mask[i : i + 1]
+            row_docs = (docs[0][i : i + 1], docs[1][i : i + 1])
+            row = (q[i : i + 1], k[i : i + 1], v[i : i + 1])
+            rows.append(_attend(*row, bias, causal, scale, row_mask, backend, row_docs))
+        out = torch.cat(rows) if rows else q.new_empty((0, h, lq, v.shape[-1]))
+    else:
+        out = _attend(q, k, v, bias, causal, scale, key_mask, backend, docs)
     return out.to(dtype)
+
+
+def _sees_positions(bias: AttentionBias | None, k_len: int) -> bool:
+    """Whether the bias depends on more than ``key - query`` at these lengths."""
+    if bias is None or isinstance(bias, NoPE) or bias.relative:
+        return False
+    return bias.relative_below() <= k_len - 1
+
+
+def _documents(
+    cu_seqlens: Any, document_ids: Any, batch: int, k_len: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each key position's document and position in it, ``(1 or batch, k_len)`` each.
+
+    Documents are numbered along each row from 0, never decreasing (what the
+    compiled loops search); None without packing.
+    """
+    from posenc.core.positions import document_positions, packed_document_ids, packed_positions
+
+    if cu_seqlens is None and document_ids is None:
+        return None
+    if cu_seqlens is not None and document_ids is not None:
+        raise ValueError("pass cu_seqlens or document_ids, not both")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise TypeError(f"cu_seqlens must be an int tensor; got {type(cu_seqlens).__name__}")
+        docs = packed_document_ids(cu_seqlens, k_len).to(device)[None]
+        return docs, packed_positions(cu_seqlens, k_len).to(device)[None]
+    ids = document_ids
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
+        shown = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"document_ids must be an int tensor; got {shown}")
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] != k_len or ids.shape[0] not in (1, batch):
+        raise ValueError(
+            f"document_ids must be (k_len,) or (batch, k_len) = ({batch}, {k_len}); "
+            f"got {tuple(document_ids.shape)}"
+        )
+    ids = ids.to(device)
+    starts = torch.ones_like(ids, dtype=torch.int64)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return starts.cumsum(1) - 1, document_positions(ids)
 
 
 def _attend(
@@ -697,22 +818,30 @@ def _attend(
     scale: float,
     key_mask: torch.Tensor | None,
     backend: str,
+    docs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Attention of prepared inputs (rotated, float32 or float64), queries bottom-right."""
+    """Attention of prepared inputs (rotated, float32 or float64), queries bottom-right.
+
+    ``docs``: each key position's document and position in it (packed
+    sequences), one row when the bias reads the positions.
+    """
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     bias_fn: BiasFn | None = None
     params: tuple[torch.Tensor, ...] = ()
     form, knots = None, None
+    local = None if docs is None else docs[1][0]
     if bias is not None and not isinstance(bias, NoPE):
         # FlexAttention calls the module's score per element: no pieces to make
         bias_fn, params, form, knots = _bias_plan(
-            bias, h, lq, lk, scale, q.device, q.dtype, pieces=backend != "flex"
+            bias, h, lq, lk, scale, q.device, q.dtype, backend != "flex", local
         )
-    plan = _Plan(bias_fn, causal, scale, key_mask, lk - lq, form, knots)
+    plan = _Plan(
+        bias_fn, causal, scale, key_mask, lk - lq, form, knots, None if docs is None else docs[0]
+    )
 
     if backend == "flex" and b * h * v.shape[-1] > 0:
-        return _flex(q, k, v, plan, params, bias)
+        return _flex(q, k, v, plan, params, bias, local)
     if torch.compiler.is_compiling():
         # the compiled loop is opaque to the tracer: a graph break around it, and
         # autograd records it as in eager mode (CPU FlexAttention has no backward,

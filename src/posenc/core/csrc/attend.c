@@ -1,5 +1,5 @@
 /* attend(q, k, v, out, lse, table, mask, sizes, q_strides, k_strides, v_strides,
-          causal, scale, threads, form) -> bool
+          causal, scale, threads, form, off, docs) -> bool
 
    Softmax attention of posenc.integration.attention for float32 CPU tensors,
    flash-attention style: scores are made, biased, masked, exponentiated and multiplied into the
@@ -12,11 +12,15 @@
    lse is each query's log of the sum of exp(scores), -inf where it sees no key
    (its output row is 0).
 
-   Query i sits at key position i + LK - LQ. score(i, j) = (q_i . k_j) * scale
+   Query i sits at key position i + off (LK - LQ: bottom-right, as a KV cache
+   has it; any other for a block of a longer sequence). score(i, j) = (q_i . k_j) * scale
    + bias, bias = table[h * (LQ + LK - 1) + LK - 1 - j + i] when table is not 0:
    the (H, LQ + LK - 1) table of posenc.integration.attention over key - query,
-   reversed so that a key's row of queries reads it forwards. Keys j > i + LK - LQ are
-   masked when causal; keys with mask[b * LK + j] == 0 when mask is not 0.
+   reversed so that a key's row of queries reads it forwards. Keys j > i + off are
+   masked when causal; keys with mask[b * LK + j] == 0 when mask is not 0; keys of
+   another document than the query's when docs is (qdoc, kdoc), int32 (B, LQ) and (B,
+   LK) document numbers that never decrease along a row (packed sequences): a
+   block of queries then reads only the keys of its documents.
 
    form is None, or the scaled form (scale, knots, slopes, intercepts, levels; see
    pw_t): then table is one reversed row (LQ + LK - 1) shared by the heads, and the
@@ -32,7 +36,8 @@
    -inf score weighs 0); only a query that sees no key gets 0.
 
    attend_backward(q, k, v, lse, dout, delta, table, mask, dq, dk, dv, dtable, sizes,
-                   q_strides, k_strides, v_strides, causal, scale, threads, form) -> bool
+                   q_strides, k_strides, v_strides, causal, scale, threads, form, off,
+                   docs) -> bool
 
    Its gradients, flash-attention-2 style (see backward_unit), from attend's lse and
    delta = rowsum(dout * out) (B, H, LQ), without a (B, H, LQ, LK) tensor. q, k,
@@ -63,6 +68,10 @@ typedef struct {
        slopes and intercepts (H, 64), row scale (LQ), the search's levels */
     const float *pw_scale, *pw_knots, *pw_slopes, *pw_inter;
     int pw_levels;
+    Py_ssize_t off; /* query i sits at key position i + off */
+    /* the document of each query (B, LQ) and key (B, LK), both nondecreasing along
+       the sequence (0 without): a score is masked unless they are the same */
+    const int32_t *qdoc, *kdoc;
     Py_ssize_t B, H, HK, LQ, LK, D, DV;
     Py_ssize_t qs[3], ks[3], vs[3];
     int causal;
@@ -201,12 +210,12 @@ AVX512 static inline __m512i segment16(const pw_t *f, __m512 x) {
    i0 - (LK - LQ): the queries ii < t of the block may not see key j. The bias is
    read from the table (tb: the head's row, or with pw the shared row of x's
    table) and, with the scaled form pw, made by it; its x and segment go to xo and
-   io. Forward and backward both score through here, so the backward recomputes
+   io. With documents, qd is the batch's query documents and kd key j's. Forward and backward both score through here, so the backward recomputes
    the forward's scores bit for bit and exp(score - lse) are its weights. */
 AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float *tb,
-                                    const pw_t *pw, int dead, Py_ssize_t j, Py_ssize_t i0,
-                                    Py_ssize_t nq, Py_ssize_t c, Py_ssize_t t, __m512 *xo,
-                                    __m512i *io) {
+                                    const pw_t *pw, const int32_t *qd, int32_t kd, int dead,
+                                    Py_ssize_t j, Py_ssize_t i0, Py_ssize_t nq, Py_ssize_t c,
+                                    Py_ssize_t t, __m512 *xo, __m512i *io) {
     __m512 s = _mm512_mul_ps(_mm512_load_ps(sp), _mm512_set1_ps(a->scale));
     __mmask16 cols = (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
     if (pw) {
@@ -219,6 +228,9 @@ AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float
     } else if (tb)
         s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c));
     __mmask16 keep = dead ? 0 : cols;
+    if (qd) /* the block's queries' documents against key j's */
+        keep = _mm512_mask_cmpeq_epi32_mask(keep, _mm512_maskz_loadu_epi32(cols, qd + i0 + 16 * c),
+                                            _mm512_set1_epi32(kd));
     if (a->causal && t > 16 * c) {
         __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         keep &= _mm512_cmp_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32((int)(16 * c))),
@@ -279,13 +291,24 @@ static void acc_block(const float *W, int perkey, Py_ssize_t n, const float *con
     }
 }
 
+/* The first index of the nondecreasing ids[0 .. n - 1] whose id is >= want (n if none). */
+static Py_ssize_t first_at_least(const int32_t *ids, Py_ssize_t n, int64_t want) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < want) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 /* One unit: queries i0 .. i0 + nq - 1 of head h of batch b. */
 AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ssize_t i0,
                                float *Qt, float *St, float *O, float *m, float *l,
                                float *alpha, const float **rows) {
     Py_ssize_t D = a->D, DV = a->DV, LK = a->LK, LQ = a->LQ;
     Py_ssize_t nq = LQ - i0 < ABQ ? LQ - i0 : ABQ, nv = (nq + 15) / 16;
-    Py_ssize_t off = LK - LQ, hk = h / (a->H / a->HK);
+    Py_ssize_t off = a->off, hk = h / (a->H / a->HK);
     const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
     const float *kb = a->k + b * a->ks[0] + hk * a->ks[1];
     const float *vb = a->v + b * a->vs[0] + hk * a->vs[1];
@@ -302,10 +325,17 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
         l[ii] = 0.0f;
     }
     memset(O, 0, sizeof(float) * (size_t)(ABQ * DV));
-    Py_ssize_t kend = LK;
+    Py_ssize_t kbeg = 0, kend = LK;
     if (a->causal && i0 + nq + off < kend) kend = i0 + nq + off;
+    const int32_t *qd = NULL, *kd = NULL;
+    if (a->qdoc) { /* only the keys of the block's documents */
+        qd = a->qdoc + b * LQ, kd = a->kdoc + b * LK;
+        Py_ssize_t lo = first_at_least(kd, LK, qd[i0]), hi = first_at_least(kd, LK, (int64_t)qd[i0 + nq - 1] + 1);
+        kbeg = lo > kbeg ? lo : kbeg;
+        kend = hi < kend ? hi : kend;
+    }
     __m512 ninf = _mm512_set1_ps(-INFINITY);
-    for (Py_ssize_t j0 = 0; j0 < kend; j0 += ABK) {
+    for (Py_ssize_t j0 = kbeg; j0 < kend; j0 += ABK) {
         Py_ssize_t nk = kend - j0 < ABK ? kend - j0 : ABK, jj;
         scores_block(kb + j0 * a->ks[2], a->ks[2], nk, Qt, D, nv, St);
         /* scale, bias, mask; the maximum of each query over this block */
@@ -315,7 +345,8 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
             int dead = mb != NULL && mb[j] == 0;
             for (Py_ssize_t c = 0; c < nv; ++c) {
                 float *sp = St + jj * ABQ + 16 * c;
-                __m512 s = score16(a, sp, tb, pw, dead, j, i0, nq, c, j - i0 - off, &x, &seg);
+                __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, j, i0, nq, c,
+                                   j - i0 - off, &x, &seg);
                 _mm512_store_ps(sp, s);
                 cmax[c] = _mm512_max_ps(cmax[c], s);
             }
@@ -416,7 +447,7 @@ typedef struct {
 AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py_ssize_t j0,
                                  const bwd_buf_t *t) {
     const att_t *a = &w->a;
-    Py_ssize_t D = a->D, DV = a->DV, LK = a->LK, LQ = a->LQ, H = a->H, off = LK - LQ;
+    Py_ssize_t D = a->D, DV = a->DV, LK = a->LK, LQ = a->LQ, H = a->H, off = a->off;
     Py_ssize_t nk = LK - j0 < BBK ? LK - j0 : BBK, group = H / a->HK;
     const float *kb = a->k + b * a->ks[0] + hk * a->ks[1] + j0 * a->ks[2];
     const float *vb = a->v + b * a->vs[0] + hk * a->vs[1] + j0 * a->vs[2];
@@ -424,8 +455,16 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
     for (Py_ssize_t jj = 0; jj < nk; ++jj) t->krows[jj] = kb + jj * a->ks[2];
     memset(t->dK, 0, sizeof(float) * (size_t)(BBK * D));
     memset(t->dV, 0, sizeof(float) * (size_t)(BBK * DV));
-    /* causal: queries before j0 - off see none of these keys */
-    Py_ssize_t first = a->causal && j0 > off ? (j0 - off) / ABQ * ABQ : 0;
+    /* causal: queries before j0 - off see none of these keys; with documents, only
+       the queries of the block's documents do */
+    Py_ssize_t first = a->causal && j0 > off ? (j0 - off) / ABQ * ABQ : 0, qend = LQ;
+    const int32_t *qd = NULL, *kd = NULL;
+    if (a->qdoc) {
+        qd = a->qdoc + b * LQ, kd = a->kdoc + b * LK;
+        Py_ssize_t lo = first_at_least(qd, LQ, kd[j0]) / ABQ * ABQ;
+        first = lo > first ? lo : first;
+        qend = first_at_least(qd, LQ, (int64_t)kd[j0 + nk - 1] + 1);
+    }
     Py_ssize_t rows = a->pw_knots ? 0 : 1; /* the scaled form's table is shared */
     __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (Py_ssize_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -433,7 +472,7 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
         float *dtb = w->dtab ? w->dtab + rows * h * (LQ + LK - 1) : NULL;
         pw_t pwh, *pw = NULL;
         if (a->pw_knots) pw_load(pw = &pwh, a, h);
-        for (Py_ssize_t i0 = first; i0 < LQ; i0 += ABQ) {
+        for (Py_ssize_t i0 = first; i0 < qend; i0 += ABQ) {
             Py_ssize_t nq = LQ - i0 < ABQ ? LQ - i0 : ABQ, nv = (nq + 15) / 16;
             const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
             const float *ob = w->dout + ((b * H + h) * LQ + i0) * DV;
@@ -461,7 +500,8 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
                     float *sp = t->St + jj * ABQ + 16 * c, *dp = t->dSt + jj * ABQ + 16 * c;
                     __m512 x = _mm512_setzero_ps();
                     __m512i seg = _mm512_setzero_si512();
-                    __m512 s = score16(a, sp, tb, pw, dead, j, i0, nq, c, j - i0 - off, &x, &seg);
+                    __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, j, i0, nq, c,
+                                       j - i0 - off, &x, &seg);
                     __m512 p = exp512(_mm512_sub_ps(s, _mm512_load_ps(t->lse + 16 * c)));
                     __m512 ds = _mm512_mul_ps(
                         p, _mm512_sub_ps(_mm512_load_ps(dp), _mm512_load_ps(t->delta + 16 * c)));
@@ -586,7 +626,7 @@ static int read_shapes(att_t *base, PyObject *sizes, PyObject *qstr, PyObject *k
             PyErr_SetString(PyExc_ValueError, "attend: sizes must be >= 1");
             return -1;
         }
-    if (base->H % base->HK || base->LQ > base->LK || threads < 1) {
+    if (base->H % base->HK || threads < 1) {
         PyErr_SetString(PyExc_ValueError, "attend: unsupported heads, lengths or threads");
         return -1;
     }
@@ -617,18 +657,30 @@ static int read_form(att_t *a, PyObject *form, int want_grads, unsigned long lon
     return 0;
 }
 
+/* Reads the query offset and the documents (None or (qdoc, kdoc) addresses) into a. */
+static int read_place(att_t *a, Py_ssize_t off, PyObject *docs) {
+    a->off = off;
+    if (docs == Py_None) return 0;
+    unsigned long long qp, kp;
+    if (!PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
+    a->qdoc = (const int32_t *)(uintptr_t)qp;
+    a->kdoc = (const int32_t *)(uintptr_t)kp;
+    return 0;
+}
+
 PyObject *posenc_attend(PyObject *self, PyObject *args) {
     unsigned long long qp, kp, vp, op, lp, tp, mp, unused[3];
-    PyObject *sizes, *qstr, *kstr, *vstr, *form;
+    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs;
     int causal, threads;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdiO", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
-                          &qstr, &kstr, &vstr, &causal, &scale, &threads, &form))
+    Py_ssize_t off;
+    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdiOnO", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
+                          &qstr, &kstr, &vstr, &causal, &scale, &threads, &form, &off, &docs))
         return NULL;
     att_t base;
     if (read_shapes(&base, sizes, qstr, kstr, vstr, threads)) return NULL;
     base.table = (const float *)(uintptr_t)tp;
-    if (read_form(&base, form, 0, unused)) return NULL;
+    if (read_form(&base, form, 0, unused) || read_place(&base, off, docs)) return NULL;
 #ifdef HAVE_AVX512_ATTEND
     if (!__builtin_cpu_supports("avx512f") || base.DV % 16) Py_RETURN_FALSE;
     base.q = (const float *)(uintptr_t)qp;
@@ -664,18 +716,19 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
 
 PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
     unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp, fg[3];
-    PyObject *sizes, *qstr, *kstr, *vstr, *form;
+    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs;
     int causal, threads;
     double scale;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdiO", &qp, &kp, &vp, &lp, &gp, &dp, &tp, &mp,
-                          &dqp, &dkp, &dvp, &dtp, &sizes, &qstr, &kstr, &vstr, &causal, &scale,
-                          &threads, &form))
+    Py_ssize_t off;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdiOnO", &qp, &kp, &vp, &lp, &gp, &dp, &tp,
+                          &mp, &dqp, &dkp, &dvp, &dtp, &sizes, &qstr, &kstr, &vstr, &causal,
+                          &scale, &threads, &form, &off, &docs))
         return NULL;
     bwd_t base;
     memset(&base, 0, sizeof base);
     if (read_shapes(&base.a, sizes, qstr, kstr, vstr, threads)) return NULL;
     base.a.table = (const float *)(uintptr_t)tp;
-    if (read_form(&base.a, form, 1, fg)) return NULL;
+    if (read_form(&base.a, form, 1, fg) || read_place(&base.a, off, docs)) return NULL;
     int scaled = base.a.pw_knots != NULL;
     if (scaled && dtp && !(fg[0] && fg[1] && fg[2])) {
         PyErr_SetString(PyExc_ValueError, "attend_backward: the scaled form's gradients are missing");

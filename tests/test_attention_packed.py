@@ -1,0 +1,199 @@
+"""Packed documents in posenc.attention: equal to attending to every document alone.
+
+``cu_seqlens`` (flash-attn's varlen convention) or ``document_ids`` confine each
+query to its own document; rotary positions and every bias restart with it.
+In float64 (the blockwise path) packed and per-document results are the same
+sums in another order; the float32 compiled loops are held to the error bounds
+of tests/test_attention_backward.py, derived per document.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
+from posenc.families.bias.modules import ALiBi
+from posenc.integration import attention as attend
+from test_attention_backward import bounds, dense
+
+BIASES = {
+    "none": lambda h: None,
+    "nope": lambda h: NoPE(h),
+    "alibi": lambda h: ALiBi(h),
+    "t5": lambda h: T5Bias(h),
+    "kerple": lambda h: KERPLE(h),
+    "sandwich": lambda h: Sandwich(h, dim=16),
+    # past its threshold within the longer documents: the bias reads positions
+    "fire": lambda h: FIRE(h, mlp_width=8, init_L=12.0),
+}
+
+# an empty document, one of one token, and documents across the compiled loop's
+# blocks of 64 queries and 256 keys
+CU = [0, 3, 3, 4, 90, 330, 345]
+
+
+def _inputs(batch, total, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 4, total, 16, generator=gen, dtype=dtype)
+    k = torch.randn(batch, 2, total, 16, generator=gen, dtype=dtype)
+    v = torch.randn(batch, 2, total, 16, generator=gen, dtype=dtype)
+    dout = torch.randn(batch, 4, total, 16, generator=gen, dtype=dtype)
+    return q, k, v, dout
+
+
+def _grads(out, inputs, bias, dout):
+    params = [] if bias is None else [p for p in bias.parameters() if p.requires_grad]
+    return torch.autograd.grad(out, [*inputs, *params], dout)
+
+
+def _per_document(q, k, v, cu, **kw):
+    """Each document attended alone, concatenated along the sequence."""
+    pieces = [
+        posenc.attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], **kw)
+        for a, b in itertools.pairwise(cu)
+        if b > a
+    ]
+    return torch.cat(pieces, dim=2)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("bias_name", BIASES)
+def test_packed_equals_each_document_alone_float64(bias_name, causal):
+    # float64 takes the blockwise path: the same sums as per document, in another
+    # order, with masked scores weighing exactly 0: a few hundred roundings of
+    # 2**-53 relative to magnitudes of order 1, far below 1e-12
+    torch.manual_seed(1)
+    bias = BIASES[bias_name](4)
+    bias = None if bias is None else bias.double()
+    rotary = posenc.Rotary(16)
+    q, k, v, dout = _inputs(2, CU[-1], seed=2)
+    inputs = [t.requires_grad_(True) for t in (q, k, v)]
+    kw = {"bias": bias, "rotary": rotary, "causal": causal}
+    out = posenc.attention(*inputs, cu_seqlens=torch.tensor(CU), **kw)
+    ref = _per_document(*inputs, CU, **kw)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    for a, b in zip(_grads(out, inputs, bias, dout), _grads(ref, inputs, bias, dout), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("bias_name", ["none", "alibi", "t5", "kerple"])
+def test_packed_kernel_within_the_bounds_of_each_document(bias_name, causal, monkeypatch):
+    # float32 through the compiled loops (forward and backward), against each
+    # document's dense float64 attention; the bounds of each document hold for the
+    # packed call too: the other documents' keys weigh exactly 0 and the bounds
+    # hold for any order of the sums
+    monkeypatch.setattr(attend, "_backward_blockwise", _refuse)
+    torch.manual_seed(3)
+    bias = BIASES[bias_name](4)
+    q, k, v, dout = _inputs(2, CU[-1], seed=4, dtype=torch.float32)
+    inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = posenc.attention(*inputs, bias=bias, causal=causal, cu_seqlens=torch.tensor(CU))
+    got = torch.autograd.grad(out, inputs, dout)
+    bias64 = None if bias is None else bias.double()
+    for a, b in itertools.pairwise(CU):
+        if b == a:
+            continue
+        part = [t[:, :, a:b] for t in (q, k, v, dout)]
+        exact = [t.double().requires_grad_(True) for t in part[:3]]
+        mask = torch.ones(2, b - a, dtype=torch.bool)
+        ref = dense(*exact, bias64, causal=causal, scale=0.25, mask=mask)
+        want = torch.autograd.grad(ref, exact, part[3].double())
+        tq, tk, tv, *_, tout = bounds(*part, bias, causal=causal, scale=0.25, mask=mask)
+        assert bool(((out[:, :, a:b].double() - ref).abs() <= tout).all())
+        for g, w, t in zip(got, want, (tq, tk, tv), strict=True):
+            assert bool(((g[:, :, a:b].double() - w).abs() <= t).all())
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the blockwise backward ran")
+
+
+def test_packed_call_takes_the_compiled_loop(monkeypatch):
+    seen = []
+    forward = attend._forward_kernel
+
+    def spy(plan, params, q, k, v):
+        result = forward(plan, params, q, k, v)
+        seen.append((plan.docs is not None, result is not None))
+        return result
+
+    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    q, k, v, _ = _inputs(1, CU[-1], seed=5, dtype=torch.float32)
+    posenc.attention(q, k, v, bias=ALiBi(4), causal=True, cu_seqlens=torch.tensor(CU))
+    assert seen == [(True, True)]
+
+
+def test_document_ids_per_row_equal_each_document_alone():
+    # rows packed differently; ids are any ints, a new document where they change
+    torch.manual_seed(6)
+    ids = torch.tensor([[7, 7, 7, 2, 2, 9, 9, 9, 9, 9], [1, 1, 1, 1, 1, 1, 4, 4, 5, 5]])
+    q, k, v, dout = _inputs(2, 10, seed=7)
+    for bias in (ALiBi(4).double(), FIRE(4, mlp_width=8, init_L=2.0).double()):
+        inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        kw = {"bias": bias, "rotary": posenc.Rotary(16), "causal": True}
+        out = posenc.attention(*inputs, document_ids=ids, **kw)
+        got = _grads(out, inputs, bias, dout)
+        for row, cu in ((0, [0, 3, 5, 10]), (1, [0, 6, 8, 10])):
+            one = [t[row : row + 1] for t in inputs]
+            ref = _per_document(*one, cu, **kw)
+            torch.testing.assert_close(out[row : row + 1], ref, rtol=0, atol=1e-12)
+            want = torch.autograd.grad(ref, one, dout[row : row + 1])
+            for g, w in zip(got[:3], want, strict=True):
+                torch.testing.assert_close(g[row : row + 1], w, rtol=1e-10, atol=1e-11)
+
+
+def test_cu_seqlens_and_document_ids_agree():
+    q, k, v, _ = _inputs(2, CU[-1], seed=8, dtype=torch.float32)
+    ids = torch.repeat_interleave(torch.arange(len(CU) - 1), torch.tensor(CU).diff())
+    kw = {"bias": T5Bias(4), "causal": True}
+    a = posenc.attention(q, k, v, cu_seqlens=torch.tensor(CU, dtype=torch.int32), **kw)
+    b = posenc.attention(q, k, v, document_ids=ids, **kw)
+    assert torch.equal(a, b)
+
+
+def test_a_document_of_padding_only_gets_zeros():
+    q, k, v, _ = _inputs(1, 6, seed=9, dtype=torch.float32)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    out = posenc.attention(q, k, v, cu_seqlens=torch.tensor([0, 3, 6]), attention_mask=mask)
+    assert out[:, :, 3:].eq(0).all() and out.isfinite().all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"cu_seqlens": torch.tensor([1, 3, 6])}, ValueError, "cu_seqlens"),
+        ({"cu_seqlens": torch.tensor([0, 4, 3, 6])}, ValueError, "cu_seqlens"),
+        ({"cu_seqlens": torch.tensor([0, 3, 5])}, ValueError, "cu_seqlens"),
+        ({"cu_seqlens": torch.tensor([0.0, 3.0, 6.0])}, TypeError, "cu_seqlens"),
+        ({"cu_seqlens": [0, 3, 6]}, TypeError, "cu_seqlens"),
+        ({"document_ids": torch.zeros(6)}, TypeError, "document_ids"),
+        ({"document_ids": torch.zeros(3, 6, dtype=torch.long)}, ValueError, "document_ids"),
+        ({"document_ids": torch.zeros(5, dtype=torch.long)}, ValueError, "document_ids"),
+        (
+            {"cu_seqlens": torch.tensor([0, 6]), "document_ids": torch.zeros(6, dtype=torch.long)},
+            ValueError,
+            "not both",
+        ),
+    ],
+)
+def test_bad_packing_is_refused(kwargs, error, match):
+    q, k, v, _ = _inputs(2, 6, seed=10, dtype=torch.float32)
+    with pytest.raises(error, match=match):
+        posenc.attention(q, k, v, **kwargs)
+
+
+def test_packed_with_a_cache_of_keys():
+    # queries bottom-right in the last document: its earlier keys are a cache
+    q, k, v, _ = _inputs(1, 20, seed=11)
+    cu = torch.tensor([0, 8, 20])
+    kw = {"bias": ALiBi(4).double(), "rotary": posenc.Rotary(16), "causal": True}
+    out = posenc.attention(q[:, :, -5:], k, v, cu_seqlens=cu, **kw)
+    ref = posenc.attention(q[:, :, -5:], k[:, :, 8:], v[:, :, 8:], **kw)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    assert math.isfinite(float(out.abs().max()))
