@@ -8,7 +8,17 @@ from typing import Any
 
 from posenc.families.bias.functional import alibi_slopes, t5_bucket
 
-_MODULES = ("ALiBi", "AttentionBias", "FIRE", "KERPLE", "NoPE", "Sandwich", "T5Bias")
+_MODULES = (
+    "ALiBi",
+    "AttentionBias",
+    "FIRE",
+    "KERPLE",
+    "NoPE",
+    "Sandwich",
+    "ScaledForm",
+    "T5Bias",
+    "relu_pieces",
+)
 
 __all__ = ["alibi_slopes", "t5_bucket", *_MODULES]
 
