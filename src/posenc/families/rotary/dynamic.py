@@ -17,7 +17,8 @@ and the patched HF module (:mod:`posenc.hf`):
 - every other schedule: fixed frequencies.
 
 Keys already in a KV cache keep the frequencies they were rotated with
-(transformers #25104): re-rotating them is the caller's business.
+(transformers #25104); :meth:`posenc.Rotary.rerotate` and
+:func:`posenc.hf.rerotate_cache` move them to the new ones.
 """
 
 from __future__ import annotations
