@@ -53,6 +53,7 @@ import torch
 
 from posenc.core import checks
 from posenc.core.kernels import compiled
+from posenc.core.positions import document_positions, packed_document_ids, packed_positions
 from posenc.families.bias.modules import AttentionBias, NoPE, ScaledForm
 
 __all__ = ["attention"]
@@ -781,8 +782,6 @@ def _documents(
     Documents are numbered along each row from 0, never decreasing (what the
     compiled loops search); None without packing.
     """
-    from posenc.core.positions import document_positions, packed_document_ids, packed_positions
-
     if cu_seqlens is None and document_ids is None:
         return None
     if cu_seqlens is not None and document_ids is not None:
