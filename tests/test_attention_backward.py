@@ -323,7 +323,7 @@ def test_head_dim_off_the_vector_width_falls_back():
     # head_dim 24 is no multiple of 16: attend_backward declines, blockwise runs
     shape = (1, 2, 2, 9, 9, 24, 16)
     assert attend.compiled is not None
-    args = [0] * 12 + [list(shape), [0, 0, 0], [0, 0, 0], [0, 0, 0], True, 0.2, 1, None]
+    args = [0] * 12 + [list(shape), [0, 0, 0], [0, 0, 0], [0, 0, 0], True, 0.2, 1, None, 0, None]
     assert attend.compiled.attend_backward(*args) is False
     got, want, tols = run_case("t5", shape, causal=True)
     assert_within(got, want, tols)

@@ -567,10 +567,8 @@ class _Attention(torch.autograd.Function):
         use_kernel: bool,
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        result = _forward_kernel(plan, params, q, k, v) if use_kernel else None
-        out, lse = result if result is not None else _forward_blockwise(plan, params, q, k, v)
+        out, lse, ctx.kernel = forward_block(plan, params, q, k, v, use_kernel)
         ctx.plan = plan
-        ctx.kernel = result is not None  # float32 on the CPU, the bias a table or none
         ctx.save_for_backward(q, k, v, out, lse, *params)
         return out
 
@@ -582,12 +580,45 @@ class _Attention(torch.autograd.Function):
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)
         wanted = [p.requires_grad for p in params]
-        grads = None
-        if ctx.kernel:
-            grads = _backward_kernel(plan, params, wanted, q, k, v, lse, dout, delta)
-        if grads is None:
-            grads = _backward_blockwise(plan, params, wanted, q, k, v, lse, dout, delta)
+        grads = backward_block(plan, params, wanted, q, k, v, lse, dout, delta, ctx.kernel)
         return (*grads[:3], None, None, *grads[3:])
+
+
+def forward_block(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    use_kernel: bool,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Output, log-sum-exp, and whether the compiled loop made them (else blockwise)."""
+    result = _forward_kernel(plan, params, q, k, v) if use_kernel else None
+    if result is not None:  # float32 on the CPU, the bias a table, pieces or none
+        return (*result, True)
+    return (*_forward_blockwise(plan, params, q, k, v), False)
+
+
+def backward_block(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    wanted: Sequence[bool],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    delta: torch.Tensor,
+    kernel: bool,
+) -> tuple[torch.Tensor | None, ...]:
+    """dq, dk, dv and the bias tensors' gradients of one call, from its (or a larger
+    softmax's) log-sum-exp and ``delta``: compiled where the forward was."""
+    grads = None
+    if kernel:
+        grads = _backward_kernel(plan, params, wanted, q, k, v, lse, dout, delta)
+    if grads is None:
+        grads = _backward_blockwise(plan, params, wanted, q, k, v, lse, dout, delta)
+    return grads
 
 
 def _flex(

@@ -361,9 +361,8 @@ class _RingAttention(torch.autograd.Function):
                 plan, params, _ = _plan(ring, tensors, qc, kc)
                 qs, ks = slice(qc[2], qc[2] + qc[1]), slice(kc[2], kc[2] + kc[1])
                 args = (plan, params, q[:, :, qs], kb[:, :, ks], vb[:, :, ks])
-                result = att._forward_kernel(*args)
-                kernel = kernel and result is not None
-                part, part_lse = result if result is not None else att._forward_blockwise(*args)
+                part, part_lse, used = att.forward_block(*args, True)
+                kernel = kernel and used
                 out[:, :, qs], lse[:, :, qs] = _merge(out[:, :, qs], lse[:, :, qs], part, part_lse)
             if pending is not None:
                 _wait(pending[1])
@@ -393,9 +392,7 @@ class _RingAttention(torch.autograd.Function):
                 qs, ks = slice(qc[2], qc[2] + qc[1]), slice(kc[2], kc[2] + kc[1])
                 rows = (lse[:, :, qs].contiguous(), dout[:, :, qs], delta[:, :, qs].contiguous())
                 args = (plan, params, wanted, q[:, :, qs], kb[:, :, ks], vb[:, :, ks], *rows)
-                grads = att._backward_kernel(*args) if ctx.kernel else None
-                if grads is None:
-                    grads = att._backward_blockwise(*args)
+                grads = att.backward_block(*args, ctx.kernel)
                 dq_part, dk_part, dv_part = grads[:3]
                 assert dq_part is not None and dk_part is not None and dv_part is not None
                 dq[:, :, qs] += dq_part
