@@ -17,7 +17,7 @@ import torch
 from posenc.faces.cli import main
 from posenc.faces.lab import names, tasks
 from posenc.faces.lab.encodings import REGISTRY, training_encoding
-from posenc.faces.lab.model import ENCODINGS, LabModel, ModelConfig, scaling_for
+from posenc.faces.lab.model import _ROTATIONS, ENCODINGS, LabModel, ModelConfig, scaling_for
 from posenc.faces.lab.run import (
     LabConfig,
     Record,
@@ -86,6 +86,113 @@ def test_every_registered_encoding_builds_and_runs(encoding):
         assert model.state_dict().keys() == trained.state_dict().keys()
         assert all(torch.equal(v, trained.state_dict()[k]) for k, v in model.state_dict().items())
         torch.testing.assert_close(model(tokens), trained(tokens), rtol=0, atol=0)
+
+
+def _perturbed(config: ModelConfig, encoding: str) -> LabModel:
+    """A model whose parameters are all off their initial values (zeros and ones included)."""
+    torch.manual_seed(0)
+    model = LabModel(config, encoding)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+# the span's pass sums the same products as the whole pass, in other orders (GEMMs
+# blocked over fewer rows): each logit differs by a few roundings of sums of at most
+# 4 * d_model terms of order max|logit|; 32 eps of it is ten times what any encoding shows
+SPAN_ATOL = 32 * torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_a_span_of_logits_is_those_of_the_whole_pass(encoding):
+    spec = REGISTRY[encoding]
+    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    tokens = torch.randint(0, 14, (3, 23), generator=torch.Generator().manual_seed(1))
+    scaling = spec.scaling(23, 10)  # beyond the trained length: the scalings act
+
+    @torch.no_grad()
+    def logits(span=None):
+        # the same randomized positions on every call: one generator state
+        positions = torch.Generator().manual_seed(5)
+        return model(tokens, scaling=scaling, generator=positions, span=span)
+
+    whole = logits()
+    bound = SPAN_ATOL * float(whole.abs().max())
+    for start, stop in [(11, 22), (0, 23), (22, 23), (0, 1), (5, 6), (3, 20)]:
+        part = logits((start, stop))
+        assert part.shape == (3, stop - start, 14)
+        torch.testing.assert_close(part, whole[:, start:stop], rtol=0, atol=bound)
+    assert torch.equal(logits((0, 23)), whole)  # the whole span is the whole pass
+
+
+def test_the_rotations_are_posencs_own():
+    from posenc import attention
+    from posenc.faces.lab.model import _attend
+    from posenc.families.rotary.multiaxis import xpos_rotate
+    from posenc.families.rotary.schedules import frequencies
+
+    config = ModelConfig(14, 32, 2, 4, max_positions=40)
+    q, k, v = torch.randn(3, 2, 4, 11, 8, generator=torch.Generator().manual_seed(0)).unbind(0)
+    # xPos: xpos_rotate over the whole sequence, the queries a suffix of it
+    model = LabModel(config, "xpos")
+    attend = _attend(None, _ROTATIONS["xpos"](model, torch.arange(11), 11, None))
+    rq, rk = xpos_rotate(q, k, frequencies("default", 8, 10000.0), layout="half")
+    assert torch.equal(attend(q, k, v), attention(rq, rk, v, causal=True))
+    assert torch.equal(attend(q[:, :, 4:], k, v), attention(rq[:, :, 4:], rk, v, causal=True))
+    # randomized: Rotary at the drawn positions
+    model = LabModel(config, "randomized")
+    positions = model._positions(11, torch.device("cpu"), torch.Generator().manual_seed(1))
+    attend = _attend(None, _ROTATIONS["rope"](model, positions, 11, None))
+    rq, rk = model._rotary(None)(q, k, positions=positions)
+    assert torch.equal(attend(q, k, v), attention(rq, rk, v, causal=True))
+    # rope with a scaling: posenc.attention's own rotary, KV-cache alignment included
+    model = LabModel(config, "rope")
+    scaling = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 6}
+    attend = _attend(None, _ROTATIONS["rope"](model, torch.arange(11), 11, scaling))
+    rope = model._rotary(scaling)
+    assert torch.equal(
+        attend(q[:, :, 7:], k, v), attention(q[:, :, 7:], k, v, rotary=rope, causal=True)
+    )
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "t5", "rope", "xpos", "learned", "randomized"])
+def test_the_loss_of_the_scored_span_is_the_whole_loss(encoding):
+    from posenc.faces.lab.run import _loss
+
+    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    batch = tasks.make_batch("copy", 6, 8, torch.Generator().manual_seed(2))
+    assert batch.scored == (7, 14)
+    span = _loss(model, batch, torch.Generator().manual_seed(3))
+    span.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    logits = model(batch.tokens, generator=torch.Generator().manual_seed(3))
+    whole = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), batch.targets.flatten(), ignore_index=tasks.IGNORE
+    )
+    whole.backward()
+    torch.testing.assert_close(span, whole, rtol=0, atol=SPAN_ATOL * float(whole.detach()))
+    for name, p in model.named_parameters():
+        assert p.grad is not None and grads[name] is not None, name
+        bound = SPAN_ATOL * float(p.grad.abs().max())
+        torch.testing.assert_close(grads[name], p.grad, rtol=0, atol=bound, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("span", "error", "words"),
+    [
+        ((3, 3), ValueError, "span stop"),
+        ((-1, 2), ValueError, "span start"),
+        ((0, 9), ValueError, "within the 8 tokens"),
+        ((0.0, 2), TypeError, "span start"),
+        ([0, 2], TypeError, "span must be a"),
+    ],
+)
+def test_a_span_must_lie_within_the_tokens(span, error, words):
+    model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), "alibi")
+    with pytest.raises(error, match=words):
+        model(torch.zeros(1, 8, dtype=torch.long), span=span)
 
 
 @pytest.mark.parametrize("encoding", [e for e in ENCODINGS if REGISTRY[e].test_scaling is None])
@@ -160,6 +267,16 @@ def test_interrupted_run_resumes_to_the_same_model(tmp_path):
     # the checkpoint at step 20 holds the model, optimiser, schedule and both generators
     assert resumed == straight
     assert not any(p.name.endswith(".partial.pt") for p in (tmp_path / "a").iterdir())
+
+
+def test_a_training_in_pieces_is_the_training_in_one_go(tmp_path):
+    # randomized: the positions' generator is handed over too
+    _, straight = train(TINY, "randomized", 0, directory=tmp_path / "a", world=_World())
+    _, first = train(TINY, "randomized", 0, directory=tmp_path / "b", world=_World(), until=17)
+    assert first == straight[:17]  # 17: between the periodic checkpoints, at its own
+    assert [p.name.endswith(".partial.pt") for p in (tmp_path / "b").iterdir()] == [True]
+    _, pieces = train(TINY, "randomized", 0, directory=tmp_path / "b", world=_World())
+    assert pieces == straight
 
 
 def test_worker_processes_train_as_this_process_does(tmp_path):

@@ -106,10 +106,18 @@ def test_layout_targets_and_answers(task, n):
     assert torch.equal(scored, expected.expand(8, seq))
     assert torch.equal(targets[:, sep:-1], tokens[:, sep + 1 :])
     assert (targets[:, -2] == EOS).all()
+    assert batch.scored == (sep, seq - 1)
 
     answer = tokens[:, sep + 1 : -1]
     assert answer.shape[1] == ANSWER_LENGTH[task] * n + (task in ("recall", "addition"))
     assert torch.equal(answer, answers(task, tokens))
+
+
+def test_scored_columns_span_every_scored_target():
+    targets = torch.full((3, 9), IGNORE)
+    assert Batch(targets.clone(), targets, 3).scored == (0, 9)  # nothing scored: every column
+    targets[1, 2], targets[0, 6] = 5, 7  # rows may differ: the span covers them all
+    assert Batch(targets.clone(), targets, 3).scored == (2, 7)
 
 
 @pytest.mark.parametrize("task", SYNTHETIC)
@@ -300,6 +308,7 @@ def test_corpus_batch(source_tree):
     assert batch.tokens.shape == batch.targets.shape == (32, 12)
     assert batch.tokens.dtype == batch.targets.dtype == torch.int64
     assert torch.equal(batch.targets[:, :-1], batch.tokens[:, 1:])  # every position scored
+    assert batch.scored == (0, 12)
     assert (batch.tokens >= 4).all() and (batch.tokens < vocab_size("text")).all()
     for tokens, targets in zip(batch.tokens.tolist(), batch.targets.tolist(), strict=True):
         window = bytes(t - 4 for t in [*tokens, targets[-1]])  # byte b is token b + 4

@@ -39,6 +39,7 @@ from posenc.families.rotary.multiaxis import (
     pixel_frequencies,
     xpos_rotate,
     xpos_scale,
+    xpos_tables,
 )
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import cos_sin
@@ -395,6 +396,21 @@ def test_xpos_matches_rotary_embedding_torch(seq_dim: int) -> None:
     assert _max_diff(rq, ref_q) <= tol * scale
     assert _max_diff(rk, ref_k) <= tol * scale
     assert torch.equal(rq[..., 32:], q[..., 32:]) and torch.equal(rk[..., 32:], k[..., 32:])
+
+
+def test_xpos_tables_at_any_positions_are_the_rows_of_the_whole() -> None:
+    """Rows at any positions equal the whole's; queries scaled by xpos_scale, keys over it."""
+    freqs = frequencies("default", 8, 1e4)
+    whole = xpos_tables(torch.arange(30), freqs, center=15, layout="half")
+    some = xpos_tables(torch.tensor([3, 17, 29]), freqs, center=15, layout="half")
+    for a, b in zip(some, whole, strict=True):
+        assert torch.equal(a, b[[3, 17, 29]])
+    cq, sq, ck, sk = xpos_tables(torch.arange(30), freqs, center=15, dtype=torch.float64)
+    scale = xpos_scale(torch.arange(30), 8, center=15, dtype=torch.float64)
+    # a rotation times the scale for queries, over it for keys
+    torch.testing.assert_close(cq**2 + sq**2, scale**2, rtol=1e-14, atol=0)
+    torch.testing.assert_close(ck**2 + sk**2, scale**-2, rtol=1e-14, atol=0)
+    torch.testing.assert_close(sq / cq, sk / ck, rtol=1e-14, atol=1e-300)
 
 
 def test_xpos_gradients() -> None:

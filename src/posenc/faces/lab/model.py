@@ -9,6 +9,14 @@ queries and keys (:class:`posenc.Rotary`, xPos) and/or its bias module
 
 Shapes: tokens ``(batch, seq)``; logits ``(batch, seq, vocab)``; q, k, v
 ``(batch, heads, seq, head_dim)``.
+
+A forward pass may ask for the logits of a span of positions only (the answer
+of a task, which is all a loss or an exact match reads): the positions after
+it are never computed, as no earlier one attends to them, and the last block
+computes its queries, and everything after attention, for the span alone,
+every key and value still computed. Each query keeps its own position in every
+encoding (rotations, tables and randomized draws are those of the whole
+sequence), so the span's logits are those rows of the whole pass.
 """
 
 from __future__ import annotations
@@ -31,9 +39,11 @@ from posenc.faces.lab.encodings import (
 )
 from posenc.families.absolute.sinusoidal import sinusoidal
 from posenc.families.bias.modules import AttentionBias
+from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.module import Rotary
-from posenc.families.rotary.multiaxis import xpos_rotate
+from posenc.families.rotary.multiaxis import xpos_tables
 from posenc.families.rotary.schedules import frequencies
+from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
 
 __all__ = [
@@ -52,10 +62,9 @@ _SCALABLE = tuple(
     sorted({e.trains_as for e in REGISTRY.values() if e.test_scaling and e.trains_as})
 )
 
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> out
-AttentionFor = Callable[
-    ["LabModel", int, torch.device, "dict[str, Any] | None", "torch.Generator | None"], Attend
-]
+# (q, k, v) -> out; q may be the last rows of k's positions only
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+_LAYOUT: Layout = "half"  # the pairing of rotated channels, for RoPE and xPos alike
 
 
 @dataclass(frozen=True)
@@ -117,65 +126,46 @@ _ABSOLUTE_TABLES: dict[str, Callable[[ModelConfig], nn.Module]] = {
 }
 
 
-# ------------------------------------------------------------------ attention per rotation
+# ------------------------------------------------------------------ rotations
+
+# (cos, sin) of the queries and (cos, sin) of the keys, one row per kept position
+Tables = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+TablesFor = Callable[["LabModel", torch.Tensor, int, "dict[str, Any] | None"], Tables]
 
 
-def _rope_attention(
-    model: LabModel,
-    t: int,
-    device: torch.device,
-    scaling: dict[str, Any] | None,
-    generator: torch.Generator | None,
-) -> Attend:
-    rope, bias = model._rotary(scaling), model.bias
-    if not model.spec.random_positions:
-        return lambda q, k, v: attention(q, k, v, bias=bias, rotary=rope, causal=True)
-    # a sorted random subset of every position the model may see, so that test lengths
-    # beyond the trained ones use positions already trained on (Ruoss et al. 2023)
-    draw = torch.randperm(model.config.max_positions, generator=generator)[:t]
-    positions = draw.sort().values.to(device)
-
-    def randomized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k = rope(q, k, positions=positions)
-        return attention(q, k, v, bias=bias, causal=True)
-
-    return randomized
+def _rope_tables(
+    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
+) -> Tables:
+    c, s = model._rotary(scaling).cos_sin(positions)
+    return c, s, c, s
 
 
-def _xpos_attention(
-    model: LabModel,
-    t: int,
-    device: torch.device,
-    scaling: dict[str, Any] | None,
-    generator: torch.Generator | None,
-) -> Attend:
+def _xpos_tables(
+    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
+) -> Tables:
+    # xpos_rotate's tables, centred on the whole sequence of t tokens as there, and
+    # built once for the layers and for queries that may be a suffix of the keys
     freqs = frequencies("default", model.config.head_dim, 10000.0)
-    bias = model.bias
+    return xpos_tables(positions, freqs, center=t // 2, layout=_LAYOUT)
 
-    def xpos(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q, k = xpos_rotate(q, k, freqs, layout="half")
+
+#: :attr:`Encoding.rotary` -> the rotation tables of one forward pass.
+_ROTATIONS: dict[str, TablesFor] = {"rope": _rope_tables, "xpos": _xpos_tables}
+
+
+def _attend(bias: AttentionBias | None, tables: Tables | None) -> Attend:
+    """Causal attention of queries that are the last ``q_len`` of the keys (posenc.attention's
+    bottom-right alignment), each query rotated at its own position."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if tables is not None:
+            cq, sq, ck, sk = tables
+            first = k.shape[2] - q.shape[2]
+            q = apply_rotary(q, cq[first:], sq[first:], layout=_LAYOUT)
+            k = apply_rotary(k, ck, sk, layout=_LAYOUT)
         return attention(q, k, v, bias=bias, causal=True)
 
-    return xpos
-
-
-def _unrotated_attention(
-    model: LabModel,
-    t: int,
-    device: torch.device,
-    scaling: dict[str, Any] | None,
-    generator: torch.Generator | None,
-) -> Attend:
-    bias = model.bias
-    return lambda q, k, v: attention(q, k, v, bias=bias, causal=True)
-
-
-#: :attr:`Encoding.rotary` -> the attention of one forward pass over ``t`` tokens.
-_ATTENTION: dict[str | None, AttentionFor] = {
-    "rope": _rope_attention,
-    "xpos": _xpos_attention,
-    None: _unrotated_attention,
-}
+    return attend
 
 
 # ------------------------------------------------------------------ the model
@@ -192,11 +182,18 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
 
-    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attend: Attend, queries: int) -> torch.Tensor:
+        """The outputs ``(batch, queries, d_model)`` of the last ``queries`` positions of ``x``."""
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        heads, size = self.heads, d // self.heads
+        h, w = self.ln1(x), self.qkv.weight
+        if queries == t:
+            q, k, v = self.qkv(h).view(b, t, 3, heads, size).unbind(2)
+        else:  # keys and values of every position, queries of the last ones
+            q = nn.functional.linear(h[:, t - queries :], w[:d]).view(b, queries, heads, size)
+            k, v = nn.functional.linear(h, w[d:]).view(b, t, 2, heads, size).unbind(2)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        x = x[:, t - queries :] + self.out(y.transpose(1, 2).reshape(b, queries, d))
         return x + self.mlp(self.ln2(x))
 
 
@@ -238,8 +235,19 @@ class LabModel(nn.Module):
         key = repr(sorted((scaling or {}).items()))
         cache: dict[str, Rotary] = self.__dict__.setdefault("_ropes", {})
         if key not in cache:
-            cache[key] = Rotary(self.config.head_dim, scaling=scaling)
+            cache[key] = Rotary(self.config.head_dim, layout=_LAYOUT, scaling=scaling)
         return cache[key]
+
+    def _positions(
+        self, t: int, device: torch.device, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """The positions of ``t`` tokens: ``0 .. t - 1``, or ``randomized``'s draw."""
+        if not self.spec.random_positions:
+            return torch.arange(t, device=device)
+        # a sorted random subset of every position the model may see, so that test lengths
+        # beyond the trained ones use positions already trained on (Ruoss et al. 2023)
+        draw = torch.randperm(self.config.max_positions, generator=generator)[:t]
+        return draw.sort().values.to(device)
 
     def forward(
         self,
@@ -247,8 +255,9 @@ class LabModel(nn.Module):
         *,
         scaling: dict[str, Any] | None = None,
         generator: torch.Generator | None = None,
+        span: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """Logits ``(batch, seq, vocab)`` of ``tokens`` ``(batch, seq)``.
+        """Logits ``(batch, seq, vocab)`` of ``tokens`` ``(batch, seq)``, or of a span of them.
 
         Args:
             tokens: int64 ids.
@@ -256,14 +265,20 @@ class LabModel(nn.Module):
                 time (``{"rope_type": "linear", "factor": 2.0}``).
             generator: the randomness of ``randomized`` positions (a new random
                 subset per call otherwise).
+            span: ``(start, stop)``: the logits of positions ``start .. stop - 1``
+                only, ``(batch, stop - start, vocab)``, equal to those rows of the
+                whole pass (to float32 rounding) at a fraction of its work; None:
+                every position.
 
         Raises:
             ValueError: a sequence longer than ``max_positions`` for the
                 encodings that have a limit (learned, randomized); a ``scaling``
-                for a model that does not scale at test time.
+                for a model that does not scale at test time; a span that is not
+                ``0 <= start < stop <= seq``.
         """
         t = tokens.shape[1]
         spec, device = self.spec, tokens.device
+        start, stop = (0, t) if span is None else _check_span(span, t)
         if spec.limited and t > self.config.max_positions:
             raise ValueError(
                 f"sequence of {t} tokens is longer than max_positions="
@@ -274,11 +289,25 @@ class LabModel(nn.Module):
                 f"test-time scaling applies to {', '.join(_SCALABLE)} only; "
                 f"this model is {spec.name!r}"
             )
-        x = self.embed(tokens)
+        # positions of the whole sequence (randomized draws t of them), kept up to stop
+        positions = self._positions(t, device, generator)[:stop]
+        x = self.embed(tokens[:, :stop])
         if spec.absolute is not None:
-            table = self.get_submodule(spec.absolute)
-            x = x + table(torch.arange(t, device=device)).to(x.dtype)
-        attend = _ATTENTION[spec.rotary](self, t, device, scaling, generator)
-        for block in self.blocks:
-            x = block(x, attend)
+            x = x + self.get_submodule(spec.absolute)(positions).to(x.dtype)
+        tables = None
+        if spec.rotary is not None:
+            tables = _ROTATIONS[spec.rotary](self, positions, t, scaling)
+        attend = _attend(self.bias, tables)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attend, stop - start if i == len(self.blocks) - 1 else stop)
         return self.head(self.ln(x))
+
+
+def _check_span(span: Any, t: int) -> tuple[int, int]:
+    if not isinstance(span, tuple) or len(span) != 2:
+        raise TypeError(f"span must be a (start, stop) tuple of ints; got {span!r}")
+    start = checks.check_int(span[0], "span start", minimum=0)
+    stop = checks.check_int(span[1], "span stop", minimum=start + 1)
+    if stop > t:
+        raise ValueError(f"span must end within the {t} tokens; got {span!r}")
+    return start, stop

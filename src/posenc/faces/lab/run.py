@@ -39,7 +39,7 @@ from posenc.faces.lab.model import LabModel, ModelConfig
 
 __all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
 
-VERSION = 2  # part of every key: bump when training or evaluation changes meaning
+VERSION = 3  # part of every key: bump when training or evaluation changes (rounding included)
 DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned")
 
 
@@ -245,9 +245,13 @@ class _Data:
 
 
 def _loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
-    logits = model(batch.tokens, generator=positions)
+    # the logits of the scored positions alone: the loss of the whole pass (its other
+    # targets are ignored) at a fraction of its work
+    start, stop = batch.scored
+    logits = model(batch.tokens, generator=positions, span=(start, stop))
+    targets = batch.targets[:, start:stop]
     return nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1), ignore_index=T.IGNORE
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
     )
 
 
@@ -260,10 +264,14 @@ def train(
     world: _World,
     corpus: Any = None,
     on_step: Callable[[int], None] | None = None,
+    until: int | None = None,
 ) -> tuple[LabModel, list[float]]:
     """Train (or resume, or load) the model of ``encoding`` and ``seed``; return it and its losses.
 
-    The losses are those of the global batch (averaged over ranks).
+    The losses are those of the global batch (averaged over ranks). With
+    ``until`` below ``config.steps``, training stops after that many steps at a
+    resumable checkpoint (the model and losses returned are those so far): a
+    later call resumes there, exactly as if it had never stopped.
     """
     key = config.training_key(encoding, seed)
     directory.mkdir(parents=True, exist_ok=True)
@@ -293,11 +301,23 @@ def train(
         data.gen.set_state(saved["data"])
         positions.set_state(saved["positions"])
         losses, start = saved["losses"], saved["step"]
+    stop = config.steps if until is None else min(checks.check_int(until, "until"), config.steps)
+
+    def checkpoint(done: int) -> None:
+        _save(
+            {
+                "model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict(), "data": data.gen.get_state(),
+                "positions": positions.get_state(), "losses": losses, "step": done,
+            },
+            partial,
+        )  # fmt: skip
+
     net: nn.Module = model
     if world.size > 1:
         net = nn.parallel.DistributedDataParallel(model)
     model.train()
-    for step in range(start, config.steps):
+    for step in range(start, stop):
         batch = data.next()
         share = config.batch_size // world.size
         lo = world.rank * share
@@ -322,18 +342,14 @@ def train(
         if on_step is not None:
             on_step(step + 1)
         done = step + 1
-        if world.main and done < config.steps and done % config.checkpoint_every == 0:
-            _save(
-                {
-                    "model": model.state_dict(), "opt": opt.state_dict(),
-                    "sched": sched.state_dict(), "data": data.gen.get_state(),
-                    "positions": positions.get_state(), "losses": losses, "step": done,
-                },
-                partial,
-            )  # fmt: skip
-    if world.main:
-        _save({"model": model.state_dict(), "losses": losses}, final)
-        partial.unlink(missing_ok=True)
+        if world.main and done < stop and done % config.checkpoint_every == 0:
+            checkpoint(done)
+    if world.main and stop > start:
+        if stop < config.steps:
+            checkpoint(stop)
+        else:
+            _save({"model": model.state_dict(), "losses": losses}, final)
+            partial.unlink(missing_ok=True)
     _barrier(world)
     return model, losses
 
@@ -365,24 +381,29 @@ def evaluate(
     trained = T.sequence_length(config.task, config.train_len)
     records: list[Record] = []
     positions = torch.Generator().manual_seed(99_991 + seed)
+
+    def scored(batch: T.Batch, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits and targets of the scored span (what the whole pass would score)."""
+        start, stop = batch.scored
+        logits = model(
+            batch.tokens.to(device), scaling=spec.scaling(length, trained),
+            generator=positions, span=(start, stop),
+        )  # fmt: skip
+        return logits, batch.targets[:, start:stop].to(device)
+
     if config.task == "text":
         for length in text_lengths(config):
-            batch = corpus.windows("test", length, config.eval_examples)
-            scaling = spec.scaling(length, trained)
-            logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
+            logits, targets = scored(corpus.windows("test", length, config.eval_examples), length)
             loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), batch.targets.to(device).reshape(-1),
-                ignore_index=T.IGNORE,
-            )  # fmt: skip
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
+            )
             records.append(Record("text", encoding, seed, length, "perplexity", math.exp(loss)))
         return records
     for n in range(1, config.test_len + 1):
         gen = torch.Generator().manual_seed(424_243 + n)
         batch = T.make_batch(config.task, n, config.eval_examples, gen)
-        scaling = spec.scaling(T.sequence_length(config.task, n), trained)
-        logits = model(batch.tokens.to(device), scaling=scaling, generator=positions)
-        scored = batch.targets.to(device) != T.IGNORE
-        right = (logits.argmax(-1) == batch.targets.to(device)) | ~scored
+        logits, targets = scored(batch, T.sequence_length(config.task, n))
+        right = (logits.argmax(-1) == targets) | (targets == T.IGNORE)
         acc = right.all(dim=1).float().mean().item()
         records.append(Record(config.task, encoding, seed, n, "accuracy", acc))
     return records
@@ -460,8 +481,14 @@ def _start_worker(threads: int, progress: Any) -> None:
     _PROGRESS = progress
 
 
-def _worker_job(config: LabConfig, jobs: list[tuple[str, int]], directory: Path) -> _Done:
-    """:func:`_train_and_evaluate` in a worker process, reporting progress on its channel."""
+def _worker_job(
+    config: LabConfig, jobs: list[tuple[str, int]], directory: Path, until: int
+) -> _Done | None:
+    """:func:`_train_and_evaluate` in a worker process, reporting progress on its channel.
+
+    A piece that ends before ``config.steps`` trains up to ``until`` and stops at a
+    checkpoint (None); the last piece finishes the training and evaluates.
+    """
     corpus = None
     if config.task == "text":
         if config.text_bytes not in _CORPUS:
@@ -478,6 +505,13 @@ def _worker_job(config: LabConfig, jobs: list[tuple[str, int]], directory: Path)
         if _PROGRESS is not None:
             _PROGRESS.put((tag, -1))
 
+    if until < config.steps:
+        encoding, seed = jobs[0]
+        train(
+            config, encoding, seed, directory=directory, world=_World(), corpus=corpus,
+            on_step=on_step, until=until,
+        )  # fmt: skip
+        return None
     return _train_and_evaluate(
         config, jobs, directory=directory, world=_World(), corpus=corpus,
         on_step=on_step, on_evaluate=on_evaluate,
@@ -491,28 +525,41 @@ def _in_workers(
     workers: int,
     bar: _Bar,
 ) -> list[_Done]:
-    """Every training in a pool of ``workers`` spawned processes, in the order given."""
+    """Every training in a pool of ``workers`` spawned processes, in the order given.
+
+    Each training runs as ``workers`` pieces of its steps, handed from one to the
+    next at a checkpoint (so the same updates as in one go). A piece is queued
+    when the one before it ends, behind every piece queued earlier: all the
+    trainings' first pieces run first, and the queue drains evenly to the end
+    instead of leaving workers idle while the last trainings run alone (15
+    trainings on 2 workers would otherwise end with one training on one worker).
+    """
     import multiprocessing
     import queue
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
     # spawn, not fork: a process forked after torch's OpenMP team ran cannot use it
     context = multiprocessing.get_context("spawn")
     channel = context.Queue()
     threads = max(1, torch.get_num_threads() // workers)
+    cuts = sorted({config.steps * (k + 1) // workers for k in range(workers)} - {0})
     results: dict[int, _Done] = {}
+    pieces: dict[Future[_Done | None], tuple[int, int]] = {}
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=(threads, channel)
     ) as pool:
-        futures = {
-            pool.submit(_worker_job, config, jobs, directory): i for i, jobs in enumerate(trainings)
-        }
-        for jobs in trainings:
+
+        def submit(i: int, piece: int) -> None:
+            future = pool.submit(_worker_job, config, trainings[i], directory, cuts[piece])
+            pieces[future] = (i, piece)
+
+        for i, jobs in enumerate(trainings):
+            trained = (directory / f"{config.training_key(*jobs[0])}.pt").exists()
+            submit(i, len(cuts) - 1 if trained else 0)  # a trained model is only evaluated
             bar.queued(jobs[0])
-        pending = set(futures)
         try:
-            while pending:
-                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while pieces:
+                finished, _ = wait(pieces, timeout=0.2, return_when=FIRST_COMPLETED)
                 while True:
                     try:
                         tag, done = channel.get_nowait()
@@ -523,11 +570,15 @@ def _in_workers(
                     else:
                         bar.update(tag, done)
                 for future in finished:
-                    i = futures[future]
-                    results[i] = future.result()
-                    bar.finished(trainings[i][0], len(trainings[i]))
+                    i, piece = pieces.pop(future)
+                    outcome = future.result()
+                    if outcome is None:
+                        submit(i, piece + 1)
+                    else:
+                        results[i] = outcome
+                        bar.finished(trainings[i][0], len(trainings[i]))
         except BaseException:
-            for future in pending:
+            for future in pieces:
                 future.cancel()
             raise
     return [results[i] for i in range(len(trainings))]
@@ -547,7 +598,9 @@ def run(
 
     Trainings are independent: on a CPU, ``workers`` processes train at once
     (``None``: one per usable CPU, what ``posenc lab run`` does), each on its share
-    of torch's threads. Under torchrun, or with ``workers=1`` (the default here),
+    of torch's threads, longest first, each training in ``workers`` pieces handed
+    over at a checkpoint so that no worker idles while the last ones finish (the
+    updates are those of one go). Under torchrun, or with ``workers=1`` (the default here),
     they run one after another in this process. Workers are spawned, so a script
     calling this with more than one must do so under ``if __name__ ==
     "__main__":`` (as :mod:`multiprocessing` requires).
@@ -573,7 +626,9 @@ def run(
     shared: dict[str, list[tuple[str, int]]] = {}
     for e, s in todo:
         shared.setdefault(config.training_key(e, s), []).append((e, s))
-    trainings = list(shared.values())
+    # longest first (a training evaluates each job sharing it: rope and its scalings take
+    # several), so the trainings that start last, while others finish, are the shortest
+    trainings = sorted(shared.values(), key=len, reverse=True)
     count = _worker_count(workers, world, len(trainings))
     _barrier(world)  # every rank decided before any rank writes
     bar = _Bar(config, todo, enabled=progress and world.main)

@@ -103,6 +103,18 @@ class Batch:
     targets: torch.Tensor
     length: int
 
+    @property
+    def scored(self) -> tuple[int, int]:
+        """``(start, stop)``: columns ``start .. stop - 1``, the first scored target to the last.
+
+        A synthetic task scores from ``SEP``'s column to the one before ``EOS``, text
+        every column; a batch scoring nothing gives every column.
+        """
+        columns = (self.targets != IGNORE).any(dim=0).nonzero()
+        if columns.numel() == 0:
+            return 0, self.targets.shape[1]
+        return int(columns[0]), int(columns[-1]) + 1
+
 
 # ------------------------------------------------------------------------------ validation
 

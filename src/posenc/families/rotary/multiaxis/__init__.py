@@ -38,7 +38,7 @@ from posenc.families.rotary.multiaxis.axial import (
     pixel_frequencies,
 )
 from posenc.families.rotary.multiaxis.mrope import mrope_axes, mrope_cos_sin
-from posenc.families.rotary.multiaxis.xpos import xpos_rotate, xpos_scale
+from posenc.families.rotary.multiaxis.xpos import xpos_rotate, xpos_scale, xpos_tables
 
 __all__ = [
     "AxialRotary",
@@ -49,4 +49,5 @@ __all__ = [
     "pixel_frequencies",
     "xpos_rotate",
     "xpos_scale",
+    "xpos_tables",
 ]

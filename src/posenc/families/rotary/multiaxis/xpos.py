@@ -19,7 +19,7 @@ from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
-__all__ = ["xpos_rotate", "xpos_scale"]
+__all__ = ["xpos_rotate", "xpos_scale", "xpos_tables"]
 
 
 def xpos_scale(
@@ -63,6 +63,39 @@ def xpos_scale(
     return scale.to(torch.float32 if dtype is None else dtype)
 
 
+def xpos_tables(
+    positions: Any,
+    freqs: RopeFrequencies,
+    *,
+    center: float,
+    scale_base: float = 512.0,
+    layout: Layout = "interleaved",
+    dtype: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``(cos, sin)`` tables of xPos's queries and of its keys at ``positions``.
+
+    RoPE's tables times :func:`xpos_scale` for the queries, divided by it for the
+    keys, computed in float64 and rounded once to ``dtype`` (float32 by default).
+    A rotation times a positive per-pair scale is still linear with transpose
+    (same cos, negated sin), so :func:`~posenc.rotary.apply_rotary` applies each pair
+    and its backward stays right. Queries and keys at any positions of one
+    sequence whose centre is ``center`` (:func:`xpos_rotate` uses ``T // 2``; the
+    centre cancels in ``q . k``).
+
+    Returns:
+        ``(cos_q, sin_q, cos_k, sin_k)``, each ``positions.shape + (rotary_dim,)``.
+    """
+    positions = checks.check_position_tensor(positions, "positions", exact=True)
+    rotary_dim = 2 * freqs.turns.size
+    c, s = cos_sin(positions, freqs, layout=layout, dtype=torch.float64)
+    scale = xpos_scale(
+        positions, rotary_dim, center=center, scale_base=scale_base, layout=layout,
+        dtype=torch.float64,
+    )  # fmt: skip
+    work = torch.float32 if dtype is None else dtype
+    return (c * scale).to(work), (s * scale).to(work), (c / scale).to(work), (s / scale).to(work)
+
+
 def xpos_rotate(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -104,22 +137,11 @@ def xpos_rotate(
             f"q and k must have the same length (dim {seq_dim}); got {seq} and {k.shape[seq_dim]}"
         )
     rotary_dim = 2 * freqs.turns.size
-    work = checks.work_dtype(q.dtype)
-    positions = torch.arange(seq, device=q.device)
-    c, s = cos_sin(positions, freqs, layout=layout, dtype=torch.float64)
-    scale = xpos_scale(
-        positions,
-        rotary_dim,
-        center=seq // 2,
-        scale_base=scale_base,
-        layout=layout,
-        dtype=torch.float64,
-    )
+    cq, sq, ck, sk = xpos_tables(
+        torch.arange(seq, device=q.device), freqs, center=seq // 2, scale_base=scale_base,
+        layout=layout, dtype=checks.work_dtype(q.dtype),
+    )  # fmt: skip
     if seq_dim == -3:
-        c, s, scale = c.unsqueeze(-2), s.unsqueeze(-2), scale.unsqueeze(-2)
-    # a rotation times a positive per-pair scale is still linear with transpose
-    # (same cos, negated sin): apply_rotary's inverse-rotation backward stays right
-    cq, sq = (c * scale).to(work), (s * scale).to(work)
-    ck, sk = (c / scale).to(work), (s / scale).to(work)
+        cq, sq, ck, sk = (t.unsqueeze(-2) for t in (cq, sq, ck, sk))
     kw: dict[str, Any] = {"layout": layout, "rotary_dim": rotary_dim}
     return apply_rotary(q, cq, sq, **kw), apply_rotary(k, ck, sk, **kw)
