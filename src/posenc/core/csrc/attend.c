@@ -156,12 +156,17 @@ AVX512 static void scores_block(const float *x, Py_ssize_t stride, Py_ssize_t n,
 }
 
 /* Xt[d][ii] = x_ii[d] (row ii at x + ii * stride) for the n <= ABQ rows of a block,
-   0 in the lanes past n: a block of queries (or of their output gradients) with
-   the queries along the vector lanes. */
+   0 in the lanes past n up to the next multiple of 16 (the tiles read whole vectors
+   of queries, and no further): a block of queries (or of their output gradients)
+   with the queries along the vector lanes. Short sequences make many small blocks,
+   so only the lanes read are written. */
 static void transpose_block(const float *x, Py_ssize_t stride, Py_ssize_t n, Py_ssize_t dim,
                             float *Xt) {
+    Py_ssize_t lanes = (n + 15) / 16 * 16;
+    for (Py_ssize_t ii = 0; ii < n; ++ii)
+        for (Py_ssize_t d = 0; d < dim; ++d) Xt[d * ABQ + ii] = x[ii * stride + d];
     for (Py_ssize_t d = 0; d < dim; ++d)
-        for (Py_ssize_t ii = 0; ii < ABQ; ++ii) Xt[d * ABQ + ii] = ii < n ? x[ii * stride + d] : 0.0f;
+        for (Py_ssize_t ii = n; ii < lanes; ++ii) Xt[d * ABQ + ii] = 0.0f;
 }
 
 /* The scaled form of a bias: bias_h(i, j) = F_h(x), x = table[key - query] *
