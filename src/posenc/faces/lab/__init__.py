@@ -7,8 +7,8 @@
   and test-time scaling), importable without torch;
 - :mod:`posenc.lab.model`: a small decoder-only transformer from posenc's
   pieces, one positional encoding per model;
-- :mod:`posenc.lab.run`: training (cached, resumable, DDP under torchrun) and
-  evaluation at every length;
+- :mod:`posenc.lab.run`: training (cached, resumable; under torchrun DDP, and
+  context parallelism with ring attention) and evaluation at every length;
 - :mod:`posenc.lab.results`: the figure and HTML page.
 
 ``posenc lab run`` is the command. Needs torch (and matplotlib for the figure).

@@ -17,6 +17,13 @@ computes its queries, and everything after attention, for the span alone,
 every key and value still computed. Each query keeps its own position in every
 encoding (rotations, tables and randomized draws are those of the whole
 sequence), so the span's logits are those rows of the whole pass.
+
+Under context parallelism (:class:`ContextParallel`) a forward pass holds one
+rank's shard of every sequence: its tokens in the ``"zigzag"`` layout of
+:mod:`posenc.context_parallel` (Megatron's load balancing), the sequences
+right-padded to whole chunks. Every encoding is computed at the shard's global
+positions (the whole sequence's positions, randomized draws included, sharded
+like the tokens), and attention is ring attention over the group.
 """
 
 from __future__ import annotations
@@ -45,10 +52,12 @@ from posenc.families.rotary.multiaxis import xpos_tables
 from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
+from posenc.integration.context_parallel import ring_attention, shard
 
 __all__ = [
     "ENCODINGS",
     "TEST_TIME_SCALING",
+    "ContextParallel",
     "LabModel",
     "ModelConfig",
     "scaling_for",
@@ -65,6 +74,31 @@ _SCALABLE = tuple(
 # (q, k, v) -> out; q may be the last rows of k's positions only
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 _LAYOUT: Layout = "half"  # the pairing of rotated channels, for RoPE and xPos alike
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """This rank's place in a context-parallel group, whose ranks share every sequence.
+
+    Each rank holds its ``"zigzag"`` shard (:func:`posenc.context_parallel.shard`) of
+    the sequences, right-padded to a multiple of ``2 * size`` tokens: under a causal
+    mask no real token attends to the padding, so the real tokens' outputs are those
+    of the unpadded sequence, and the padding's own outputs are to be ignored.
+
+    Attributes:
+        group: the ``torch.distributed`` process group of the ranks sharing a sequence.
+        size: its ranks.
+        rank: this rank's index in it.
+    """
+
+    group: Any
+    size: int
+    rank: int
+
+    def local(self, x: torch.Tensor, fill: int) -> torch.Tensor:
+        """This rank's shard of ``x`` ``(..., seq)``, padded with ``fill`` to whole chunks."""
+        x = nn.functional.pad(x, (0, -x.shape[-1] % (2 * self.size)), value=fill)
+        return shard(x, -1, self.size, self.rank, "zigzag")
 
 
 @dataclass(frozen=True)
@@ -153,9 +187,12 @@ def _xpos_tables(
 _ROTATIONS: dict[str, TablesFor] = {"rope": _rope_tables, "xpos": _xpos_tables}
 
 
-def _attend(bias: AttentionBias | None, tables: Tables | None) -> Attend:
+def _attend(
+    bias: AttentionBias | None, tables: Tables | None, context: ContextParallel | None = None
+) -> Attend:
     """Causal attention of queries that are the last ``q_len`` of the keys (posenc.attention's
-    bottom-right alignment), each query rotated at its own position."""
+    bottom-right alignment), each query rotated at its own position; under ``context``,
+    ring attention of the rank's shard (queries and keys alike) over its group."""
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if tables is not None:
@@ -163,7 +200,11 @@ def _attend(bias: AttentionBias | None, tables: Tables | None) -> Attend:
             first = k.shape[2] - q.shape[2]
             q = apply_rotary(q, cq[first:], sq[first:], layout=_LAYOUT)
             k = apply_rotary(k, ck, sk, layout=_LAYOUT)
-        return attention(q, k, v, bias=bias, causal=True)
+        if context is None:
+            return attention(q, k, v, bias=bias, causal=True)
+        # rotated already at the shard's own positions (randomized ones too), so no
+        # rotary=, which would rotate at the shard's indices in the sequence
+        return ring_attention(q, k, v, group=context.group, layout="zigzag", bias=bias, causal=True)
 
     return attend
 
@@ -256,6 +297,7 @@ class LabModel(nn.Module):
         scaling: dict[str, Any] | None = None,
         generator: torch.Generator | None = None,
         span: tuple[int, int] | None = None,
+        context: ContextParallel | None = None,
     ) -> torch.Tensor:
         """Logits ``(batch, seq, vocab)`` of ``tokens`` ``(batch, seq)``, or of a span of them.
 
@@ -269,15 +311,27 @@ class LabModel(nn.Module):
                 only, ``(batch, stop - start, vocab)``, equal to those rows of the
                 whole pass (to float32 rounding) at a fraction of its work; None:
                 every position.
+            context: this rank's share of the work under context parallelism:
+                ``tokens`` are still the whole sequences (every rank of the group
+                the same), and the logits are those of the rank's tokens,
+                ``context.local(tokens, fill)``, ``(batch, padded seq // size,
+                vocab)``; the padding's rows are not the model's (ignore their
+                targets). A collective: every rank of the group calls it together.
 
         Raises:
             ValueError: a sequence longer than ``max_positions`` for the
                 encodings that have a limit (learned, randomized); a ``scaling``
                 for a model that does not scale at test time; a span that is not
-                ``0 <= start < stop <= seq``.
+                ``0 <= start < stop <= seq``; a span under ``context`` (each rank
+                holds pieces of the sequence's start and end: no suffix to cut).
         """
         t = tokens.shape[1]
         spec, device = self.spec, tokens.device
+        if context is not None and span is not None:
+            raise ValueError(
+                "span: under context parallelism each rank computes its whole shard "
+                "(pieces of the start and of the end of every sequence); pass span=None"
+            )
         start, stop = (0, t) if span is None else _check_span(span, t)
         if spec.limited and t > self.config.max_positions:
             raise ValueError(
@@ -289,15 +343,21 @@ class LabModel(nn.Module):
                 f"test-time scaling applies to {', '.join(_SCALABLE)} only; "
                 f"this model is {spec.name!r}"
             )
-        # positions of the whole sequence (randomized draws t of them), kept up to stop
-        positions = self._positions(t, device, generator)[:stop]
-        x = self.embed(tokens[:, :stop])
+        # positions of the whole sequence (randomized draws t of them, the same on every
+        # rank of a group: their generators are in step), kept up to stop or sharded
+        positions = self._positions(t, device, generator)
+        if context is None:
+            positions, tokens = positions[:stop], tokens[:, :stop]
+        else:  # the padding's position and token are any valid ones: 0
+            positions, tokens = context.local(positions, 0), context.local(tokens, 0)
+            start, stop = 0, tokens.shape[1]
+        x = self.embed(tokens)
         if spec.absolute is not None:
             x = x + self.get_submodule(spec.absolute)(positions).to(x.dtype)
         tables = None
         if spec.rotary is not None:
             tables = _ROTATIONS[spec.rotary](self, positions, t, scaling)
-        attend = _attend(self.bias, tables)
+        attend = _attend(self.bias, tables, context)
         for i, block in enumerate(self.blocks):
             x = block(x, attend, stop - start if i == len(self.blocks) - 1 else stop)
         return self.head(self.ln(x))

@@ -14,6 +14,20 @@ command trains with DistributedDataParallel (gloo on CPU, nccl on GPUs). Every
 rank draws the same global batch from the same generator and trains on its
 contiguous share; DDP averages the gradients, so the update equals one
 process's on the whole batch. Rank 0 alone writes files and shows progress.
+
+Context parallelism: with ``context_parallel=N`` (``--context-parallel N``) the
+``W`` processes form a 2-D mesh, ``W / N`` data-parallel ranks by ``N``
+context-parallel ones, process ``r`` at ``(r // N, r % N)``; ``N`` must divide
+``W``, and ``N = 1`` is the plain DDP above. The processes of one data-parallel
+rank (one process group each, made with ``torch.distributed.new_group``) share
+its contiguous share of the batch: each holds its ``"zigzag"`` shard of every
+sequence (right-padded to ``2 N`` chunks with ignored targets) and attends with
+ring attention over its group. One DDP spans all ``W`` processes, so its
+gradient average covers both axes: each process's loss is the sum of its tokens'
+losses over the global batch's scored tokens, times ``W``, and the average is the
+gradient of one process's mean loss over the whole batch (the position-bias
+parameters' per-process shares included, which ring attention leaves to be summed).
+Evaluation runs whole sequences, the same on every process.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, lookup, training_encoding
-from posenc.faces.lab.model import LabModel, ModelConfig
+from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig
 
 __all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
 
@@ -148,17 +162,43 @@ class Outcome:
 
 @dataclass(frozen=True)
 class _World:
+    """This process in the mesh: ``size`` processes, ``cp`` of them per context-parallel group."""
+
     rank: int = 0
     size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    cp: int = 1
+    cp_group: Any = None  # this process's context-parallel group when cp > 1
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def dp_size(self) -> int:
+        return self.size // self.cp
 
-def _world() -> _World:
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.cp
+
+    def context(self) -> ContextParallel | None:
+        """The model's view of this process's context-parallel group (None without one)."""
+        if self.cp == 1:
+            return None
+        return ContextParallel(self.cp_group, self.cp, self.rank % self.cp)
+
+
+def _world(context_parallel: int = 1) -> _World:
+    """This process's place: from torchrun's environment, in a mesh of ``context_parallel``."""
+    cp = checks.check_int(context_parallel, "context_parallel", minimum=1)
     size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size % cp:
+        raise ValueError(
+            f"context_parallel (--context-parallel) = {cp} must divide the number of "
+            f"processes, {size}: run under torchrun --nproc_per_node a multiple of {cp} "
+            "(1 is plain data parallelism)"
+        )
     if size <= 1:
         return _World()
     import torch.distributed as dist
@@ -172,7 +212,13 @@ def _world() -> _World:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    return _World(rank, dist.get_world_size(), device)
+    size = dist.get_world_size()
+    group = None
+    if cp > 1:
+        # every process makes every group, in one order, as new_group requires
+        groups = [dist.new_group(list(range(first, first + cp))) for first in range(0, size, cp)]
+        group = groups[rank // cp]
+    return _World(rank, size, device, cp, group)
 
 
 def _barrier(world: _World) -> None:
@@ -229,6 +275,19 @@ def _rms(p: torch.Tensor) -> float:
     return float(p.detach().double().pow(2).mean().sqrt())
 
 
+def _optimiser(
+    model: LabModel, config: LabConfig, device: torch.device
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over :func:`param_groups` and its warm-up and cosine schedule."""
+    # fused: one pass over every parameter instead of a dozen ops per tensor (same update)
+    fused = device.type in ("cpu", "cuda")
+    opt = torch.optim.AdamW(
+        param_groups(model, config.lr), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01,
+        fused=fused,
+    )  # fmt: skip
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
+
+
 class _Data:
     """The global batches of one training run, identical on every rank."""
 
@@ -244,6 +303,14 @@ class _Data:
         return T.make_batch(c.task, n, c.batch_size, self.gen)
 
 
+def _share(batch: T.Batch, world: _World) -> T.Batch:
+    """This process's data-parallel rank's contiguous share of the global ``batch``."""
+    size = batch.tokens.shape[0] // world.dp_size
+    rows = slice(world.dp_rank * size, (world.dp_rank + 1) * size)
+    where = world.device
+    return T.Batch(batch.tokens[rows].to(where), batch.targets[rows].to(where), batch.length)
+
+
 def _loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
     # the logits of the scored positions alone: the loss of the whole pass (its other
     # targets are ignored) at a fraction of its work
@@ -253,6 +320,29 @@ def _loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch
     return nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
     )
+
+
+def _sharded_loss(
+    model: nn.Module, batch: T.Batch, positions: torch.Generator, world: _World, scored: int
+) -> torch.Tensor:
+    """This process's loss under context parallelism, scaled for DDP's average.
+
+    The sum of the losses of its shard of ``batch`` (its data-parallel share)
+    over ``scored``, the scored tokens of the global batch, times the processes:
+    DDP divides the sum of the gradients by those, leaving the gradient of the
+    mean loss over the global batch. Each process holds pieces of the start and
+    the end of every sequence, so its whole shard is computed (no scored span);
+    the padding's targets are ignored.
+    """
+    context = world.context()
+    assert context is not None
+    logits = model(batch.tokens, generator=positions, context=context)
+    targets = context.local(batch.targets, T.IGNORE)
+    total = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        ignore_index=T.IGNORE, reduction="sum",
+    )  # fmt: skip
+    return total * (world.size / max(1, scored))
 
 
 def train(
@@ -268,7 +358,8 @@ def train(
 ) -> tuple[LabModel, list[float]]:
     """Train (or resume, or load) the model of ``encoding`` and ``seed``; return it and its losses.
 
-    The losses are those of the global batch (averaged over ranks). With
+    The losses are those of the global batch (averaged over ranks; under context
+    parallelism, ``world.cp > 1``, as the module docstring says). With
     ``until`` below ``config.steps``, training stops after that many steps at a
     resumable checkpoint (the model and losses returned are those so far): a
     later call resumes there, exactly as if it had never stopped.
@@ -282,13 +373,7 @@ def train(
         saved = torch.load(final, map_location=world.device, weights_only=False)
         model.load_state_dict(saved["model"])
         return model, saved["losses"]
-    # fused: one pass over every parameter instead of a dozen ops per tensor (same update)
-    fused = world.device.type in ("cpu", "cuda")
-    opt = torch.optim.AdamW(
-        param_groups(model, config.lr), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01,
-        fused=fused,
-    )  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
+    opt, sched = _optimiser(model, config, world.device)
     data = _Data(config, seed, corpus)
     positions = torch.Generator().manual_seed(7 * seed + 3)
     losses: list[float] = []
@@ -319,14 +404,12 @@ def train(
     model.train()
     for step in range(start, stop):
         batch = data.next()
-        share = config.batch_size // world.size
-        lo = world.rank * share
-        local = T.Batch(
-            batch.tokens[lo : lo + share].to(world.device),
-            batch.targets[lo : lo + share].to(world.device),
-            batch.length,
-        )
-        loss = _loss(net, local, positions)
+        local = _share(batch, world)
+        if world.cp == 1:
+            loss = _loss(net, local, positions)
+        else:
+            scored = int((batch.targets != T.IGNORE).sum())
+            loss = _sharded_loss(net, local, positions, world, scored)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -590,6 +673,7 @@ def run(
     *,
     progress: bool = True,
     workers: int | None = 1,
+    context_parallel: int = 1,
 ) -> Outcome:
     """Train and evaluate every (encoding, seed) of ``config``; write ``out/results.json``.
 
@@ -605,13 +689,20 @@ def run(
     calling this with more than one must do so under ``if __name__ ==
     "__main__":`` (as :mod:`multiprocessing` requires).
 
+    Under torchrun, ``context_parallel`` processes share each sequence (the module
+    docstring's mesh; 1: plain DDP); the models are those of one process, up to the
+    order of float32 sums.
+
     Raises:
-        ValueError: an output directory that cannot be written; ``workers`` < 1.
+        ValueError: an output directory that cannot be written; ``workers`` < 1;
+            ``context_parallel`` < 1 or not dividing the number of processes;
+            a batch that does not split over the data-parallel ranks.
     """
-    world = _world()
-    if config.batch_size % world.size:
+    world = _world(context_parallel)
+    if config.batch_size % world.dp_size:
         raise ValueError(
-            f"batch_size ({config.batch_size}) must split evenly over {world.size} processes"
+            f"batch_size ({config.batch_size}) must split evenly over {world.dp_size} "
+            f"data-parallel ranks ({world.size} processes / context_parallel {world.cp})"
         )
     out = Path(out)
     directory = out / "runs"
