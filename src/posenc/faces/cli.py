@@ -320,20 +320,39 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lab_run(args: argparse.Namespace) -> int:
-    from posenc.faces.lab import results
-    from posenc.faces.lab.run import config_from, run
+def _lab_config(args: argparse.Namespace) -> Any:
+    """The :class:`~posenc.lab.run.LabConfig` of ``posenc lab run``'s or ``profile``'s options."""
+    from posenc.faces.lab.run import config_from
 
     encodings = None
     if args.encodings is not None:
         encodings = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
-    config = config_from(
+    return config_from(
         args.task, encodings=encodings, train_len=args.train_len, test_len=args.test_len,
         seeds=args.seeds, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         d_model=args.d_model, layers=args.layers, heads=args.heads,
         eval_examples=args.eval_examples,
     )  # fmt: skip
-    outcome = run(config, args.out, progress=not args.no_progress, workers=args.workers)
+
+
+def _lab_profile(args: argparse.Namespace) -> int:
+    from posenc.faces.lab.profile import format_profile, profile
+    from posenc.faces.lab.run import _usable_cpus
+
+    result = profile(_lab_config(args), steps=args.sample, threads=args.threads)
+    print(format_profile(result, workers=_usable_cpus()))
+    return 0
+
+
+def _lab_run(args: argparse.Namespace) -> int:
+    from posenc.faces.lab import results
+    from posenc.faces.lab.run import run
+
+    config = _lab_config(args)
+    outcome = run(
+        config, args.out, progress=not args.no_progress, workers=args.workers,
+        context_parallel=args.context_parallel,
+    )  # fmt: skip
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
     paths = results.write(args.out, outcome.records, config)
@@ -415,6 +434,31 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _lab_options(parser: argparse.ArgumentParser) -> None:
+    """The task, encodings and sizes that ``posenc lab run`` and ``posenc lab profile`` share."""
+    from posenc.faces.lab.names import ENCODINGS, TASKS
+
+    parser.add_argument("--task", choices=TASKS, default="copy", help="default: %(default)s")
+    parser.add_argument(
+        "--encodings", default=None, metavar="LIST",
+        help=f"comma-separated, from: {', '.join(ENCODINGS)}; default: alibi,t5,rope,"
+        "sinusoidal,learned (text: alibi,sinusoidal,rope)",
+    )  # fmt: skip
+    for flag, kind, text in (
+        ("--train-len", _int_at_least(1), "trained lengths 1..N (text: window bytes)"),
+        ("--test-len", _int_at_least(1), "evaluated lengths up to N"),
+        ("--seeds", _int_at_least(1), "seeds per encoding"),
+        ("--steps", _int_at_least(1), "training steps per model"),
+        ("--batch-size", _int_at_least(1), "global batch"),
+        ("--d-model", _int_at_least(2), "model width"),
+        ("--layers", _int_at_least(1), "transformer blocks"),
+        ("--heads", _int_at_least(1), "attention heads"),
+        ("--eval-examples", _int_at_least(1), "examples (text: windows) per length"),
+    ):
+        parser.add_argument(flag, type=kind, default=None, metavar="N", help=text)
+    parser.add_argument("--lr", type=_number, default=None, help="peak learning rate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -578,29 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="train and evaluate (cached: reruns compute only what is new)",
         description="Train and evaluate every encoding and seed; write DIR/results.json "
         "(task, encoding, seed, length, metric, value), DIR/results.png and .svg, and "
-        "DIR/index.html. Runs unchanged under torchrun --nproc_per_node N (DDP).",
+        "DIR/index.html. Runs unchanged under torchrun --nproc_per_node N (DDP); with "
+        "--context-parallel, processes also share each sequence.",
     )
-    from posenc.faces.lab.names import ENCODINGS, TASKS
-
-    lab_run.add_argument("--task", choices=TASKS, default="copy", help="default: %(default)s")
-    lab_run.add_argument(
-        "--encodings", default=None, metavar="LIST",
-        help=f"comma-separated, from: {', '.join(ENCODINGS)}; default: alibi,t5,rope,"
-        "sinusoidal,learned (text: alibi,sinusoidal,rope)",
-    )  # fmt: skip
-    for flag, kind, text in (
-        ("--train-len", _int_at_least(1), "trained lengths 1..N (text: window bytes)"),
-        ("--test-len", _int_at_least(1), "evaluated lengths up to N"),
-        ("--seeds", _int_at_least(1), "seeds per encoding"),
-        ("--steps", _int_at_least(1), "training steps per model"),
-        ("--batch-size", _int_at_least(1), "global batch"),
-        ("--d-model", _int_at_least(2), "model width"),
-        ("--layers", _int_at_least(1), "transformer blocks"),
-        ("--heads", _int_at_least(1), "attention heads"),
-        ("--eval-examples", _int_at_least(1), "examples (text: windows) per length"),
-    ):
-        lab_run.add_argument(flag, type=kind, default=None, metavar="N", help=text)
-    lab_run.add_argument("--lr", type=_number, default=None, help="peak learning rate")
+    _lab_options(lab_run)
     lab_run.add_argument("--out", default="posenc-lab", metavar="DIR", help="default: %(default)s")
     lab_run.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_run.add_argument(
@@ -611,7 +636,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="trainings at once, each in its own process (default: one per usable CPU; "
         "1 under torchrun or on a GPU)",
     )
+    lab_run.add_argument(
+        "--context-parallel",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="under torchrun, N processes share each sequence (ring attention, zigzag "
+        "shards); N must divide the processes, which form (processes / N) data-parallel "
+        "ranks; default: 1 (plain DDP)",
+    )
     lab_run.set_defaults(run=_lab_run)
+    lab_profile = lab_sub.add_parser(
+        "profile",
+        help="where a training's time goes, by phase and by kind of operation",
+        description="Train each encoding of the run for a sample of steps, as `posenc lab "
+        "run` trains it (one thread, as each of its workers has), and print the time per "
+        "step by phase (data, forward, backward, optimiser) and by kind of operation "
+        "(matmul, attention kernels, GELU, ..., and the Python, autograd and dispatch "
+        "between operations, from torch.profiler), and the whole run's estimate.",
+    )
+    _lab_options(lab_profile)
+    lab_profile.add_argument("--sample", type=_int_at_least(1), default=100, metavar="N",
+                             help="steps timed per encoding (twice: by phase, then under "
+                             "the profiler); default: %(default)s")  # fmt: skip
+    lab_profile.add_argument("--threads", type=_int_at_least(1), default=1, metavar="N",
+                             help="torch threads; default: %(default)s")  # fmt: skip
+    lab_profile.set_defaults(run=_lab_profile)
 
     from posenc.faces.plot import KINDS
 
