@@ -9,17 +9,15 @@ balancer, and gathering runs in real gloo process groups of 2 and 4 ranks.
 
 from __future__ import annotations
 
-import contextlib
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import posenc
+from gloo_ranks import run_forked
 from posenc.core.positions import packed_positions
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.multiaxis import mrope_cos_sin
@@ -299,24 +297,7 @@ def test_gloo_gather_equals_single_process(tmp_path, world_size):
     # forked ranks inherit this process's imports, including the lazy ones of a first
     # call (torch._refs, ~1 s each): run it once here (spawned ranks took ~4x longer)
     _single_process()
-    context = mp.start_processes(
-        _rank_main,
-        args=(world_size, str(tmp_path)),
-        nprocs=world_size,
-        join=False,
-        start_method="fork",
-    )
-    deadline = time.monotonic() + 120  # a hung collective fails instead of hanging the suite
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world_size} gloo ranks did not finish in 120 s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            with contextlib.suppress(Exception):
-                process.join(5)
+    run_forked(_rank_main, world_size, tmp_path, seconds=120)
     assert sorted(p.name for p in tmp_path.glob("*.ok")) == [
         f"rank{r}.ok" for r in range(world_size)
     ]

@@ -10,18 +10,16 @@ rounding: the same sums in another order.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from gloo_ranks import run_forked
 from posenc.faces.cli import main
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, training_encoding
@@ -106,21 +104,7 @@ def _rank_main(rank: int, world_size: int, workdir: str) -> None:
 def ranks(request, tmp_path_factory):
     world_size = request.param
     workdir = tmp_path_factory.mktemp(f"cp{world_size}")
-    context = mp.start_processes(
-        _rank_main, args=(world_size, str(workdir)), nprocs=world_size, join=False,
-        start_method="fork",
-    )  # fmt: skip
-    deadline = time.monotonic() + 120  # a hung collective fails instead of hanging the suite
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world_size} gloo processes did not finish in 120 s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            with contextlib.suppress(Exception):
-                process.join(5)
+    run_forked(_rank_main, world_size, workdir, seconds=120)
     assert len(list(workdir.glob("*.ok"))) == world_size
     return torch.load(workdir / "results.pt", weights_only=False)
 

@@ -11,17 +11,15 @@ bounds of tests/test_attention_backward.py.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import posenc
+from gloo_ranks import run_forked
 from posenc.families.bias import FIRE, T5Bias
 from posenc.families.bias.modules import ALiBi
 from posenc.integration.context_parallel import gather, ring_attention, shard
@@ -99,21 +97,7 @@ def _rank_main(rank: int, world_size: int, workdir: str) -> None:
 
 
 def _run_ranks(world_size, workdir):
-    context = mp.start_processes(
-        _rank_main, args=(world_size, str(workdir)), nprocs=world_size, join=False,
-        start_method="fork",
-    )  # fmt: skip
-    deadline = time.monotonic() + 300  # a hung collective fails instead of hanging the suite
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {world_size} gloo ranks did not finish in 300 s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-            with contextlib.suppress(Exception):
-                process.join(5)
+    run_forked(_rank_main, world_size, Path(workdir), seconds=300)
     assert len(list(Path(workdir).glob("*.ok"))) == world_size
     return torch.load(Path(workdir, "results.pt"))
 
