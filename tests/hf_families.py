@@ -1659,6 +1659,21 @@ class _Worker:
         self.deadline = math.inf
         self.buffer = ""
 
+    def lines(self) -> list[str] | None:
+        """The whole lines the worker wrote since the last call; None once its output closed.
+
+        Read from the pipe itself, never through the file object's buffer: a readline
+        after select() would leave a second line that arrived with the first (a phase
+        and then the outcome) in that buffer, where select() never sees it, and the
+        family would wait for its deadline.
+        """
+        chunk = os.read(self.stdout.fileno(), 1 << 16)
+        if not chunk:
+            return None
+        self.buffer += chunk.decode()  # JSON lines: ASCII, so no character is split
+        *done, self.buffer = self.buffer.split("\n")
+        return done
+
     def send(self, family: str, timeout: float) -> None:
         self.family, self.phase = family, "start"
         self.deadline = time.monotonic() + timeout
@@ -1723,8 +1738,8 @@ def run(
         wait = max(0.0, min(w.deadline for w in pool) - now)
         for key, _ in sel.select(timeout=min(wait, 5.0)):
             w = key.data
-            line = w.stdout.readline()
-            if not line:  # the worker died
+            lines = w.lines()
+            if lines is None:  # the worker died
                 fam = w.family
                 if fam is not None:
                     code = w.proc.poll()
@@ -1734,19 +1749,20 @@ def run(
                 pool[i] = replace(w)
                 feed(pool[i])
                 continue
-            msg = json.loads(line)
-            if "phase" in msg:
-                w.phase = msg["phase"]
-            elif "died" in msg:
-                fam = msg["died"]
-                why = f"checking process died (wait status {msg['status']})"
-                results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
-                feed(w)
-            elif "outcome" in msg:
-                o = msg["outcome"]
-                o["rotary"], o["exercised"] = tuple(o["rotary"]), tuple(o["exercised"])
-                results[o["family"]] = Outcome(**o)
-                feed(w)
+            for line in lines:
+                msg = json.loads(line)
+                if "phase" in msg:
+                    w.phase = msg["phase"]
+                elif "died" in msg:
+                    fam = msg["died"]
+                    why = f"checking process died (wait status {msg['status']})"
+                    results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
+                    feed(w)
+                elif "outcome" in msg:
+                    o = msg["outcome"]
+                    o["rotary"], o["exercised"] = tuple(o["rotary"]), tuple(o["exercised"])
+                    results[o["family"]] = Outcome(**o)
+                    feed(w)
         now = time.monotonic()
         for i, w in enumerate(pool):
             if w.family is not None and now > w.deadline:
