@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from posenc.core import checks
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import training_encoding
 from posenc.faces.lab.model import LabModel
-from posenc.faces.lab.run import LabConfig, _Data, _loss, _optimiser, evaluate
+from posenc.faces.lab.run import LabConfig, _loss, _training_state, _update, evaluate
 
 __all__ = ["KINDS", "PHASES", "Profile", "format_profile", "profile"]
 
@@ -110,9 +109,7 @@ def _profile_one(result: Profile, encoding: str, warmup: int, corpus: Any) -> No
     config, device = result.config, torch.device("cpu")
     torch.manual_seed(0)
     model = LabModel(config.model, encoding)
-    opt, sched = _optimiser(model, config, device)
-    data = _Data(config, 0, corpus)
-    positions = torch.Generator().manual_seed(3)
+    opt, sched, data, positions = _training_state(model, config, 0, device, corpus)
     model.train()
     clock = time.perf_counter
 
@@ -125,9 +122,7 @@ def _profile_one(result: Profile, encoding: str, warmup: int, corpus: Any) -> No
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = clock()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _update(model, opt, sched)
         float(loss.detach())  # the training loop reads every loss
         if times is not None:
             for phase, spent in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, clock() - t3), strict=True):

@@ -275,17 +275,28 @@ def _rms(p: torch.Tensor) -> float:
     return float(p.detach().double().pow(2).mean().sqrt())
 
 
-def _optimiser(
-    model: LabModel, config: LabConfig, device: torch.device
-) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over :func:`param_groups` and its warm-up and cosine schedule."""
+def _training_state(
+    model: LabModel, config: LabConfig, seed: int, device: torch.device, corpus: Any
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, _Data, torch.Generator]:
+    """A fresh training's AdamW over :func:`param_groups`, its warm-up and cosine
+    schedule, its batches and the generator of its randomized positions."""
     # fused: one pass over every parameter instead of a dozen ops per tensor (same update)
     fused = device.type in ("cpu", "cuda")
     opt = torch.optim.AdamW(
         param_groups(model, config.lr), lr=config.lr, betas=(0.9, 0.98), weight_decay=0.01,
         fused=fused,
     )  # fmt: skip
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_at(s, config))
+    return opt, sched, _Data(config, seed, corpus), torch.Generator().manual_seed(7 * seed + 3)
+
+
+def _update(
+    model: nn.Module, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler
+) -> None:
+    """One step from the gradients: their norm clipped to 1, then AdamW and the schedule."""
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
 
 
 class _Data:
@@ -373,9 +384,7 @@ def train(
         saved = torch.load(final, map_location=world.device, weights_only=False)
         model.load_state_dict(saved["model"])
         return model, saved["losses"]
-    opt, sched = _optimiser(model, config, world.device)
-    data = _Data(config, seed, corpus)
-    positions = torch.Generator().manual_seed(7 * seed + 3)
+    opt, sched, data, positions = _training_state(model, config, seed, world.device, corpus)
     losses: list[float] = []
     start = 0
     if partial.exists():
@@ -412,9 +421,7 @@ def train(
             loss = _sharded_loss(net, local, positions, world, scored)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        _update(model, opt, sched)
         value = loss.detach()
         if world.size > 1:
             import torch.distributed as dist
