@@ -508,11 +508,8 @@ def ring_attention(
     seq_len = n * world
     positions = shard_positions(seq_len, world, rank, layout, device=q.device)
     if rotary is not None:
-        from posenc.families.rotary.apply import apply_rotary
-
-        c, s = rotary.cos_sin(positions)
-        kw = {"layout": rotary.layout, "rotary_dim": rotary.rotary_dim}
-        q, k = apply_rotary(q, c, s, **kw), apply_rotary(k, c, s, **kw)
+        # the shard's global positions; one launch for q and k on CUDA
+        q, k = att._rotate(rotary, q, k, 0, positions[None])
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from posenc.core.buffers import DerivedBuffers
+from posenc.core.tables import ExactTables, Tables
 from posenc.families.rotary.config import MROPE_AXES, RopeSpec
 from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
 from posenc.families.rotary.multiaxis import mrope_cos_sin
@@ -28,6 +29,27 @@ __all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFLayerTypes", "HFRotaryEmbedd
 #: (``theta`` once; the model widens it: gpt-oss, DeepSeek-V4), or one complex tensor
 #: ``scaling * exp(i theta)`` (DeepSeek-V2, Llama 4).
 FORMS = ("half", "interleaved", "half_width", "complex")
+
+
+class _CosSinTables(ExactTables):
+    """Exact ``(cos, sin)`` of one set of frequencies in one layout, from cached tables.
+
+    A decode step asks for one position: an index into the table instead of the
+    exact angle computation (:func:`posenc.rotary.tables.cos_sin`), same values.
+    """
+
+    initial_length = 256
+
+    def __init__(self, freqs: RopeFrequencies, layout: str) -> None:
+        super().__init__()
+        self.freqs, self.layout = freqs, layout
+        self.width = 2 * len(freqs.omega)
+
+    def _build(self, n: int, device: torch.device, dtype: torch.dtype) -> Tables:
+        return self._direct(torch.arange(n, device=device), dtype)
+
+    def _direct(self, positions: torch.Tensor, dtype: torch.dtype) -> Tables:
+        return cos_sin(positions, self.freqs, layout=self.layout, dtype=dtype)  # type: ignore[arg-type]
 
 
 class HFRotaryEmbedding(DerivedBuffers):
@@ -164,14 +186,40 @@ class HFRotaryEmbedding(DerivedBuffers):
             )
         positions = position_ids.to(x.device)
         if self.form in ("half", "interleaved"):
-            return cos_sin(positions, freqs, layout=self.form, dtype=x.dtype)  # type: ignore[arg-type]
+            return self._cos_sin(positions, freqs, layer_type, self.form, x.dtype)
         # half-width and complex: each angle once (the first half of the half layout)
         wide = x.dtype if self.form == "half_width" else torch.float32
-        c, s = cos_sin(positions, freqs, layout="half", dtype=wide)
+        c, s = self._cos_sin(positions, freqs, layer_type, "half", wide)
         half = c.shape[-1] // 2
         c, s = c[..., :half], s[..., :half]
         # HF builds its complex table from float32 angles whatever x's dtype: complex64
         return (c, s) if self.form == "half_width" else torch.complex(c, s)
+
+    def _cos_sin(
+        self,
+        positions: torch.Tensor,
+        freqs: RopeFrequencies,
+        layer_type: str | None,
+        layout: str,
+        dtype: torch.dtype,
+    ) -> Tables:
+        """:func:`cos_sin` of ``positions``, through a cached table outside torch.compile.
+
+        Inside a graph the exact computation is traced (nothing is built there). The
+        table is replaced when the frequencies are (a length-dependent schedule).
+        """
+        if torch.compiler.is_compiling():
+            return cos_sin(positions, freqs, layout=layout, dtype=dtype)  # type: ignore[arg-type]
+        caches: dict[str | None, _CosSinTables] = self.__dict__.setdefault("_cos_sin_tables", {})
+        tables = caches.get(layer_type)
+        if tables is None or tables.freqs is not freqs or tables.layout != layout:
+            tables = caches[layer_type] = _CosSinTables(freqs, layout)
+        return tables._lookup(positions, positions.device, dtype)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_cos_sin_tables", None)  # a cache: rebuilt on demand
+        return state
 
     def extra_repr(self) -> str:
         return (f"form={self.form}, " if self.form != "half" else "") + ", ".join(

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +38,10 @@ from posenc.core import checks
 from posenc.core.kernels import compiled, workers_for
 from posenc.families.rotary.tables import LAYOUTS, Layout
 
-__all__ = ["apply_rotary"]
+__all__ = ["BACKENDS", "apply_rotary", "rotate_all"]
+
+#: What ``apply_rotary(backend=...)`` accepts.
+BACKENDS = ("auto", "kernel", "torch", "triton")
 
 
 def _halves(t: torch.Tensor, rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,18 +128,16 @@ def _rotate_kernel(
 ) -> torch.Tensor | None:
     """The rotation in one fused pass (``posenc.core._kernels.rotate``), or None if it cannot.
 
-    For CPU float32 and bfloat16 ``x`` with unit stride along ``head_dim`` (any
-    strides elsewhere; ``cos`` and ``s`` float32, broadcast through their expanded
-    strides): one read of ``x`` and one write of the result, where torch's eager
-    ops take three passes for the half layout (and an upcast and a rounding pass
-    more for bfloat16). Rounds as the unfused float32 formula does (no fused
+    For an ``x`` the kernel takes (:func:`_kernel_applies`: CPU float32 and bfloat16
+    with unit stride along ``head_dim``, any strides elsewhere; ``cos`` and ``s``
+    float32, broadcast through their expanded strides): one read of ``x`` and one
+    write of the result, where torch's eager ops take three passes for the half
+    layout (and an upcast and a rounding pass more for bfloat16). Rounds as the
+    unfused float32 formula does (no fused
     multiply-add), then once to ``x``'s dtype.
     """
-    if compiled is None or x.device.type != "cpu" or x.dtype not in _KERNEL_DTYPES:
-        return None
+    assert compiled is not None  # _kernel_applies(x) holds
     lead = x.shape[:-1]
-    if x.stride(-1) != 1 or not 1 <= len(lead) <= _KERNEL_MAX_LEAD:
-        return None
     if cos.dtype != torch.float32 or s.dtype != torch.float32 or cos.device != x.device:
         return None
     try:
@@ -154,15 +157,78 @@ def _rotate_kernel(
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
 _KERNEL_MAX_LEAD = 8  # MAX_LEAD in core/csrc/common.h
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TRITON_MAX_LEAD = 4
 
 
-def _rotate_eager(
+def triton_available() -> bool:
+    """Whether the fused Triton kernel can run (``triton`` imports); imports nothing before."""
+    from posenc.core import triton_rotary
+
+    return triton_rotary.available()
+
+
+def _kernel_applies(x: torch.Tensor) -> bool:
+    """Whether the compiled C kernel rotates ``x`` (CPU float32 or bfloat16, unit last stride)."""
+    return (
+        compiled is not None
+        and x.device.type == "cpu"
+        and x.dtype in _KERNEL_DTYPES
+        and x.stride(-1) == 1
+        and 1 <= x.ndim - 1 <= _KERNEL_MAX_LEAD
+    )
+
+
+def _triton_applies(x: torch.Tensor) -> bool:
+    """Whether the Triton kernel can rotate ``x`` (its dtypes, at most four leading dims)."""
+    return x.dtype in _TRITON_DTYPES and 1 <= x.ndim - 1 <= _TRITON_MAX_LEAD
+
+
+def _resolve_backend(backend: str, xs: Sequence[torch.Tensor]) -> str:
+    """The backend that rotates ``xs``: ``"kernel"``, ``"triton"`` or ``"torch"``.
+
+    ``"auto"`` takes Triton on CUDA where triton imports, the compiled C kernel on
+    CPU, torch ops otherwise; an explicit backend that cannot rotate ``xs`` is
+    refused, naming ``backend`` and what it accepts.
+    """
+    x = xs[0]
+    if backend == "auto":
+        if x.device.type == "cuda" and all(map(_triton_applies, xs)) and triton_available():
+            return "triton"
+        return "kernel" if x.device.type == "cpu" else "torch"
+    if backend == "kernel":
+        if compiled is None:
+            raise ValueError(
+                "backend='kernel' needs posenc's compiled kernel, which this install lacks "
+                "(no C compiler at build time); use backend='auto' or 'torch'"
+            )
+        if not all(map(_kernel_applies, xs)):
+            raise ValueError(
+                "backend='kernel' rotates CPU float32 or bfloat16 tensors with unit stride "
+                f"along head_dim and 1 to {_KERNEL_MAX_LEAD} leading dims; got "
+                + ", ".join(f"{t.dtype} {tuple(t.shape)} on {t.device}" for t in xs)
+            )
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' needs the triton package, which does not import")
+        if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                "backend='triton' runs on GPU tensors; on CPU tensors only under "
+                "TRITON_INTERPRET=1 (Triton's interpreter)"
+            )
+        if not all(map(_triton_applies, xs)):
+            raise ValueError(
+                "backend='triton' rotates float32, bfloat16 or float16 tensors with 1 to "
+                f"{_TRITON_MAX_LEAD} leading dims; got "
+                + ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in xs)
+            )
+    return backend
+
+
+def _rotate_torch(
     x: torch.Tensor, cos: torch.Tensor, s: torch.Tensor, rotary_dim: int, layout: str, sign: float
 ) -> torch.Tensor:
-    """The rotation by ``sign * theta`` as a fresh tensor of ``x``'s dtype (eager fast path)."""
-    fused = _rotate_kernel(x, cos, s, rotary_dim, layout, sign)
-    if fused is not None:
-        return fused
+    """The rotation by ``sign * theta`` as a fresh tensor of ``x``'s dtype, in torch's eager ops."""
     work = checks.work_dtype(x.dtype)
     if x.dtype == work:
         out = torch.empty(x.shape, dtype=work, device=x.device)
@@ -190,6 +256,41 @@ def _rotate_eager(
     return xw.to(x.dtype)
 
 
+def _rotate_eager(
+    xs: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    s: torch.Tensor,
+    rotary_dim: int,
+    layout: str,
+    sign: float,
+    backend: str,
+) -> tuple[torch.Tensor, ...]:
+    """Every ``x`` of ``xs`` rotated by ``sign * theta``, fresh tensors of their dtypes.
+
+    ``backend`` is resolved (:func:`_resolve_backend`): ``"triton"`` rotates all of
+    ``xs`` in one launch; ``"kernel"`` takes the C kernel where it applies to an ``x``
+    (``"auto"`` on CPU resolves to it, and a gradient may not qualify), torch's ops
+    elsewhere.
+    """
+    if backend == "triton":
+        from posenc.core import triton_rotary
+
+        # one cos per pair, as s; the inputs were checked where backend was resolved
+        pair = cos[..., : rotary_dim // 2] if layout == "half" else cos[..., 0::2]
+        return tuple(
+            triton_rotary.launch(xs, pair, s, rotary_dim=rotary_dim, layout=layout, sign=sign)
+        )
+    out = []
+    for x in xs:
+        fused = None
+        if backend == "kernel" and _kernel_applies(x):
+            fused = _rotate_kernel(x, cos, s, rotary_dim, layout, sign)
+        out.append(
+            fused if fused is not None else _rotate_torch(x, cos, s, rotary_dim, layout, sign)
+        )
+    return tuple(out)
+
+
 def _rotate_functional(
     x: torch.Tensor, cos: torch.Tensor, s: torch.Tensor, rotary_dim: int, layout: str
 ) -> torch.Tensor:
@@ -210,31 +311,61 @@ def _rotate_functional(
 
 
 class _Rotate(torch.autograd.Function):
-    """Rotation by ``sign * theta`` whose backward is the rotation by ``-sign * theta``.
+    """Rotation of one or more tensors by ``sign * theta``; the backward rotates by ``-sign``.
 
-    Saves only ``cos`` and ``s``; the backward is itself a ``_Rotate``, so
-    double backward works too.
+    Saves only ``cos`` and ``s``; the backward is itself a ``_Rotate`` (one launch for
+    every gradient that is wanted), so double backward works too.
     """
 
     @staticmethod
     def forward(
         ctx: Any,
-        x: torch.Tensor,
         cos: torch.Tensor,
         s: torch.Tensor,
         rotary_dim: int,
         layout: str,
         sign: float,
-    ) -> torch.Tensor:
+        backend: str,
+        *xs: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.save_for_backward(cos, s)
-        ctx.rotary_dim, ctx.layout, ctx.sign = rotary_dim, layout, sign
-        return _rotate_eager(x, cos, s, rotary_dim, layout, sign)
+        ctx.rotary_dim, ctx.layout, ctx.sign, ctx.backend = rotary_dim, layout, sign, backend
+        ctx.set_materialize_grads(False)  # an unused output costs no rotation of zeros
+        out = _rotate_eager(xs, cos, s, rotary_dim, layout, sign, backend)
+        # rotated together, q may need a gradient and k not: k's result does not either
+        frozen = [o for i, o in enumerate(out) if not ctx.needs_input_grad[_FIXED + i]]
+        ctx.mark_non_differentiable(*frozen)
+        return out
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         cos, s = ctx.saved_tensors
-        grad = _Rotate.apply(grads[0], cos, s, ctx.rotary_dim, ctx.layout, -ctx.sign)
-        return grad, None, None, None, None, None
+        wanted = [
+            i for i, g in enumerate(grads) if g is not None and ctx.needs_input_grad[_FIXED + i]
+        ]
+        present = [g for i, g in enumerate(grads) if i in wanted and g is not None]
+        rotated: tuple[torch.Tensor, ...] = ()
+        if present:
+            backend = ctx.backend  # "kernel" falls back per tensor in _rotate_eager
+            if backend == "triton" and not all(map(_triton_applies, present)):
+                backend = "torch"
+            rotated = _Rotate.apply(
+                cos, s, ctx.rotary_dim, ctx.layout, -ctx.sign, backend, *present
+            )
+        out: list[Any] = [None] * len(grads)
+        for i, g in zip(wanted, rotated, strict=True):
+            out[i] = g
+        return (None,) * _FIXED + tuple(out)
+
+
+_FIXED = 6  # the arguments of _Rotate.forward before the tensors it rotates
+
+
+def _broadcasts(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target`` (numpy's rules, right-aligned)."""
+    if len(shape) > len(target):
+        return False
+    return all(a in (1, b) for a, b in zip(reversed(shape), reversed(target), strict=False))
 
 
 def _check_broadcast(x: torch.Tensor, cos: torch.Tensor, rotary_dim: int) -> None:
@@ -244,16 +375,43 @@ def _check_broadcast(x: torch.Tensor, cos: torch.Tensor, rotary_dim: int) -> Non
     shaped like ``x``.
     """
     rotated = (*x.shape[:-1], rotary_dim)
-    try:
-        joint = tuple(torch.broadcast_shapes(rotated, cos.shape))
-    except RuntimeError:
-        joint = None
-    if joint != rotated:
+    if not _broadcasts(cos.shape, rotated):
         raise ValueError(
             f"cos and sin of shape {tuple(cos.shape)} do not broadcast against "
             f"x[..., :rotary_dim] of shape {rotated} (x has shape {tuple(x.shape)}); "
             "cos and sin are (..., seq, rotary_dim), their leading dims 1 or x's"
         )
+
+
+def rotate_all(
+    xs: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str,
+    rotary_dim: int,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, ...]:
+    """:func:`apply_rotary` of every ``x`` in ``xs`` by the same angles, without its checks.
+
+    For callers that built ``cos`` and ``sin`` themselves and checked ``xs`` (the
+    rotary modules, attention, ring attention: their q and k, which may differ in
+    head count): on CUDA the Triton kernel rotates all of them in one launch, and
+    so does the backward. Every ``x`` shares one dtype and device.
+    """
+    work = checks.work_dtype(xs[0].dtype)
+    if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
+        c, s = _angles(cos, sin, layout, work)
+        return tuple(_rotate_functional(x, c, s, rotary_dim, layout) for x in xs)
+    device = xs[0].device
+    c, s = _angles(cos.to(device), sin.to(device), layout, work)
+    chosen = _resolve_backend(backend, xs)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        rotated: tuple[torch.Tensor, ...] = _Rotate.apply(
+            c, s, rotary_dim, layout, 1.0, chosen, *xs
+        )
+        return rotated
+    return _rotate_eager(xs, c, s, rotary_dim, layout, 1.0, chosen)
 
 
 def apply_rotary(
@@ -263,6 +421,7 @@ def apply_rotary(
     *,
     layout: Layout = "half",
     rotary_dim: int | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` channels of ``x`` by the angles of ``cos`` and ``sin``.
 
@@ -274,7 +433,11 @@ def apply_rotary(
     Gradients flow to ``x`` through a custom autograd function whose backward
     is the inverse rotation, saving only ``cos`` and ``sin``. If ``cos`` or
     ``sin`` require grad, plain autograd over the formula is used instead.
-    Under ``torch.compile`` the formula is traced out of place, for fusion.
+
+    Under ``torch.compile`` every backend traces the formula, out of place: inductor
+    fuses it into one generated kernel together with its neighbours (the projection
+    that makes q and k, a transpose, a cast), which an opaque custom op would keep
+    apart; the graph has no break and no posenc op in it.
 
     Args:
         x: float tensor ``(..., seq, head_dim)``.
@@ -283,15 +446,22 @@ def apply_rotary(
         sin: like ``cos``.
         layout: ``"half"`` or ``"interleaved"``.
         rotary_dim: channels to rotate; ``cos.shape[-1]`` by default.
+        backend: ``"auto"`` (the fused Triton kernel on CUDA where ``triton`` imports,
+            the compiled C kernel on CPU, torch's ops otherwise), ``"kernel"`` (the C
+            kernel: CPU float32 or bfloat16 with unit stride along ``head_dim``),
+            ``"triton"`` (float32, bfloat16 or float16 with at most four leading
+            dims, any strides; CUDA tensors, or CPU ones under ``TRITON_INTERPRET=1``)
+            or ``"torch"``. Every backend rounds the same float32 products once.
 
     Returns:
         The rotated tensor, shaped and typed like ``x``.
 
     Raises:
         TypeError: ``x``, ``cos`` or ``sin`` not float tensors.
-        ValueError: unknown ``layout``; odd ``rotary_dim``, or larger than
-            ``head_dim``, or different from ``cos.shape[-1]``; ``cos`` and
-            ``sin`` of different shapes, or shapes that do not broadcast against
+        ValueError: unknown ``layout`` or ``backend``, or a backend that cannot
+            rotate ``x`` (named, with what it accepts); odd ``rotary_dim``, or larger
+            than ``head_dim``, or different from ``cos.shape[-1]``; ``cos`` and ``sin``
+            of different shapes, or shapes that do not broadcast against
             ``x[..., :rotary_dim]`` (named, before any work).
     """
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
@@ -299,6 +469,7 @@ def apply_rotary(
             shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
             raise TypeError(f"{name} must be a float tensor; got {shown}")
     checks.check_choice(layout, "layout", LAYOUTS)
+    checks.check_choice(backend, "backend", BACKENDS)
     if cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape; got {tuple(cos.shape)} and {tuple(sin.shape)}"
@@ -315,12 +486,4 @@ def apply_rotary(
             f"cos and sin must have rotary_dim={rotary_dim} channels; got {cos.shape[-1]}"
         )
     _check_broadcast(x, cos, rotary_dim)
-    work = checks.work_dtype(x.dtype)
-    if torch.compiler.is_compiling() or cos.requires_grad or sin.requires_grad:
-        c, s = _angles(cos, sin, layout, work)
-        return _rotate_functional(x, c, s, rotary_dim, layout)
-    c, s = _angles(cos.to(x.device), sin.to(x.device), layout, work)
-    if torch.is_grad_enabled() and x.requires_grad:
-        out: torch.Tensor = _Rotate.apply(x, c, s, rotary_dim, layout, 1.0)
-        return out
-    return _rotate_eager(x, c, s, rotary_dim, layout, 1.0)
+    return rotate_all((x,), cos, sin, layout=layout, rotary_dim=rotary_dim, backend=backend)[0]

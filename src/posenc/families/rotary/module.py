@@ -12,7 +12,8 @@ their float32 ``inv_freq`` (a non-persistent buffer that stays float32 under
 ``to_empty`` after meta-device initialisation: :mod:`posenc.core.buffers`), and a cache of
 exact cos/sin tables (:func:`posenc.rotary.tables.cos_sin`) for positions
 ``0 .. n - 1`` per device and dtype, grown by doubling under a lock. The
-rotation itself is :func:`posenc.rotary.apply.apply_rotary`.
+rotation itself is :func:`posenc.rotary.apply.apply_rotary`'s (both q and k in
+one Triton launch on CUDA).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
 from posenc.core.tables import LOCK, ExactTables, Tables
-from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.apply import rotate_all
 from posenc.families.rotary.config import has_rope_settings, parse_rope_type, rope_spec
 from posenc.families.rotary.dynamic import LENGTH_DEPENDENT, LengthPolicy
 from posenc.families.rotary.rerotate import rerotate_keys
@@ -466,11 +467,10 @@ class Rotary(ExactTables, DerivedBuffers):
                     c, s = (c.unsqueeze(1), s.unsqueeze(1)) if dim == -2 else (c, s)
             if dim == -3:
                 c, s = c.unsqueeze(-2), s.unsqueeze(-2)
-        rd, layout = self.rotary_dim, self.layout
-        return (
-            apply_rotary(q, c, s, layout=layout, rotary_dim=rd),
-            apply_rotary(k, c, s, layout=layout, rotary_dim=rd),
-        )
+        # c and s are this module's own tables, shaped for q and k above: no checks
+        # again, and on CUDA one launch rotates both
+        q, k = rotate_all((q, k), c, s, layout=self.layout, rotary_dim=self.rotary_dim)
+        return q, k
 
     @staticmethod
     def _packed_positions(cu_seqlens: Any, total: int, device: torch.device) -> torch.Tensor:
