@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 # CPU torch; the tests load only their torch-only modules.
 NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 
-.PHONY: demo test lint types pytest clean
+.PHONY: demo test lint types pytest clean gpu-wheels gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,37 @@ pytest: $(VENV)/.test
 	$(BIN)/python -m pytest -q
 
 test: lint types pytest
+
+# On a GPU machine with no network: the GPU tests and the CUDA benchmarks, with the
+# machine's own python3 (its torch, triton, transformers and numpy are kept), into
+# $(OUT) (default gpu-check-out/). See tools/gpu_check.py.
+gpu-check:
+	$(PYTHON) tools/gpu_check.py $(OUT)
+
+# The pure-Python wheels gpu-check installs where the GPU machine lacks them (no
+# network there): pytest and hypothesis with their dependencies, mpmath, the peers the
+# benchmarks time (Liger-Kernel, x-transformers, rotary-embedding-torch,
+# positional-encodings) and theirs, and setuptools and wheel for the editable build.
+# Only py3-none-any wheels, whatever this machine is; git-ignored, a few MiB. (hypothesis
+# 6.155.7: the last release with a pure-Python wheel.)
+GPU_WHEELS := \
+	pytest==9.2.0 iniconfig==2.3.1 pluggy==1.7.0 packaging==26.4 pygments==2.21.0 \
+	exceptiongroup==1.3.2 tomli==2.5.0 \
+	hypothesis==6.155.7 sortedcontainers==2.4.0 mpmath==1.3.0 \
+	liger-kernel==0.8.5 \
+	x-transformers==2.31.10 einops==0.8.2 einx==0.4.3 frozendict==2.5.1 loguru==0.7.3 \
+	torch-einops-utils==0.2.0 \
+	rotary-embedding-torch==0.9.1 positional-encodings==6.0.3 \
+	setuptools==84.2.1 wheel==0.48.0
+
+gpu-wheels: | $(BIN)/python
+	rm -rf gpu-wheels.tmp
+	$(PIP) download -q --no-deps --only-binary=:all: --platform any --implementation py \
+		--abi none --python-version 3.11 -d gpu-wheels.tmp $(GPU_WHEELS)
+	@bad=$$(ls gpu-wheels.tmp | grep -v -e '-none-any\.whl$$'); \
+		if [ -n "$$bad" ]; then echo "not pure Python: $$bad"; exit 1; fi
+	rm -rf gpu-wheels && mv gpu-wheels.tmp gpu-wheels
+	@echo "gpu-wheels: $$(ls gpu-wheels | wc -l) wheels, $$(du -sh gpu-wheels | cut -f1)"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,7 @@ import posenc.families.absolute.sinusoidal
 from posenc import bench
 
 FIELDS = {"case", "impl", "role", "note", "size", "status", "reason", "runs"}
-FIELDS |= {"median_s", "min_s", "ratio", "peak_bytes", "memory_ratio"}
+FIELDS |= {"median_s", "min_s", "ratio", "peak_bytes", "memory_ratio", "device", "reference_ratio"}
 
 
 def test_sinusoidal_table_case_structure():
@@ -168,6 +168,7 @@ def test_public_names_and_case_order():
     assert sorted(bench.__all__) == [
         "CASES",
         "Case",
+        "DEVICES",
         "Impl",
         "Timing",
         "format_table",
@@ -188,8 +189,10 @@ def test_public_names_and_case_order():
         "rotary-bfloat16-backward",
         "attention-bias",
         "attention-bias-train",
+        "decode",
+        "decode-bfloat16",
     ]
-    families = (bench.sinusoidal, bench.rotary, bench.attention)
+    families = (bench.sinusoidal, bench.rotary, bench.attention, bench.decode)
     assert [c.name for f in families for c in f.CASES] == list(bench.CASES)
 
 
@@ -359,3 +362,321 @@ def test_peak_memory_sees_an_allocation():
     # 64 MiB touched; the counter is in KiB pages, plus what the call itself needs
     assert 64 << 20 <= peak < 80 << 20
     assert bench.peak_memory(lambda: None) < 8 << 20
+
+
+# ------------------------------------------------------------------------- devices
+
+
+def device_case(log, devices=("cpu", "cuda"), **kw):
+    """A case of plain callables on the given devices; its log records builds and calls."""
+
+    def make(name):
+        def build():
+            return lambda: log.append(("call", name))
+
+        return build
+
+    def build(n, device):
+        log.append(("build", device))
+        return [
+            bench.Impl("base", make("base"), "baseline"),
+            bench.Impl("ref", make("ref"), "peer", reference=True),
+            bench.Impl("us", make("us"), "ours"),
+        ]
+
+    return bench.Case("dev", "a test case", build, {"n": 1}, {"n": 1}, devices=devices, **kw)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as a GPU machine shows it, recording synchronize calls into the list."""
+    log = []
+    allocated = {"now": 1000}
+    fake = {
+        "is_available": lambda: True,
+        "synchronize": lambda: log.append(("sync", None)),
+        "empty_cache": lambda: None,
+        "memory_allocated": lambda: allocated["now"],
+        "reset_peak_memory_stats": lambda: log.append(("reset", None)),
+        "max_memory_allocated": lambda: allocated["now"] + 4096,
+        "get_device_name": lambda *a: "Fake GPU",
+        "get_device_capability": lambda *a: (9, 0),
+        "current_device": lambda: 0,
+        "get_device_properties": lambda *a: type("P", (), {"total_memory": 80 * 2**30})(),
+    }
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    return log
+
+
+def test_cuda_timing_synchronizes_after_every_call(fake_cuda):
+    log = fake_cuda
+    case = device_case(log, memory=True, inner=2)
+    rows = bench.run_case(case, device="cuda", repeat=3, warmup=1)
+    assert ("build", "cuda") in log
+    events = [kind for kind, _ in log if kind in ("call", "sync")]
+    calls = events.count("call")
+    # 3 warm-up runs and 3 rounds of 3 rows, each of 2 calls; 3 memory calls
+    assert calls == 6 + 18 + 3
+    # each call is followed by its synchronize (the memory probe also syncs before one)
+    assert all(events[i + 1] == "sync" for i, kind in enumerate(events) if kind == "call")
+    assert log.count(("reset", None)) == 3  # the peak is reset before each memory call
+    for t in rows:
+        assert t.device == "cuda" and t.status == "ok" and t.runs == 3
+        assert t.peak_bytes == 4096  # the allocator's peak above what was allocated before
+        assert t.memory_ratio == 1.0
+    assert rows[1].reference_ratio == 1.0
+    assert rows[0].reference_ratio == rows[0].median_s / rows[1].median_s
+    env = json.loads(bench.to_json(rows))["environment"]
+    assert env["device"] == "cuda"
+    assert env["gpu"] == "Fake GPU" and env["gpu_capability"] == "9.0"
+    assert {"cuda", "triton", "gpu_memory_gib"} <= set(env)
+    text = bench.format_table(rows, use_rich=False)
+    assert "dev on cuda (1)" in text and "x ref: ratio to ref" in text
+
+
+def test_cpu_timing_does_not_synchronize_and_builds_for_the_cpu():
+    log = []
+    rows = bench.run_case(device_case(log), repeat=2)
+    assert ("build", "cpu") in log and not any(kind == "sync" for kind, _ in log)
+    assert [t.device for t in rows] == ["cpu"] * 3
+    assert [t.impl for t in rows if t.reference_ratio == 1.0] == ["ref"]
+    # a case on the CPU alone is built from its size alone (calls_case's build takes n)
+    assert bench.run_case(calls_case([]), repeat=1)[0].device == "cpu"
+
+
+def test_cuda_without_a_gpu_is_refused():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ValueError, match="device='cuda' needs a CUDA device"):
+        bench.run_case(device_case([]), device="cuda")
+    with pytest.raises(ValueError, match="device='cuda' needs a CUDA device"):
+        bench.run(["decode"], device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("device", "error", "match"),
+    [("gpu", ValueError, "device must be one of cpu, cuda; got 'gpu'"), (0, TypeError, "device")],
+)
+def test_bad_device(device, error, match):
+    with pytest.raises(error, match=match):
+        bench.run_case(device_case([]), device=device)
+
+
+def test_case_on_other_devices_is_refused_by_name_and_left_out_of_all(monkeypatch):
+    gpu_only = device_case([], devices=("cuda",))
+    with pytest.raises(ValueError, match="does not run on device='cpu'; it runs on cuda"):
+        bench.run_case(gpu_only)
+    monkeypatch.setattr(bench.harness, "CASES", {"calls": calls_case([]), "dev": gpu_only})
+    with pytest.raises(ValueError, match="'dev' does not run on device='cpu'"):
+        bench.run(["dev"], repeat=1)
+    stream = io.StringIO()
+    rows = bench.run(repeat=1, progress=stream)
+    assert {t.case for t in rows} == {"calls"}
+    assert "dev left out: it runs on cuda, not cpu" in stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"devices": ()}, "devices must be some of cpu, cuda"),
+        ({"devices": ("tpu",)}, "devices must be some of cpu, cuda"),
+        ({"cuda_full": {"m": 2}}, "cuda_full must have the keys of full"),
+        ({"inner": 0}, "inner must be an int >= 1"),
+    ],
+)
+def test_register_checks_devices_and_sizes(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bench.register(bench.Case("bad", "", lambda n: [], {"n": 1}, {"n": 1}, **kwargs))
+    assert "bad" not in bench.CASES
+
+
+def test_sizes_per_device():
+    rotary = bench.CASES["rotary-float32"]
+    assert rotary.devices == ("cpu", "cuda")
+    assert rotary.size("cpu") == {"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128}
+    # 512 MiB per float32 tensor on a GPU: bound by memory, not by launching kernels
+    assert rotary.size("cuda") == {"batch": 8, "heads": 32, "seq": 4096, "head_dim": 128}
+    assert rotary.size("cuda", quick=True) == rotary.size("cuda")
+    for name in ("attention-bias", "attention-bias-train"):
+        case = bench.CASES[name]
+        assert case.size("cuda") == {"batch": 1, "heads": 16, "seq": 8192, "head_dim": 128}
+        assert case.size("cpu") == dict(case.full)
+    assert bench.CASES["sinusoidal-table"].devices == ("cpu",)
+    assert bench.CASES["decode"].devices == ("cpu", "cuda")
+    assert bench.CASES["decode-bfloat16"].devices == ("cuda",)
+
+
+def test_keep_going_reports_our_failure_as_a_row():
+    def broken():
+        raise RuntimeError("bug in posenc")
+
+    def build(n):
+        return [
+            bench.Impl("base", lambda: lambda: None, "baseline"),
+            bench.Impl("us", broken, "ours"),
+        ]
+
+    rows = bench.run_case(bench.Case("o", "", build, {"n": 1}, {"n": 1}), repeat=1, strict=False)
+    assert (rows[1].status, rows[1].reason) == ("error", "RuntimeError: bug in posenc")
+    assert rows[0].status == "ok"
+
+
+def test_cuda_rotary_rows():
+    """On CUDA every dtype and pass has torch.compile of HF's formula and Liger's kernel."""
+    for dtype in ("float32", "bfloat16"):
+        for backward in (False, True):
+            rows = bench.rotary.impls(**TINY_ROTARY, dtype=dtype, backward=backward, device="cuda")
+            names = [i.name for i in rows]
+            assert names[0] == "q.clone(), k.clone()" and rows[0].role == "baseline"
+            assert {"posenc half", "posenc interleaved", "HF apply_rotary_pos_emb"} <= set(names)
+            assert {"torch.compile(HF)", "Liger-Kernel"} <= set(names)
+            cpu = [
+                i.name for i in bench.rotary.impls(**TINY_ROTARY, dtype=dtype, backward=backward)
+            ]
+            assert "Liger-Kernel" not in cpu
+            assert ("torch.compile(HF)" in cpu) == (dtype == "float32" and not backward)
+
+
+def test_cuda_attention_rows():
+    for build in (bench.attention.impls, bench.attention.train_impls):
+        rows = build(**TINY_ATTENTION, device="cuda")
+        assert rows[0].name == "v.clone()" and rows[0].role == "baseline"
+        assert [i.name for i in rows if i.reference] == ["SDPA causal"]
+        names = {i.name for i in rows}
+        assert {"posenc ALiBi", "posenc T5", "posenc FIRE"} <= names
+        assert {"flex_attention ALiBi", "x-transformers ALiBi"} <= names
+    # the CPU cases are as they were: SDPA is their baseline, with no reference row
+    rows = bench.attention.impls(**TINY_ATTENTION)
+    assert rows[0].name == "SDPA, no bias" and not any(i.reference for i in rows)
+
+
+# ------------------------------------------------------------------------- decode
+
+
+def test_decode_case_runs_every_row_on_the_cpu():
+    case = bench.CASES["decode"]
+    assert dict(case.full) == {"batch": 1, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                               "offset": 2047}  # fmt: skip
+    rows = bench.run_case(case, quick=True, repeat=2)
+    assert [t.impl for t in rows] == [
+        "q.clone(), k.clone()",
+        "posenc Rotary",
+        "HF module + apply_rotary_pos_emb",
+        "HF module",
+        "posenc patched + apply_rotary_pos_emb",
+        "posenc patched module",
+    ]
+    assert [t.status for t in rows] == ["ok"] * len(rows), [t.reason for t in rows]
+    assert all(t.runs == 2 for t in rows)
+    text = bench.format_table(rows, use_rich=False)
+    assert f"runs of {bench.decode.INNER} calls" in text
+
+
+def test_decode_rows_compute_the_same_rotation():
+    """posenc's step equals HF's, and the patched module returns HF's tables.
+
+    At position 2047 HF's float32 angle ``p * inv_freq`` errs by up to ``2047 * 2**-24``
+    (posenc's tables are exact): about 1.2e-4 in cos and sin, and in values ~4 below 1e-3.
+    """
+    size = {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "offset": 2047}
+    impls = {i.name: i for i in bench.decode.impls(**size, dtype="float32")}
+    out = {name: impl.make()() for name, impl in impls.items()}
+    q, k = out["q.clone(), k.clone()"]
+    assert q.shape == (1, 4, 1, 16) and k.shape == (1, 2, 1, 16)
+    for name in ("HF module + apply_rotary_pos_emb", "posenc patched + apply_rotary_pos_emb"):
+        for a, b in zip(out["posenc Rotary"], out[name], strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-3)
+    for a, b in zip(out["HF module"], out["posenc patched module"], strict=True):
+        assert a.shape == b.shape == (1, 1, 16)
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-4)
+    assert not torch.allclose(out["posenc Rotary"][0], q)
+
+
+def test_decode_bfloat16_is_cuda_only(capsys):
+    from posenc.cli import main
+
+    with pytest.raises(ValueError, match="does not run on device='cpu'"):
+        bench.run(["decode-bfloat16"])
+    assert main(["bench", "--case", "decode-bfloat16", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "--case decode-bfloat16 runs on cuda only, not --device cpu" in err
+
+
+# ------------------------------------------------------------------------- the command
+
+
+def test_cli_device_cuda_without_a_gpu_exits_2_naming_device(capsys):
+    from posenc.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert main(["bench", "--device", "cuda", "--case", "decode", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc: error: --device cuda:") and "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_cli_device_help_and_bad_value(capsys):
+    from posenc.cli import main
+
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--device" in out and "--keep-going" in out
+    assert main(["bench", "--device", "gpu"]) == 2
+    assert "--device" in capsys.readouterr().err
+
+
+def test_cli_decode_quick_json(capsys):
+    from posenc.cli import main
+
+    assert main(["bench", "--case", "decode", "--quick", "--repeat", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["environment"]["device"] == "cpu"
+    assert [r["status"] for r in doc["results"]] == ["ok"] * 6
+
+
+def test_cli_keep_going_exits_1_when_ours_fails(monkeypatch, capsys):
+    from posenc.cli import main
+
+    def broken():
+        raise RuntimeError("bug in posenc")
+
+    def build(n):
+        return [
+            bench.Impl("base", lambda: lambda: None, "baseline"),
+            bench.Impl("us", broken, "ours"),
+        ]
+
+    monkeypatch.setitem(bench.CASES, "o", bench.Case("o", "", build, {"n": 1}, {"n": 1}))
+    assert main(["bench", "--case", "o", "--repeat", "1", "--keep-going", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert [r["status"] for r in json.loads(captured.out)["results"]] == ["ok", "error"]
+    assert "o: us failed: RuntimeError: bug in posenc" in captured.err
+
+
+def test_cuda_attention_rows_run_on_a_cpu_stand_in():
+    """The CUDA rows' code, on CPU tensors (bfloat16, causal): each runs and agrees.
+
+    FlexAttention is left out (its CPU compilation takes tens of seconds). bfloat16
+    attention over 40 keys: outputs within a few bfloat16 ulps of values ~1.
+    """
+    for backward in (False, True):
+        rows = bench.attention.cuda_impls(**TINY_ATTENTION, backward=backward, device="cpu")
+        out = {i.name: i.make()() for i in rows if "flex" not in i.name}
+        # the output, or the gradient of q (the copy's is None: it reads v alone)
+        first = {name: o[0] if isinstance(o, tuple) else o for name, o in out.items()}
+        copy = first.pop("v.clone()")
+        assert copy is None if backward else copy.dtype == torch.bfloat16
+        assert all(t.dtype == torch.bfloat16 for t in first.values())
+        for a, b in (("posenc ALiBi", "x-transformers ALiBi"), ("posenc, no bias", "SDPA causal")):
+            torch.testing.assert_close(first[a], first[b], rtol=0, atol=0.03)
+        if backward:
+            assert len(out["posenc T5"]) > 3 and len(out["posenc ALiBi"]) == 3  # T5's parameters
+
+
+def test_decode_bfloat16_rows_run_on_a_cpu_stand_in():
+    size = {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "offset": 2047}
+    for impl in bench.decode.impls(**size, dtype="bfloat16"):
+        out = impl.make()()
+        assert all(t.dtype == torch.bfloat16 for t in out), impl.name

@@ -403,7 +403,9 @@ def test_two_gloo_processes_equal_one(tmp_path):
         (["--encodings", "alibi,bogus"], "encoding"),
         (["--train-len", "8", "--test-len", "4"], "test_len"),
         (["--seeds", "0"], "--seeds"),
-    ],
+        (["--device", "tpu"], "--device"),
+    ]
+    + ([] if torch.cuda.is_available() else [(["--device", "cuda"], "--device")]),
 )
 def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
     assert main(["lab", "run", *argv, "--out", str(tmp_path / "x")]) == 2
@@ -472,3 +474,18 @@ def test_results_write_failing_part_way_keeps_the_previous_page(tmp_path, monkey
         results.write(tmp_path, records[:2], TINY)
     assert {name: path.read_bytes() for name, path in paths.items()} == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())
+
+
+def test_lab_device_defaults_to_a_gpu_where_one_exists(monkeypatch):
+    from posenc.faces.lab.run import lab_device
+
+    assert lab_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert lab_device(None) == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"device \(--device\).*no CUDA device"):
+        lab_device("cuda")
+    for bad in ("tpu", "meta", 3.5):
+        with pytest.raises(ValueError, match=r"device \(--device\)"):
+            lab_device(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert lab_device(None) == torch.device("cuda")

@@ -466,6 +466,7 @@ def test_compiles_for_gpus_without_fused_multiply_add(monkeypatch):
         assert "mul.rn.f32" in ptx and "fma" not in ptx
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="no CUDA device: the compiled kernel runs only on a GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)

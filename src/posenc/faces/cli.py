@@ -254,15 +254,36 @@ def _width() -> int:
 def _bench(args: argparse.Namespace) -> int:
     from posenc import bench
 
+    device = args.device
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise _UsageError(
+                "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is "
+                "False); use --device cpu"
+            )
+    for name in args.case or ():
+        devices = bench.CASES[name].devices
+        if device not in devices:
+            raise _UsageError(
+                f"--case {name} runs on {' and '.join(devices)} only, not --device {device}"
+            )
     timings = bench.run(
         args.case,
+        device=device,
         quick=args.quick,
         repeat=args.repeat,
         budget_s=3.0 if args.quick else 10.0,
         progress=sys.stderr,
+        strict=not args.keep_going,
     )
     print(bench.to_json(timings) if args.json else bench.format_table(timings))
-    return 0
+    # with --keep-going, posenc's own failures are rows: the status still says so
+    failed = [t for t in timings if t.status == "error" and t.role != "peer"]
+    for t in failed:
+        print(f"posenc bench: {t.case}: {t.impl} failed: {t.reason}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -351,7 +372,7 @@ def _lab_run(args: argparse.Namespace) -> int:
     config = _lab_config(args)
     outcome = run(
         config, args.out, progress=not args.no_progress, workers=args.workers,
-        context_parallel=args.context_parallel,
+        context_parallel=args.context_parallel, device=args.device,
     )  # fmt: skip
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
@@ -517,7 +538,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(warm-up, then round-robin runs) and report the median and minimum, and the "
         "ratio to the case's baseline (allocating and filling an array of the output's "
         "size). Peers that are not installed are listed as skipped. Progress goes to "
-        "stderr.",
+        "stderr. With --device cuda, inputs live on the GPU and every timed call ends "
+        "with torch.cuda.synchronize(); cases that do not run there are left out.",
     )
     from posenc.faces.bench import CASES
 
@@ -545,6 +567,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="timed runs per implementation; default: 15, or 5 with --quick",
+    )
+    bench.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the tensors live and the work runs; cuda needs a CUDA device "
+        "(default: %(default)s)",
+    )
+    bench.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="report a failing posenc row or baseline as an error row and go on, as for a "
+        "failing peer (exit status 1 if any did)",
     )
     bench.set_defaults(run=_bench)
 
@@ -644,6 +679,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="under torchrun, N processes share each sequence (ring attention, zigzag "
         "shards); N must divide the processes, which form (processes / N) data-parallel "
         "ranks; default: 1 (plain DDP)",
+    )
+    lab_run.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to train (default: cuda where a GPU exists, else cpu)",
     )
     lab_run.set_defaults(run=_lab_run)
     lab_profile = lab_sub.add_parser(

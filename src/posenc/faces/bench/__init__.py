@@ -5,18 +5,23 @@
   :func:`peak_memory`, the tables and JSON, and the registry :data:`CASES`.
 - One module per family of cases, each listing its cases as ``CASES``:
   :mod:`~posenc.faces.bench.sinusoidal` (``sinusoidal-table``),
-  :mod:`~posenc.faces.bench.rotary` (``rotary-*``) and
-  :mod:`~posenc.faces.bench.attention` (``attention-bias``, ``attention-bias-train``).
+  :mod:`~posenc.faces.bench.rotary` (``rotary-*``),
+  :mod:`~posenc.faces.bench.attention` (``attention-bias``, ``attention-bias-train``) and
+  :mod:`~posenc.faces.bench.decode` (``decode``, ``decode-bfloat16``).
 
 They are registered here in that order, the order ``posenc bench`` runs and
-prints them. Nothing here imports torch or a peer at module import time.
+prints them. Each case says which devices it runs on (``posenc bench --device
+cpu|cuda``): all but ``sinusoidal-table`` (numpy) run on CUDA too, and
+``decode-bfloat16`` on CUDA only. Nothing here imports torch or a peer at
+module import time.
 """
 
 from __future__ import annotations
 
-from posenc.faces.bench import attention, rotary, sinusoidal
+from posenc.faces.bench import attention, decode, rotary, sinusoidal
 from posenc.faces.bench.harness import (
     CASES,
+    DEVICES,
     Case,
     Impl,
     Timing,
@@ -30,6 +35,7 @@ from posenc.faces.bench.harness import (
 
 __all__ = [
     "CASES",
+    "DEVICES",
     "Case",
     "Impl",
     "Timing",
@@ -41,6 +47,6 @@ __all__ = [
     "to_json",
 ]
 
-for _case in (*sinusoidal.CASES, *rotary.CASES, *attention.CASES):
+for _case in (*sinusoidal.CASES, *rotary.CASES, *attention.CASES, *decode.CASES):
     register(_case)
 del _case

@@ -11,6 +11,17 @@ and FIRE, against SDPA's causal forward and backward (the baseline) and the
 same two peers with the causal mask added.
 
 Both cases also measure each row's peak memory.
+
+On CUDA (``posenc bench --device cuda``) both cases are causal and bfloat16, at
+``(1, 16, 8192, 128)``: a long-context training shape where attention, not the
+copy, is the cost (:func:`cuda_impls`). Their first row is the memory-bound
+baseline the harness asks for, a copy of the output's size, and SDPA's causal
+flash kernel is the case's *reference* row: the ``x ref`` column is each row's
+ratio to it, the one that says what a bias costs. The peers are FlexAttention
+with a hand-written ALiBi ``score_mod`` and a causal block mask made once, and
+x-transformers' dense ALiBi bias (a ``(heads, seq, seq)`` float32 tensor, 4 GiB
+at 8192, plus its masked copy: where that exhausts the GPU's memory the row is
+an error, with torch's message).
 """
 
 from __future__ import annotations
@@ -21,17 +32,20 @@ from typing import Any
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "impls", "train_impls"]
+__all__ = ["CASES", "cuda_impls", "impls", "train_impls"]
 
 
-def impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
+def impls(batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu") -> list[Impl]:
     """Forward attention over ``(batch, heads, seq, head_dim)`` float32 q, k, v.
 
     The baseline is SDPA with no bias and no mask (torch's CPU flash kernel). The
     peers add the bias the way users do today: x-transformers materialises a
     ``(heads, seq, seq)`` ALiBi bias and hands it to SDPA as a float mask;
-    FlexAttention (compiled) adds it in a score mod.
+    FlexAttention (compiled) adds it in a score mod. On ``device="cuda"``:
+    :func:`cuda_impls`, forward only.
     """
+    if device == "cuda":
+        return cuda_impls(batch, heads, seq, head_dim, backward=False)
     shape = (batch, heads, seq, head_dim)
 
     def inputs() -> tuple[Any, Any, Any]:
@@ -123,7 +137,9 @@ def impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
     ]
 
 
-def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
+def train_impls(
+    batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu"
+) -> list[Impl]:
     """One causal training step of attention over ``(batch, heads, seq, head_dim)`` float32.
 
     Each call resets the gradients to None, runs the forward, and backward from a
@@ -135,8 +151,11 @@ def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
     above the diagonal as SDPA's float mask, and compiled FlexAttention with
     an ALiBi score mod and a causal block mask (made once, as a training loop
     reuses it). torch 2.13 has no FlexAttention backward on CPU: that row then
-    reports torch's refusal as its reason, with no time.
+    reports torch's refusal as its reason, with no time. On ``device="cuda"``:
+    :func:`cuda_impls` with the backward.
     """
+    if device == "cuda":
+        return cuda_impls(batch, heads, seq, head_dim, backward=True)
     shape = (batch, heads, seq, head_dim)
 
     def step(
@@ -231,27 +250,159 @@ def train_impls(batch: int, heads: int, seq: int, head_dim: int) -> list[Impl]:
     ]
 
 
+def cuda_impls(
+    batch: int, heads: int, seq: int, head_dim: int, *, backward: bool, device: str = "cuda"
+) -> list[Impl]:
+    """Causal bfloat16 attention on CUDA: the forward, or a training step with ``backward``.
+
+    q, k, v (and the upstream gradient) are drawn on the GPU from one seed, so
+    every row gets the same numbers. The forward runs under ``no_grad``; a
+    training step resets the gradients to None, runs the forward and backward
+    from the upstream gradient into q, k, v and the bias module's parameters,
+    and returns those gradients. The bias modules keep float32 parameters, as
+    under autocast. Each row's first call (FlexAttention's and inductor's
+    compilation) happens while it is built, so the warm-up and the run budget
+    time the kernels.
+
+    Rows: the copy baseline (``v.clone()``, the output's size); SDPA causal, the
+    reference; posenc's :func:`~posenc.attention` with no bias, ALiBi, T5 and
+    FIRE, ``causal=True`` (FlexAttention on CUDA); FlexAttention with an ALiBi
+    ``score_mod`` and a cached causal block mask; x-transformers' dense bias.
+    """
+    shape = (batch, heads, seq, head_dim)
+
+    def step(
+        forward: Callable[[Any, Any, Any], Any], params: Sequence[Any] = ()
+    ) -> Callable[[], object]:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, k, v, g = (
+            torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(4)
+        )
+        if backward:
+            leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
+
+            def call() -> object:
+                for t in leaves:
+                    t.grad = None  # each run stores fresh gradients, as the first one does
+                forward(q, k, v).backward(g)
+                return tuple(t.grad for t in leaves)
+
+        else:
+
+            def call() -> object:
+                with torch.no_grad():
+                    return forward(q, k, v)
+
+        call()  # compile and load kernels here, not in the timed runs
+        return call
+
+    def module(kind: str) -> Any:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # the same initial parameters in every run of the bench
+            made = {
+                "alibi": lambda: posenc.ALiBi(heads, symmetric=False),
+                "t5": lambda: posenc.T5Bias(heads, bidirectional=False),
+                "fire": lambda: posenc.FIRE(heads),
+            }[kind]()
+        return made.to(device)
+
+    def copy() -> Callable[[], object]:
+        return step(lambda q, k, v: v.clone())
+
+    def sdpa() -> Callable[[], object]:
+        import torch.nn.functional as F
+
+        return step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def ours(kind: str) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            bias = None if kind == "none" else module(kind)
+            params = () if bias is None or not backward else tuple(bias.parameters())
+            return step(lambda q, k, v: posenc.attention(q, k, v, bias=bias, causal=True), params)
+
+        return make
+
+    def flex() -> Callable[[], object]:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32, device=device)
+
+        def score_mod(score: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return score - slopes[h] * (qi - ki)
+
+        def causal(b: Any, h: Any, qi: Any, ki: Any) -> Any:
+            return qi >= ki
+
+        # made once and reused by every call, as a training loop does
+        block_mask = create_block_mask(causal, None, None, seq, seq, device=device)
+        compiled = torch.compile(flex_attention)
+        return step(lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask))
+
+    def materialised() -> Callable[[], object]:
+        import torch
+        import torch.nn.functional as F
+        from x_transformers.x_transformers import AlibiPositionalBias
+
+        alibi = AlibiPositionalBias(heads=heads, total_heads=heads).to(device)
+
+        def forward(q: Any, k: Any, v: Any) -> Any:
+            alibi.bias = None  # x-transformers caches the dense bias: build it each call
+            future = torch.ones((seq, seq), dtype=torch.bool, device=device).triu(1)
+            mask = alibi(seq, seq).masked_fill(future, float("-inf"))  # (heads, seq, seq) fp32
+            # SDPA takes a float mask in the query's dtype
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+
+        return step(forward)
+
+    pass_ = "training step" if backward else "forward"
+    return [
+        Impl("v.clone()", copy, "baseline", f"copy of the output's size ({pass_}, reference)"),
+        Impl("SDPA causal", sdpa, "baseline", "no bias, is_causal=True: x ref", reference=True),
+        Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
+        Impl("posenc ALiBi", ours("alibi"), "ours", "causal, no parameters"),
+        Impl("posenc T5", ours("t5"), "ours", "T5Bias, decoder buckets"),
+        Impl("posenc FIRE", ours("fire"), "ours", "FIRE, init_L=512"),
+        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + cached block mask"),
+        Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
+    ]
+
+
+#: The CUDA size of both cases: 16 heads of 128 over 8192 positions, bfloat16.
+CUDA_SIZE = {"batch": 1, "heads": 16, "seq": 8192, "head_dim": 128}
+CUDA_QUICK = {"batch": 1, "heads": 16, "seq": 2048, "head_dim": 128}
+
 #: This module's cases, in the order ``posenc bench`` runs them.
 CASES = (
     Case(
         "attention-bias",
         "Attention with a positional bias (float32, forward), against SDPA with none; "
-        "peak MiB is what one call adds.",
+        "peak MiB is what one call adds. On CUDA: causal bfloat16, against a copy and SDPA.",
         build=impls,
         full={"batch": 1, "heads": 8, "seq": 8192, "head_dim": 64},
         quick={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
         quick_repeat=3,
         memory=True,
+        devices=("cpu", "cuda"),
+        cuda_full=CUDA_SIZE,
+        cuda_quick=CUDA_QUICK,
     ),
     Case(
         "attention-bias-train",
         "One causal training step of attention with a positional bias (float32, forward + "
         "backward into q, k, v and the bias parameters), against SDPA's; peak MiB is what one "
-        "step adds.",
+        "step adds. On CUDA: bfloat16, against a copy and SDPA.",
         build=train_impls,
         full={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
         quick={"batch": 1, "heads": 8, "seq": 512, "head_dim": 64},
         quick_repeat=3,
         memory=True,
+        devices=("cpu", "cuda"),
+        cuda_full=CUDA_SIZE,
+        cuda_quick=CUDA_QUICK,
     ),
 )

@@ -8,7 +8,10 @@ shows up as *skipped* (its ``make`` raises ``ImportError``) rather than as an
 error, and so does a peer that cannot run here (``NotImplementedError``). The
 first ``"baseline"`` implementation of a case is the memory-bound reference
 (allocate and fill an array of the output's size); every other row
-is reported as a ratio to its median.
+is reported as a ratio to its median. A case may also mark one row as its
+*reference* (:attr:`Impl.reference`): every row then gets a second ratio, to
+that row (the attention cases on CUDA mark SDPA, whose ratio says more about
+attention than one to a copy does).
 
 The harness (:func:`run`) warms every implementation up once, then times them
 **interleaved**: round ``r`` calls each implementation once, in an order that
@@ -18,7 +21,18 @@ minimum of the runs. An implementation slow enough that ``repeat`` runs
 would exceed ``budget_s`` gets as many runs as fit (at least one; if the
 warm-up call alone exceeds the budget, that call is the run): a pure-Python
 loop taking seconds needs no median of 15 to show it is thousands of times
-slower.
+slower. Calls of microseconds (one decode step) are timed ``Case.inner`` at a
+time, each run's time being their mean, so that the clock's and the loop's own
+cost stay small beside them.
+
+Devices: a case lists the devices it runs on (:attr:`Case.devices`; ``"cpu"``
+unless it says more) and may give other sizes for CUDA. On ``"cuda"`` the
+inputs are made on the GPU and every timed call ends with
+``torch.cuda.synchronize()``: the clock is the host's, so without it a row
+would be charged for queueing its kernels, not for running them. Peak memory
+on CUDA is the allocator's (:func:`peak_memory`). :func:`run` with no names
+leaves out the cases that do not run on the chosen device, saying so on the
+progress stream; naming such a case is refused (``ValueError``).
 
 Threads: after a parallel torch op, torch's OpenMP workers keep spinning for
 a while, and a numpy row that runs next on its own worker threads (posenc's
@@ -57,6 +71,7 @@ from posenc.core.checks import check_int
 
 __all__ = [
     "CASES",
+    "DEVICES",
     "Case",
     "Impl",
     "Timing",
@@ -71,6 +86,9 @@ __all__ = [
 Role = Literal["baseline", "ours", "peer"]
 Status = Literal["ok", "skipped", "error"]
 
+#: The devices a case can run on (``posenc bench --device``).
+DEVICES = ("cpu", "cuda")
+
 
 @dataclass(frozen=True)
 class Impl:
@@ -84,12 +102,17 @@ class Impl:
         role: ``"baseline"`` (memory-bound reference; the first one is the
             denominator of every ratio), ``"ours"`` (posenc) or ``"peer"``.
         note: what the row computes, in a few words.
+        reference: the first row of a case marked so is a second denominator:
+            every row's :attr:`Timing.reference_ratio` is its median over this
+            row's (a compute-bound peer such as SDPA, where a ratio to the
+            memory-bound baseline alone says little).
     """
 
     name: str
     make: Callable[[], Callable[[], object]]
     role: Role = "peer"
     note: str = ""
+    reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,13 +122,22 @@ class Case:
     Attributes:
         name: the case's name (``posenc bench --case NAME``).
         description: one line shown above the table.
-        build: ``build(**size) -> implementations``; it must not do the
-            timed work itself (heavy setup belongs in each ``Impl.make``).
+        build: ``build(**size) -> implementations``; a case whose ``devices``
+            name more than the CPU is built as ``build(**size, device=...)``
+            and makes its inputs there. It must not do the timed work itself
+            (heavy setup belongs in each ``Impl.make``).
         full: the size used by default, e.g. ``{"length": 8192, "dim": 1024}``.
         quick: a smaller size for ``--quick``.
         quick_repeat: runs per implementation with ``--quick``.
         memory: also measure each implementation's peak memory (one more,
             untimed call; see :func:`peak_memory`).
+        devices: the devices the case runs on, from :data:`DEVICES`.
+        cuda_full: the size on CUDA (default ``full``): a GPU needs larger
+            tensors than a CPU before it is bound by memory rather than by
+            launching kernels.
+        cuda_quick: the ``--quick`` size on CUDA (default ``quick``).
+        inner: calls per timed run, whose mean is the run's time (for calls of
+            microseconds; each call is still synchronized on CUDA).
     """
 
     name: str
@@ -115,6 +147,18 @@ class Case:
     quick: Mapping[str, int]
     quick_repeat: int = 5
     memory: bool = False
+    devices: tuple[str, ...] = ("cpu",)
+    cuda_full: Mapping[str, int] | None = None
+    cuda_quick: Mapping[str, int] | None = None
+    inner: int = 1
+
+    def size(self, device: str = "cpu", *, quick: bool = False) -> dict[str, int]:
+        """The size the case is built with on ``device``, full or ``quick``."""
+        if device == "cuda":
+            chosen = self.cuda_quick if quick else self.cuda_full
+            if chosen is not None:
+                return dict(chosen)
+        return dict(self.quick if quick else self.full)
 
 
 @dataclass(frozen=True)
@@ -138,6 +182,9 @@ class Timing:
             call adds above what the process held before it (None otherwise, or
             where the platform cannot tell).
         memory_ratio: ``peak_bytes`` over the baseline's.
+        device: where it ran, ``"cpu"`` or ``"cuda"``.
+        reference_ratio: ``median_s`` over the median of the case's reference
+            row (:attr:`Impl.reference`), None in a case without one.
     """
 
     case: str
@@ -153,6 +200,8 @@ class Timing:
     ratio: float | None = None
     peak_bytes: int | None = None
     memory_ratio: float | None = None
+    device: str = "cpu"
+    reference_ratio: float | None = None
 
 
 #: The registered cases, by name, in registration order.
@@ -165,6 +214,17 @@ def register(case: Case) -> Case:
         raise ValueError(f"a bench case named {case.name!r} is already registered")
     if not case.full or not case.quick:
         raise ValueError(f"case {case.name!r} needs a full and a quick size")
+    if not case.devices or not set(case.devices) <= set(DEVICES):
+        raise ValueError(
+            f"case {case.name!r}: devices must be some of {', '.join(DEVICES)}; "
+            f"got {case.devices!r}"
+        )
+    for label, other in (("cuda_full", case.cuda_full), ("cuda_quick", case.cuda_quick)):
+        if other is not None and set(other) != set(case.full):
+            raise ValueError(
+                f"case {case.name!r}: {label} must have the keys of full, {sorted(case.full)}"
+            )
+    check_int(case.inner, "inner", minimum=1)
     CASES[case.name] = case
     return case
 
@@ -238,6 +298,50 @@ def _describe(exc: BaseException) -> str:
 _SETTLE_S = 0.005
 
 
+def check_device(device: Any) -> str:
+    """``device`` if it is one of :data:`DEVICES` and present here.
+
+    Raises:
+        TypeError: ``device`` not a str.
+        ValueError: a name outside :data:`DEVICES`, or ``"cuda"`` where torch
+            sees no CUDA device.
+    """
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str, one of {', '.join(DEVICES)}; got {device!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "device='cuda' needs a CUDA device; torch.cuda.is_available() is False here"
+            )
+    return device
+
+
+def _synchronizer(device: str) -> Callable[[], None] | None:
+    """What ends every timed call on ``device``: None on the CPU, whose calls are synchronous."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return None
+
+
+def _release(device: str) -> None:
+    """Free what a failed or finished row left behind, so that later rows find the memory.
+
+    On CUDA a peer that ran out of memory leaves the allocator's cache full of blocks
+    that the next row (another size, another dtype) may not be able to reuse.
+    """
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def _measure(
     label: str,
     impls: Sequence[Impl],
@@ -247,48 +351,70 @@ def _measure(
     warmup: int,
     budget_s: float,
     say: _Progress,
+    *,
+    device: str = "cpu",
+    inner: int = 1,
+    strict: bool = True,
 ) -> tuple[dict[int, list[float]], dict[int, Callable[[], object]]]:
     """Warm up, then time interleaved; failed or skipped rows go into ``rows``.
 
+    Each call is followed by the device's synchronize (:func:`_synchronizer`); a
+    run, warm-up runs included, is ``inner`` such calls and records their mean
+    (a warm-up run stops early once it exceeds ``budget_s``). With ``strict``
+    False, posenc's rows and the baselines fail into an error row as a peer does.
+
     Returns the times of each implementation that ran, and its callable.
     """
+    sync = _synchronizer(device)
     # build and warm up; a peer that fails is reported, posenc failing is a bug
     fns: dict[int, Callable[[], object]] = {}
     runs: dict[int, int] = {}
-    first_call: dict[int, float] = {}
+    first_run: dict[int, float] = {}  # the first warm-up run's time per call
     for i, impl in enumerate(impls):
         say(f"{label}: warming up {impl.name}")
+        fn: Callable[[], object] | None = None
         try:
             fn = impl.make()
             for w in range(warmup):
-                t0 = time.perf_counter()
-                fn()
+                # a whole run, so that one cold call (a table built on first use) is
+                # averaged as in the timed runs rather than taken for every call's cost
+                calls, t0 = 0, time.perf_counter()
+                while calls < inner:
+                    fn()
+                    if sync is not None:
+                        sync()
+                    calls += 1
+                    if time.perf_counter() - t0 > budget_s:
+                        break
                 elapsed = time.perf_counter() - t0
                 if w == 0:
-                    first_call[i] = elapsed
+                    first_run[i] = elapsed / calls
                 if elapsed > budget_s:
                     break
         except ImportError as exc:
             rows[i] = row(impl, "skipped", reason=_describe(exc))
-            continue
         except NotImplementedError as exc:
-            if impl.role != "peer":
+            if impl.role != "peer" and strict:
                 raise
             # a peer that says it cannot run here (FlexAttention's backward on a CPU)
             rows[i] = row(impl, "skipped", reason=_describe(exc))
-            continue
         except Exception as exc:
-            if impl.role != "peer":
+            if impl.role != "peer" and strict:
                 raise
             rows[i] = row(impl, "error", reason=_describe(exc))
+        if i in rows or fn is None:
+            # out of the handler, the exception's frames (and the tensors they hold) are gone
+            fn = None
+            _release(device)
             continue
         fns[i] = fn
-        runs[i] = min(repeat, max(1, int(budget_s // max(first_call[i], 1e-9))))
+        per_run = max(first_run[i] * inner, 1e-9)
+        runs[i] = min(repeat, max(1, int(budget_s // per_run)))
 
     times: dict[int, list[float]] = {i: [] for i in fns}
     for i in fns:
-        if first_call[i] > budget_s:
-            times[i].append(first_call[i])
+        if first_run[i] * inner > budget_s:
+            times[i].append(first_run[i])
             runs[i] = 0
     rounds = max(runs.values(), default=0)
     gc.collect()
@@ -304,9 +430,13 @@ def _measure(
                 # let the previous row's worker threads (torch's OpenMP pool spins
                 # after a parallel op) go idle, so they do not compete with this row
                 time.sleep(_SETTLE_S)
+                fn = fns[i]
                 t0 = time.perf_counter()
-                fns[i]()
-                times[i].append(time.perf_counter() - t0)
+                for _ in range(inner):
+                    fn()
+                    if sync is not None:
+                        sync()
+                times[i].append((time.perf_counter() - t0) / inner)
     finally:
         if enabled:
             gc.enable()
@@ -316,20 +446,28 @@ def _measure(
 def run_case(
     case: Case,
     *,
+    device: str = "cpu",
     size: Mapping[str, int] | None = None,
     quick: bool = False,
     repeat: int | None = None,
     warmup: int = 1,
     budget_s: float = 10.0,
     progress: TextIO | None = None,
+    strict: bool = True,
 ) -> list[Timing]:
     """Time every implementation of ``case``, interleaved, and return one row each.
 
+    On ``device="cuda"`` every timed call (warm-up included) ends with
+    ``torch.cuda.synchronize()``: the clock is the host's ``perf_counter``, and a
+    CUDA call returns once its kernels are queued. Peak memory there is the CUDA
+    allocator's (:func:`peak_memory`).
+
     Args:
         case: the case.
+        device: ``"cpu"`` or ``"cuda"``; one of ``case.devices``.
         size: the size to build (overrides ``full``/``quick``), e.g. a tiny
             size in tests.
-        quick: use ``case.quick`` and ``case.quick_repeat``.
+        quick: use the case's quick size and ``case.quick_repeat``.
         repeat: timed runs per implementation (default 15, or the case's
             quick repeat with ``quick``).
         warmup: untimed calls per implementation before timing (>= 1: the
@@ -338,21 +476,33 @@ def run_case(
             ``floor(budget_s / first call)`` runs (at least 1); one whose first
             warm-up call exceeds it is timed from that call alone.
         progress: stream for progress messages (stderr in the CLI), or None.
+        strict: False reports a failing posenc row or baseline as an
+            ``"error"`` row with its reason, as a failing peer is, instead of
+            raising (``posenc bench --keep-going``: one unattended run that
+            reports all it can).
 
     Returns:
         One :class:`Timing` per implementation, in the case's order.
 
     Raises:
-        TypeError: ``repeat`` or ``warmup`` not an int.
-        ValueError: ``repeat`` or ``warmup`` below 1, or a size key the case
-            does not know.
-        Exception: whatever posenc's own implementation or a baseline raises.
+        TypeError: ``repeat`` or ``warmup`` not an int, ``device`` not a str.
+        ValueError: ``repeat`` or ``warmup`` below 1, a size key the case
+            does not know, a ``device`` the case does not run on, or ``"cuda"``
+            without a CUDA device.
+        Exception: with ``strict``, whatever posenc's own implementation or a
+            baseline raises.
     """
+    check_device(device)
+    if device not in case.devices:
+        raise ValueError(
+            f"case {case.name!r} does not run on device={device!r}; it runs on "
+            f"{', '.join(case.devices)}"
+        )
     if repeat is None:
         repeat = case.quick_repeat if quick else 15
     repeat = check_int(repeat, "repeat", minimum=1)
     warmup = check_int(warmup, "warmup", minimum=1)
-    chosen = dict(case.quick if quick else case.full)
+    chosen = case.size(device, quick=quick)
     if size is not None:
         unknown = set(size) - set(case.full)
         if unknown:
@@ -361,31 +511,55 @@ def run_case(
                 f"it takes {sorted(case.full)}"
             )
         chosen.update(size)
-    impls = list(case.build(**chosen))
+    # cases written for the CPU alone take the size alone
+    if case.devices == ("cpu",):
+        impls = list(case.build(**chosen))
+    else:
+        impls = list(case.build(**chosen, device=device))
     if not impls or impls[0].role != "baseline":
         raise ValueError(f"case {case.name!r} must list its baseline first")
     label = f"{case.name} {'x'.join(str(v) for v in chosen.values())}"
+    if device != "cpu":
+        label += f" on {device}"
 
     def row(impl: Impl, status: Status, **kw: Any) -> Timing:
-        return Timing(case.name, impl.name, impl.role, impl.note, chosen, status, **kw)
+        return Timing(
+            case.name, impl.name, impl.role, impl.note, chosen, status, device=device, **kw
+        )
 
     rows: dict[int, Timing] = {}
     say = _Progress(progress)
     try:
-        times, fns = _measure(label, impls, rows, row, repeat, warmup, budget_s, say)
+        times, fns = _measure(
+            label, impls, rows, row, repeat, warmup, budget_s, say,
+            device=device, inner=case.inner, strict=strict,
+        )  # fmt: skip
         peaks: dict[int, int | None] = {}
         if case.memory:
             for i in fns:
                 say(f"{label}: peak memory of {impls[i].name}")
-                peaks[i] = peak_memory(fns[i])
+                try:
+                    peaks[i] = peak_memory(fns[i], device=device)
+                except Exception:
+                    # one more call of a row that ran (a peer out of GPU memory this time):
+                    # its timing stands, without a peak
+                    if impls[i].role != "peer" and strict:
+                        raise
+                    peaks[i] = None
     finally:
         say.done()
+    del fns
+    _release(device)
 
-    base_median = base_peak = None
+    base_median = base_peak = ref_median = None
     for i, impl in enumerate(impls):
         if impl.role == "baseline" and i in times:
             base_median = statistics.median(times[i])
             base_peak = peaks.get(i)
+            break
+    for i, impl in enumerate(impls):
+        if impl.reference and i in times:
+            ref_median = statistics.median(times[i])
             break
     for i, impl in enumerate(impls):
         if i in rows:
@@ -397,6 +571,7 @@ def run_case(
             impl, "ok", runs=len(times[i]), median_s=median, min_s=min(times[i]), ratio=ratio,
             peak_bytes=peak,
             memory_ratio=peak / base_peak if peak is not None and base_peak else None,
+            reference_ratio=median / ref_median if ref_median else None,
         )  # fmt: skip
     return [rows[i] for i in range(len(impls))]
 
@@ -409,15 +584,34 @@ def _status_kib(field: str) -> int:
     raise OSError(f"no {field} in /proc/self/status")
 
 
-def peak_memory(fn: Callable[[], object]) -> int | None:
-    """The peak resident memory one call of ``fn`` adds above the process's level before it.
+def peak_memory(fn: Callable[[], object], *, device: str = "cpu") -> int | None:
+    """The peak memory one call of ``fn`` adds above what was held before it, in bytes.
 
-    Linux: free heap memory is first handed back (``malloc_trim``), so that the
-    call's allocations show up as new resident pages; the peak counter is reset
-    (``/proc/self/clear_refs``), and its value after the call, minus the
-    resident size before it, is the answer, in bytes. The call's result is
-    released before returning. None where the platform offers no such counter.
+    CPU, Linux: free heap memory is first handed back (``malloc_trim``), so that
+    the call's allocations show up as new resident pages; the peak resident
+    size is reset (``/proc/self/clear_refs``), and its value after the call,
+    minus the resident size before it, is the answer. None where the platform
+    offers no such counter.
+
+    CUDA: the allocator's peak (``torch.cuda.reset_peak_memory_stats()``, then
+    ``torch.cuda.max_memory_allocated()`` after the synchronized call) minus
+    what was allocated before the call: tensors only, not the allocator's cache
+    nor the memory a library takes outside it (cuBLAS workspaces, Triton's).
+
+    The call's result is released before returning.
     """
+    if device == "cuda":
+        import torch
+
+        gc.collect()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        del result
+        return max(0, peak - before)
     if not (os.path.exists("/proc/self/status") and os.access("/proc/self/clear_refs", os.W_OK)):
         return None
     gc.collect()
@@ -439,37 +633,63 @@ def peak_memory(fn: Callable[[], object]) -> int | None:
 def run(
     names: Iterable[str] | None = None,
     *,
+    device: str = "cpu",
     quick: bool = False,
     repeat: int | None = None,
     warmup: int = 1,
     budget_s: float = 10.0,
     progress: TextIO | None = None,
+    strict: bool = True,
 ) -> list[Timing]:
-    """Run the named cases (all registered cases by default), one after the other.
+    """Run the named cases (all that run on ``device`` by default), one after the other.
+
+    With no ``names``, a registered case that does not run on ``device`` is
+    left out, with one line on ``progress`` saying so; a named one is refused.
 
     Args:
         names: case names from :data:`CASES`.
-        quick, repeat, warmup, budget_s, progress: as in :func:`run_case`.
+        device, quick, repeat, warmup, budget_s, progress, strict: as in
+            :func:`run_case`.
 
     Returns:
         Every case's rows, concatenated.
 
     Raises:
-        ValueError: an unknown case name.
+        ValueError: an unknown case name, a named case that does not run on
+            ``device``, or ``"cuda"`` without a CUDA device.
+        TypeError: ``device`` not a str.
     """
-    chosen = list(CASES) if names is None else list(names)
+    check_device(device)
+    if names is None:
+        chosen = [name for name, case in CASES.items() if device in case.devices]
+        if progress is not None:
+            for name, case in CASES.items():
+                if device not in case.devices:
+                    progress.write(
+                        f"posenc bench: {name} left out: it runs on "
+                        f"{', '.join(case.devices)}, not {device}\n"
+                    )
+    else:
+        chosen = list(names)
     for name in chosen:
         if name not in CASES:
             raise ValueError(f"unknown bench case {name!r}; valid cases: {', '.join(CASES)}")
+        if device not in CASES[name].devices:
+            raise ValueError(
+                f"bench case {name!r} does not run on device={device!r}; it runs on "
+                f"{', '.join(CASES[name].devices)}"
+            )
     out: list[Timing] = []
     for name in chosen:
         out += run_case(
             CASES[name],
+            device=device,
             quick=quick,
             repeat=repeat,
             warmup=warmup,
             budget_s=budget_s,
             progress=progress,
+            strict=strict,
         )
     return out
 
@@ -478,19 +698,38 @@ def run(
 # output
 
 
-def environment() -> dict[str, Any]:
-    """The facts a timing depends on: versions, cores, threads."""
+def environment(device: str = "cpu") -> dict[str, Any]:
+    """The facts a timing depends on: versions, cores, threads; the GPU on ``"cuda"``.
+
+    On CUDA: the GPU's name, compute capability and memory, and the CUDA and
+    triton versions torch was built with and runs. The versions of the peers
+    a run imported are recorded too (their speed is theirs to change).
+    """
     info: dict[str, Any] = {
         "posenc": posenc.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "device": device,
     }
     torch = sys.modules.get("torch")
     if torch is not None:
         info["torch"] = torch.__version__
         info["torch_threads"] = torch.get_num_threads()
+        if device == "cuda":
+            info["cuda"] = torch.version.cuda
+            info["triton"] = _version("triton")
+            try:
+                info["gpu"] = torch.cuda.get_device_name()
+                info["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+                total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+                info["gpu_memory_gib"] = round(total / 2**30, 1)
+            except Exception as exc:  # the timings matter more than the GPU's description
+                info["gpu_error"] = f"{type(exc).__name__}: {exc}"
+    for dist, module in _PEERS:
+        if module in sys.modules and dist not in info:
+            info[dist] = _version(dist)
     for name in _THREAD_ENV:
         if name in os.environ:
             info[name] = os.environ[name]
@@ -500,11 +739,34 @@ def environment() -> dict[str, Any]:
 #: Environment variables that change how thread pools share the cores.
 _THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
 
+#: Peers whose version :func:`environment` records when a run imported them (dist, module).
+_PEERS = (
+    ("triton", "triton"),
+    ("transformers", "transformers"),
+    ("liger-kernel", "liger_kernel"),
+    ("x-transformers", "x_transformers"),
+    ("rotary-embedding-torch", "rotary_embedding_torch"),
+    ("positional-encodings", "positional_encodings"),
+)
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
 
 def to_json(timings: Sequence[Timing]) -> str:
-    """The rows as JSON: ``{"environment": {...}, "results": [{case, impl, median_s, ...}]}``."""
+    """The rows as JSON: ``{"environment": {...}, "results": [{case, impl, median_s, ...}]}``.
+
+    The environment is that of the device the rows ran on (the first row's).
+    """
+    device = timings[0].device if timings else "cpu"
     return json.dumps(
-        {"environment": environment(), "results": [asdict(t) for t in timings]}, indent=2
+        {"environment": environment(device), "results": [asdict(t) for t in timings]}, indent=2
     )
 
 
@@ -514,60 +776,80 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3g}" if seconds < 1 else f"{seconds * 1e3:,.0f}"
 
 
-def _ratio(t: Timing) -> str:
-    if t.ratio is None:
+def _times(ratio: float | None) -> str:
+    if ratio is None:
         return "-"
-    return f"{t.ratio:.2f}x" if t.ratio < 10 else f"{t.ratio:,.0f}x"
+    return f"{ratio:.2f}x" if ratio < 10 else f"{ratio:,.0f}x"
 
 
 def _mib(t: Timing) -> tuple[str, str]:
     if t.peak_bytes is None:
         return "-", "-"
-    ratio = "-" if t.memory_ratio is None else f"{t.memory_ratio:.2f}x"
-    return f"{t.peak_bytes / 2**20:,.1f}", ratio
+    return f"{t.peak_bytes / 2**20:,.1f}", _times(t.memory_ratio)
 
 
-def _table_rows(timings: Sequence[Timing], memory: bool) -> list[tuple[str, ...]]:
+def _table_rows(timings: Sequence[Timing], memory: bool, reference: bool) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for t in timings:
         mem = _mib(t) if memory else ()
         if t.status == "ok":
             runs = "" if t.runs > 1 else " (1 run)"
-            cells = (t.impl, _ms(t.median_s), _ms(t.min_s), _ratio(t), *mem, t.note + runs)
+            ref = (_times(t.reference_ratio),) if reference else ()
+            cells = (
+                t.impl, _ms(t.median_s), _ms(t.min_s), _times(t.ratio), *ref, *mem, t.note + runs,
+            )  # fmt: skip
         else:
-            cells = (t.impl, "-", "-", t.status, *(("-", "-") if memory else ()), t.reason)
+            blank = ("-",) * (int(reference) + (2 if memory else 0))
+            cells = (t.impl, "-", "-", t.status, *blank, t.reason)
         out.append(cells)
     return out
 
 
 _HEADER = ("implementation", "median ms", "min ms", "x baseline", "note")
 _MEMORY_HEADER = ("peak MiB", "x baseline")
+_REFERENCE_HEADER = ("x ref",)
 
 
-def _header(memory: bool) -> tuple[str, ...]:
-    return (*_HEADER[:4], *_MEMORY_HEADER, _HEADER[4]) if memory else _HEADER
+def _header(memory: bool, reference: bool = False) -> tuple[str, ...]:
+    extra = (_REFERENCE_HEADER if reference else ()) + (_MEMORY_HEADER if memory else ())
+    return (*_HEADER[:4], *extra, _HEADER[4])
 
 
 def format_table(timings: Sequence[Timing], *, use_rich: bool | None = None) -> str:
     """A human-readable table per case (rich if installed, else plain text).
 
     Cases that measure memory get two more columns: the peak MiB a call adds
-    and its ratio to the baseline's.
+    and its ratio to the baseline's; cases with a reference row one more, ``x
+    ref``, the ratio to that row. A case run on CUDA says so in its title.
     """
-    cases: dict[str, list[Timing]] = {}
+    cases: dict[tuple[str, str], list[Timing]] = {}
     for t in timings:
-        cases.setdefault(t.case, []).append(t)
+        cases.setdefault((t.case, t.device), []).append(t)
     if use_rich is None:
         use_rich = _has_rich()
     blocks = []
-    for name, rows in cases.items():
+    for (name, device), rows in cases.items():
         size = " x ".join(str(v) for v in rows[0].size.values())
         runs = max((t.runs for t in rows), default=0)
-        title = f"{name} ({size}): median of {runs} interleaved runs, ratio to the first baseline"
-        desc = CASES[name].description if name in CASES else ""
+        where = "" if device == "cpu" else f" on {device}"
+        title = (
+            f"{name}{where} ({size}): median of {runs} interleaved runs, ratio to the first "
+            "baseline"
+        )
+        case = CASES.get(name)
+        inner = case.inner if case is not None else 1
+        if inner > 1:
+            title = title.replace(" interleaved runs", f" interleaved runs of {inner} calls")
+        refs = [t for t in rows if t.reference_ratio is not None]
+        reference = bool(refs)
+        if reference:
+            # the reference row's median over itself is exactly 1
+            ref_name = next((t.impl for t in refs if t.reference_ratio == 1.0), "the reference")
+            title += f"; x ref: ratio to {ref_name}"
+        desc = case.description if case is not None else ""
         memory = any(t.peak_bytes is not None for t in rows)
         render = _rich_table if use_rich else _plain
-        blocks.append(render(title, desc, rows, memory))
+        blocks.append(render(title, desc, rows, memory, reference))
     return "\n".join(blocks)
 
 
@@ -579,9 +861,11 @@ def _has_rich() -> bool:
     return True
 
 
-def _plain(title: str, description: str, rows: Sequence[Timing], memory: bool) -> str:
-    header = _header(memory)
-    body = [header, *_table_rows(rows, memory)]
+def _plain(
+    title: str, description: str, rows: Sequence[Timing], memory: bool, reference: bool = False
+) -> str:
+    header = _header(memory, reference)
+    body = [header, *_table_rows(rows, memory, reference)]
     last = len(header) - 1
     widths = [max(len(r[c]) for r in body) for c in range(last)]
     lines = [title] + ([description] if description else [])
@@ -591,15 +875,17 @@ def _plain(title: str, description: str, rows: Sequence[Timing], memory: bool) -
     return "\n".join(lines) + "\n"
 
 
-def _rich_table(title: str, description: str, rows: Sequence[Timing], memory: bool) -> str:
+def _rich_table(
+    title: str, description: str, rows: Sequence[Timing], memory: bool, reference: bool = False
+) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    header = _header(memory)
+    header = _header(memory, reference)
     table = Table(title=title, caption=description or None, title_justify="left")
     for c, head in enumerate(header):
         table.add_column(head, justify="left" if c in (0, len(header) - 1) else "right")
-    for t, cells in zip(rows, _table_rows(rows, memory), strict=True):
+    for t, cells in zip(rows, _table_rows(rows, memory, reference), strict=True):
         style = "bold" if t.role == "ours" else ("dim" if t.role == "baseline" else None)
         table.add_row(*cells, style=style)
     console = Console(width=max(110, _terminal_width()), record=True, file=io.StringIO())

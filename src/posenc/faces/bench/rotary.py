@@ -2,8 +2,16 @@
 
 One case per dtype (float32, bfloat16) and pass (forward; forward and
 backward), each timing posenc's :class:`~posenc.Rotary` in both layouts against
-HF's ``apply_rotary_pos_emb`` (also under ``torch.compile``, float32 forward
-only), rotary-embedding-torch and the complex multiply of Meta's Llama code.
+HF's ``apply_rotary_pos_emb`` (also under ``torch.compile``: on the CPU for the
+float32 forward only, on CUDA for every dtype and pass), rotary-embedding-torch
+and the complex multiply of Meta's Llama code; on CUDA also against
+Liger-Kernel's Triton kernel (``liger_rotary_pos_emb``).
+
+Sizes: ``(batch, heads, seq, head_dim)`` of ``(1, 32, 2048, 128)`` on the CPU
+(32 MiB per float32 tensor, beyond its caches) and ``(8, 32, 4096, 128)`` on
+CUDA: 512 MiB per float32 tensor, ten times an H100's 50 MiB L2, so a GPU row
+is bound by memory bandwidth, as the copy baseline is, rather than by launching
+kernels (at ``(1, 32, 2048, 128)`` one tensor fits in the L2).
 """
 
 from __future__ import annotations
@@ -31,7 +39,14 @@ def _hf_formula(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
 
 
 def impls(
-    batch: int, heads: int, seq: int, head_dim: int, *, dtype: str, backward: bool
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    *,
+    dtype: str,
+    backward: bool,
+    device: str = "cpu",
 ) -> list[Impl]:
     """Rotate q and k of ``(batch, heads, seq, head_dim)``; optionally backward too.
 
@@ -40,15 +55,23 @@ def impls(
     a training step does: a fresh gradient is stored as it is, one that is
     still referenced elsewhere (clone's passes the upstream one through) is
     copied, so every row writes both gradients once.
+
+    On ``device="cuda"`` the inputs are drawn on the GPU (seeded: every row
+    gets the same numbers), ``torch.compile`` of HF's formula runs for every
+    dtype and pass, and Liger-Kernel's Triton RoPE is one more peer (skipped
+    where it is not installed).
     """
     shape = (batch, heads, seq, head_dim)
+    cuda = device == "cuda"
 
     def inputs() -> tuple[Any, Any, Any]:
         import torch
 
-        gen = torch.Generator().manual_seed(0)
+        # drawn where they are used: 512 MiB tensors from the CPU's generator would
+        # take seconds each on the way to a GPU
+        gen = torch.Generator(device=device).manual_seed(0)
         tdtype = getattr(torch, dtype)
-        q, k, g = (torch.randn(shape, generator=gen).to(tdtype) for _ in range(3))
+        q, k, g = (torch.randn(shape, generator=gen, device=device).to(tdtype) for _ in range(3))
         if backward:
             q.requires_grad_(True)
             k.requires_grad_(True)
@@ -74,7 +97,7 @@ def impls(
 
     def ours(layout: str) -> Callable[[], Callable[[], object]]:
         def make() -> Callable[[], object]:
-            rope = posenc.Rotary(head_dim, layout=layout)
+            rope = posenc.Rotary(head_dim, layout=layout).to(device)
             return timed(rope)
 
         return make
@@ -83,7 +106,8 @@ def impls(
         import torch
 
         rope = posenc.Rotary(head_dim)
-        cos, sin = rope.cos_sin(torch.arange(seq)[None], dtype=getattr(torch, dtype))
+        positions = torch.arange(seq, device=device)[None]
+        cos, sin = rope.cos_sin(positions, dtype=getattr(torch, dtype))
         return cos[:, None], sin[:, None]  # (1, 1, seq, head_dim), as HF unsqueezes
 
     def hf() -> Callable[[], object]:
@@ -101,10 +125,26 @@ def impls(
         call()  # compile here, so that the warm-up and the run budget time the kernel
         return call
 
+    def liger() -> Callable[[], object]:
+        import importlib
+
+        rope: Callable[..., tuple[Any, Any]]
+        try:
+            rope = importlib.import_module("liger_kernel.transformers.rope").liger_rotary_pos_emb
+        except ImportError:
+            # its transformers package imports every patched model: the kernel alone
+            rope = importlib.import_module("liger_kernel.ops.rope").LigerRopeFunction.apply
+
+        cos, sin = hf_tables()
+        # Liger takes HF's (batch, seq, head_dim) tables; it rotates a contiguous
+        # (batch, seq, heads, head_dim) copy of q and k in place, never the inputs
+        cos, sin = cos[:, 0], sin[:, 0]
+        return timed(lambda q, k: rope(q, k, cos, sin))
+
     def rotary_embedding_torch() -> Callable[[], object]:
         from rotary_embedding_torch import RotaryEmbedding
 
-        module = RotaryEmbedding(head_dim)
+        module = RotaryEmbedding(head_dim).to(device)
         return timed(
             lambda q, k: (module.rotate_queries_or_keys(q), module.rotate_queries_or_keys(k))
         )
@@ -113,7 +153,7 @@ def impls(
         import torch
 
         rope = posenc.Rotary(head_dim, layout="interleaved")
-        cos, sin = rope.cos_sin(torch.arange(seq))
+        cos, sin = rope.cos_sin(torch.arange(seq, device=device))
         freqs = torch.complex(cos[:, 0::2], sin[:, 0::2])
 
         def step(q: Any, k: Any) -> tuple[Any, Any]:
@@ -133,9 +173,17 @@ def impls(
         Impl("rotary-embedding-torch", rotary_embedding_torch, "peer", "interleaved"),
         Impl("complex multiply", complex_multiply, "peer", "Meta's formula, interleaved"),
     ]
-    if not backward and dtype == "float32":
+    if cuda or (not backward and dtype == "float32"):
         rows.insert(4, Impl("torch.compile(HF)", hf_compiled, "peer", "HF formula, inductor"))
+    if cuda:
+        rows.insert(5, Impl("Liger-Kernel", liger, "peer", "liger_rotary_pos_emb, Triton, half"))
     return rows
+
+
+#: The CPU size: 32 MiB per float32 tensor, beyond the caches.
+CPU_SIZE = {"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128}
+#: The CUDA size: 512 MiB per float32 tensor, ten times an H100's L2.
+CUDA_SIZE = {"batch": 8, "heads": 32, "seq": 4096, "head_dim": 128}
 
 
 def _case(dtype: str, backward: bool) -> Case:
@@ -145,10 +193,13 @@ def _case(dtype: str, backward: bool) -> Case:
         + ("forward and backward" if backward else "forward")
         + ", against copying them.",
         build=functools.partial(impls, dtype=dtype, backward=backward),
-        full={"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128},
+        full=CPU_SIZE,
         # as for the table: quick saves repetitions, not size (memory-bound)
-        quick={"batch": 1, "heads": 32, "seq": 2048, "head_dim": 128},
+        quick=CPU_SIZE,
         quick_repeat=3,
+        devices=("cpu", "cuda"),
+        cuda_full=CUDA_SIZE,
+        cuda_quick=CUDA_SIZE,
     )
 
 

@@ -189,9 +189,30 @@ class _World:
         return ContextParallel(self.cp_group, self.cp, self.rank % self.cp)
 
 
-def _world(context_parallel: int = 1) -> _World:
+def lab_device(device: Any = None) -> torch.device:
+    """The device the lab trains on: ``"cuda"`` where a GPU exists unless told otherwise.
+
+    Raises:
+        ValueError: a device that is neither CPU nor CUDA, or CUDA where none exists
+            (named as ``device``, the ``--device`` option).
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}") from None
+    if chosen.type not in ("cpu", "cuda"):
+        raise ValueError(f"device (--device) must be 'cpu' or 'cuda'; got {device!r}")
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device (--device) is 'cuda', but torch sees no CUDA device here")
+    return chosen
+
+
+def _world(context_parallel: int = 1, device: Any = None) -> _World:
     """This process's place: from torchrun's environment, in a mesh of ``context_parallel``."""
     cp = checks.check_int(context_parallel, "context_parallel", minimum=1)
+    where = lab_device(device)
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size % cp:
         raise ValueError(
@@ -200,25 +221,23 @@ def _world(context_parallel: int = 1) -> _World:
             "(1 is plain data parallelism)"
         )
     if size <= 1:
-        return _World()
+        return _World(device=where)
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if where.type == "cuda" else "gloo")
     rank = dist.get_rank()
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
+    if where.type == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
+        where = torch.device("cuda", local)
     size = dist.get_world_size()
     group = None
     if cp > 1:
         # every process makes every group, in one order, as new_group requires
         groups = [dist.new_group(list(range(first, first + cp))) for first in range(0, size, cp)]
         group = groups[rank // cp]
-    return _World(rank, size, device, cp, group)
+    return _World(rank, size, where, cp, group)
 
 
 def _barrier(world: _World) -> None:
@@ -681,6 +700,7 @@ def run(
     progress: bool = True,
     workers: int | None = 1,
     context_parallel: int = 1,
+    device: Any = None,
 ) -> Outcome:
     """Train and evaluate every (encoding, seed) of ``config``; write ``out/results.json``.
 
@@ -700,12 +720,17 @@ def run(
     docstring's mesh; 1: plain DDP); the models are those of one process, up to the
     order of float32 sums.
 
+    ``device``: ``"cuda"`` or ``"cpu"``; by default CUDA where a GPU exists (one
+    training at a time there, each process on its ``LOCAL_RANK``'s GPU under
+    torchrun, over nccl), else the CPU.
+
     Raises:
         ValueError: an output directory that cannot be written; ``workers`` < 1;
             ``context_parallel`` < 1 or not dividing the number of processes;
-            a batch that does not split over the data-parallel ranks.
+            a batch that does not split over the data-parallel ranks; a ``device``
+            that is not CPU or CUDA, or CUDA where none exists.
     """
-    world = _world(context_parallel)
+    world = _world(context_parallel, device)
     if config.batch_size % world.dp_size:
         raise ValueError(
             f"batch_size ({config.batch_size}) must split evenly over {world.dp_size} "
