@@ -22,9 +22,13 @@ No path builds a ``(batch, heads, q_len, k_len)`` tensor:
   log-sum-exp (as flash attention does), so training needs O(q_len) memory
   beyond a block;
 - ``"flex"``: ``torch.nn.attention.flex_attention`` with a score mod and a block
-  mask, compiled: what ``"auto"`` takes on GPUs. On this CPU compiled flex
-  measured 6x slower than SDPA and has no backward, so ``"auto"`` takes the
-  kernel (or blockwise) there, also inside ``torch.compile`` (a graph break).
+  mask, compiled: what ``"auto"`` takes on GPUs. Its block masks are made once
+  per shapes and masks and reused across calls and layers, and a call at shapes
+  already seen compiles nothing (a decode step neither, once torch has made the
+  key length dynamic); float16/bfloat16 inputs go in as they are. On this CPU
+  compiled flex measured 6x slower than SDPA and has no backward, so ``"auto"``
+  takes the kernel (or blockwise) there, also inside ``torch.compile`` (a graph
+  break).
 
 The forward of ``"kernel"`` and ``"blockwise"`` goes through one autograd
 function; gradients reach q, k, v and the bias module's parameters. Its
@@ -45,6 +49,8 @@ and intercept, from which autograd reaches the MLP, ``c`` and ``L``.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +65,9 @@ from posenc.families.bias.modules import AttentionBias, NoPE, ScaledForm
 __all__ = ["attention"]
 
 BACKENDS = ("auto", "kernel", "blockwise", "flex")
+
+# inputs FlexAttention takes as they are and the other paths compute in float32
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 # Scores per block of the blockwise path (4 MiB of float32): a block is a run of
 # queries against every key, so its softmax is exact without rescaling.
@@ -135,7 +144,7 @@ def _rotate(
     rotary: Any, q: torch.Tensor, k: torch.Tensor, offset: int, local: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated at their key positions, or at ``local`` ones (1 or batch, k_len)."""
-    from posenc.families.rotary.apply import apply_rotary
+    from posenc.families.rotary.apply import rotate_all
 
     for attr in ("cos_sin", "layout", "rotary_dim", "head_dim"):
         if not hasattr(rotary, attr):
@@ -149,10 +158,12 @@ def _rotate(
     else:  # positions restart in every document: (rows, k_len, rotary_dim), per head
         c, s = (t[:, None] for t in rotary.cos_sin(local))
     kw = {"layout": rotary.layout, "rotary_dim": rotary.rotary_dim}
-    return (
-        apply_rotary(q, c[..., offset:, :], s[..., offset:, :], **kw),
-        apply_rotary(k, c, s, **kw),
-    )
+    if offset == 0:  # queries at the keys' positions: one launch rotates both on CUDA
+        q, k = rotate_all((q, k), c, s, **kw)
+    else:
+        (q,) = rotate_all((q,), c[..., offset:, :], s[..., offset:, :], **kw)
+        (k,) = rotate_all((k,), c, s, **kw)
+    return q, k
 
 
 def _bias_plan(
@@ -630,63 +641,234 @@ def _flex(
     bias: AttentionBias | None,
     local: torch.Tensor | None,
 ) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    """Compiled FlexAttention of prepared inputs, in their own dtype.
+
+    Every number the score and mask mods read (offset, scale, table base) is a
+    0-d tensor on the device: compiled code guards on captured Python numbers,
+    recompiling for each new value (a float at every one; an int at its first
+    change), while a tensor is an input whose value it does not guard on.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
 
     b, h, lq, _ = q.shape
     lk = k.shape[2]
-    offset, key_mask = plan.offset, plan.key_mask
-    docs = None if plan.docs is None else plan.docs.expand(b, -1)
-    where = torch.arange(lk, device=q.device) if local is None else local
-    table = params[0] if plan.form == "table" else None
-    factor = plan.scale if bias is not None and bias.scale_with_logits else 1.0
-
-    def score_mod(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
-        if table is not None:
-            return score + table[hi, ki - qi - offset + (lk - 1)]
-        if bias is not None and not isinstance(bias, NoPE):
-            return score + bias.score(hi, where[qi + offset], where[ki]) * factor
-        return score
-
-    def mask_mod(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
-        keep = ki >= 0
-        if plan.causal:
-            keep = keep & (ki <= qi + offset)
-        if key_mask is not None:
-            keep = keep & key_mask[bi, ki]
-        if docs is not None:
-            keep = keep & (docs[bi, ki] == docs[bi, qi + offset])
-        return keep
-
     compiling = torch.compiler.is_compiling()
-    block_mask = None
-    if plan.causal or key_mask is not None or docs is not None:
-        # eager create_block_mask materialises the dense (B, H, q_len, k_len) mask
-        # first; compiled, it evaluates mask_mod block by block
-        make_mask = create_block_mask if compiling else _compiled(create_block_mask)
-        block_mask = make_mask(
-            mask_mod,
-            None if key_mask is None and docs is None else b,
-            None,
-            lq,
-            lk,
-            device=q.device,
-        )
+    score_mod = _score_mod(plan, params, bias, local, q, lk)
+    block_mask = _block_mask(plan, b, lq, lk, q.device, compiling)
     run = flex_attention if compiling else _compiled(flex_attention)
+    # scale=1.0: the score mod applies the scale, a tensor (flex's scale is a float)
     out: torch.Tensor = run(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=plan.scale,
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=1.0,
         enable_gqa=h != k.shape[1],
     )  # fmt: skip
     return out
 
+
+ScoreMod = Callable[[Any, Any, Any, Any, Any], Any]
+
+
+def _score_mod(
+    plan: _Plan,
+    params: Sequence[torch.Tensor],
+    bias: AttentionBias | None,
+    local: torch.Tensor | None,
+    q: torch.Tensor,
+    lk: int,
+) -> ScoreMod:
+    """FlexAttention's score mod: the scaled score plus the bias, in float32 or float64.
+
+    The bias is a table (relative biases, FIRE below its threshold) or a scaled
+    form (FIRE past it), each tensor indexed once per score: FlexAttention's
+    backward scatters the gradient of a captured tensor into it by index, and
+    refuses a tensor indexed more than once, as FIRE's ``score`` indexes its
+    MLP's weights, unit by unit. Only biases with neither form (a FIRE with
+    non-finite parameters, a non-relative bias of the caller's own) take the
+    module's ``score``: forward, and backward where the module's allows.
+    """
+    device, lq = q.device, q.shape[2]
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = torch.full((), plan.scale, dtype=dtype, device=device)
+    # query qi sits at key position qi + k_len - q_len, and the tables run over key -
+    # query from -(k_len - 1): key ki's entry is ki - qi + q_len - 1
+    base = torch.full((), lq - 1, device=device)
+
+    if plan.form == "table":
+        # contiguous: one layout for every bias (T5's table comes transposed), one graph
+        table = params[0].contiguous()
+
+        def from_table(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+            return score * scale + table[hi, ki - qi + base]
+
+        return from_table
+
+    if plan.form == "scaled":
+        assert plan.knots is not None
+        rel_table, row_scale, slopes, intercepts = params
+        # the knots padded with +inf to a power of two (at least 64, so that the
+        # shapes, and the compiled graph, stay as the number of knots changes): a
+        # branchless binary search counts the knots below x, as torch.bucketize does
+        n = plan.knots.numel()
+        size = 1 << max(6, n.bit_length())
+        knots = torch.full((size,), math.inf, dtype=rel_table.dtype, device=device)
+        knots[:n] = plan.knots
+        steps = [size >> i for i in range(1, size.bit_length())]
+        pad = (0, size - slopes.shape[1])
+        slopes = torch.nn.functional.pad(slopes, pad)
+        intercepts = torch.nn.functional.pad(intercepts, pad)
+
+        def from_pieces(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+            x = rel_table[ki - qi + base] * row_scale[qi]
+            piece = (knots[steps[0] - 1] < x) * steps[0]
+            for step in steps[1:]:
+                piece = piece + (knots[piece + step - 1] < x) * step
+            return score * scale + slopes[hi, piece] * x + intercepts[hi, piece]
+
+        return from_pieces
+
+    if bias is not None and not isinstance(bias, NoPE):
+        module = bias
+        offset = torch.full((), plan.offset, device=device)
+        times = plan.scale if bias.scale_with_logits else 1.0
+        factor = torch.full((), times, dtype=dtype, device=device)
+        where = torch.arange(lk, device=device) if local is None else local
+
+        def from_module(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+            return score * scale + module.score(hi, where[qi + offset], where[ki]) * factor
+
+        return from_module
+
+    def scaled(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        return score * scale
+
+    return scaled
+
+
+MaskMod = Callable[[Any, Any, Any, Any], Any]
+
+
+def _mask_mod(
+    causal: bool,
+    offset: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    docs: torch.Tensor | None,
+) -> MaskMod:
+    """FlexAttention's mask mod; ``offset`` (0-d) is query 0's key position and
+    ``docs`` each key's document, ``(k_len,)`` for every row or ``(batch, k_len)``."""
+
+    def mask_mod(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        at = qi + offset
+        keep = ki <= at if causal else ki >= 0
+        if key_mask is not None:
+            keep = keep & key_mask[bi, ki]
+        if docs is not None:
+            same = docs[ki] == docs[at] if docs.ndim == 1 else docs[bi, ki] == docs[bi, at]
+            keep = keep & same
+        return keep
+
+    return mask_mod
+
+
+def _block_mask(
+    plan: _Plan, b: int, lq: int, lk: int, device: torch.device, compiling: bool
+) -> Any:
+    """The block mask of the causal mask, key padding and documents (None without any):
+    made once per everything it depends on and reused (``_BLOCK_MASKS``)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key_mask, docs = plan.key_mask, plan.docs
+    if not (plan.causal or key_mask is not None or docs is not None):
+        return None
+    if docs is not None and docs.shape[0] == 1:
+        docs = docs[0]  # the same documents in every row: a mask for the whole batch
+    batch = b if key_mask is not None or (docs is not None and docs.ndim == 2) else None
+
+    def build(key_mask: torch.Tensor | None, docs: torch.Tensor | None) -> Any:
+        offset = torch.full((), plan.offset, device=device)
+        mask_mod = _mask_mod(plan.causal, offset, key_mask, docs)
+        # eager create_block_mask materialises the dense (B, H, q_len, k_len) mask
+        # first; compiled, it evaluates mask_mod block by block
+        make = create_block_mask if compiling else _compiled(create_block_mask)
+        return make(mask_mod, batch, None, lq, lk, device=device)
+
+    if compiling:  # traced into the caller's graph, which holds it
+        return build(key_mask, docs)
+    key = (device, batch, lq, lk, plan.causal, plan.offset, _layout(key_mask), _layout(docs))
+    return _BLOCK_MASKS.get(key, (key_mask, docs), build)
+
+
+def _layout(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    return None if t is None else (tuple(t.shape), t.dtype)
+
+
+class _BlockMasks:
+    """FlexAttention block masks by what they depend on: a bounded LRU, thread-safe.
+
+    A key holds the device, the batch (None: one mask for every row), the
+    lengths, ``causal`` and the offset, and the shape and dtype of the key
+    padding mask and of the documents. Those two are tensors, so a hit also
+    compares them whole with the clones its entry keeps (``torch.equal``): a
+    tensor's address is reused by a new tensor once it is freed, and its version
+    counter misses writes through ``.data``, numpy or other libraries' kernels
+    (and inference tensors have none), while the comparison is sound at the cost
+    of reading ``(batch, k_len)`` values (on CUDA, a wait for the device:
+    ``torch.equal`` returns a Python bool). The entry's mask mod reads the
+    clones, so a caller's later in-place change alters no cached mask. A
+    mismatch replaces the entry: one mask per key.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = OrderedDict()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def get(
+        self,
+        key: tuple[Any, ...],
+        tensors: tuple[torch.Tensor | None, ...],
+        build: Callable[..., Any],
+    ) -> Any:
+        """The mask of ``key`` and ``tensors``; on a miss ``build(*clones of tensors)``."""
+        with self._lock:
+            entry = self._entries.get(key)
+        # compared outside the lock: on CUDA torch.equal waits for the device
+        if entry is not None and all(
+            a is None if b is None else a is not None and torch.equal(a, b)
+            for a, b in zip(entry[0], tensors, strict=True)
+        ):
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+            return entry[1]
+        clones = tuple(None if t is None else t.detach().clone() for t in tensors)
+        mask = build(*clones)  # outside the lock: a first build compiles (seconds)
+        with self._lock:
+            self._entries[key] = (clones, mask)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return mask
+
+
+# a few dozen: every layer of a model shares one mask; a decode loop makes one per step
+_BLOCK_MASKS = _BlockMasks(32)
 
 _COMPILED: dict[Any, Any] = {}
 
 
 def _compiled(fn: Any) -> Any:
     """``torch.compile(fn)``, made once per process (FlexAttention runs compiled only)."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn)
-    return _COMPILED[fn]
+    made = _COMPILED.get(fn)
+    if made is None:  # two threads may both wrap it; setdefault keeps the first wrapper
+        made = _COMPILED.setdefault(fn, torch.compile(fn))
+    return made
 
 
 def attention(
@@ -739,10 +921,14 @@ def attention(
             FlexAttention; on CPU forward only).
 
     Returns:
-        ``(batch, heads, q_len, v_dim)`` in q's dtype. float16/bfloat16 inputs
-        are computed in float32, float64 ones in float64 (the bias too). An
-        empty batch, no heads or ``v_dim = 0`` give the empty result on every
-        backend.
+        ``(batch, heads, q_len, v_dim)`` in q's dtype. On ``"flex"``
+        float16/bfloat16 q, k and v go to FlexAttention in their own dtype: it
+        computes the scores, the softmax and its sums in float32, as
+        FlashAttention does (the bias is float32 too), rounding the weights to
+        that dtype for their product with v. ``"kernel"`` and ``"blockwise"``
+        compute float16/bfloat16 inputs in float32. float64 inputs are computed
+        in float64 (the bias too). An empty batch, no heads or ``v_dim = 0``
+        give the empty result on every backend.
 
     Raises:
         TypeError: non-float or mixed-dtype q/k/v; a bias that is not an
@@ -778,11 +964,10 @@ def attention(
     if rotary is not None:
         q, k = _rotate(rotary, q, k, offset, None if docs is None else docs[1])
     dtype = q.dtype
-    if dtype in (torch.float16, torch.bfloat16):
-        q, k, v = q.float(), k.float(), v.float()
-
     if backend == "auto":
         backend = "kernel" if q.device.type == "cpu" else "flex"
+    if dtype in _LOW_PRECISION and backend != "flex":
+        q, k, v = q.float(), k.float(), v.float()
     if docs is not None and docs[0].shape[0] > 1 and _sees_positions(bias, lk):
         # a bias of more than key - query reads positions within documents, which
         # differ from row to row here: one row at a time
@@ -850,7 +1035,8 @@ def _attend(
     backend: str,
     docs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Attention of prepared inputs (rotated, float32 or float64), queries bottom-right.
+    """Attention of prepared inputs (rotated; float32 or float64, or float16/bfloat16
+    for the flex path), queries bottom-right.
 
     ``docs``: each key position's document and position in it (packed
     sequences), one row when the bias reads the positions.
@@ -861,10 +1047,11 @@ def _attend(
     params: tuple[torch.Tensor, ...] = ()
     form, knots = None, None
     local = None if docs is None else docs[1][0]
+    # float16/bfloat16 reach here on the flex path only; their bias stays float32
+    work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
     if bias is not None and not isinstance(bias, NoPE):
-        # FlexAttention calls the module's score per element: no pieces to make
         bias_fn, params, form, knots = _bias_plan(
-            bias, h, lq, lk, scale, q.device, q.dtype, backend != "flex", local
+            bias, h, lq, lk, scale, q.device, work, local=local
         )
     plan = _Plan(
         bias_fn, causal, scale, key_mask, lk - lq, form, knots, None if docs is None else docs[0]
@@ -872,6 +1059,7 @@ def _attend(
 
     if backend == "flex" and b * h * v.shape[-1] > 0:
         return _flex(q, k, v, plan, params, bias, local)
+    q, k, v = q.to(work), k.to(work), v.to(work)  # an empty result of the flex path
     if torch.compiler.is_compiling():
         # the compiled loop is opaque to the tracer: a graph break around it, and
         # autograd records it as in eager mode (CPU FlexAttention has no backward,
