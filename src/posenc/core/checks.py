@@ -202,6 +202,9 @@ def tensor_bounds(t: Any) -> tuple[float, float]:
     a = t.detach()
     if a.is_floating_point() or a.dtype in _wide_unsigned():
         a = a.double()
+    if a.numel() == 1:  # a decode step's one position: one read, no reduction
+        v = a.item()
+        return v, v
     lo, hi = torch.stack(list(torch.aminmax(a))).tolist()
     return lo, hi
 
