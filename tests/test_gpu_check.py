@@ -158,6 +158,27 @@ def test_junit_counts(tmp_path):
     }  # fmt: skip
 
 
+def test_pytest_modules_run_at_once_and_add_up(tmp_path, capsys):
+    # each module in its own pytest process; one failure makes the status 1, a module
+    # with nothing marked gpu (pytest's 5) does not
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_ok.py").write_text(
+        "import pytest\n@pytest.mark.gpu\ndef test_a(): pass\ndef test_cpu(): pass\n"
+    )
+    (tests / "test_bad.py").write_text("import pytest\n@pytest.mark.gpu\ndef test_b(): assert 0\n")
+    (tests / "test_none.py").write_text("def test_c(): pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: gpu\n")
+    modules = [str(tests / n) for n in ("test_ok.py", "test_bad.py", "test_none.py")]
+    assert gpu_check.pytest_modules(sys.executable, tmp_path, modules) == 1
+    assert gpu_check.pytest_modules(sys.executable, tmp_path, modules[::2]) == 0
+    assert "test_bad.py: rc 1" in capsys.readouterr().out
+    counts = [gpu_check.junit_counts(tmp_path / gpu_check.junit_name(m)) for m in modules]
+    total = gpu_check.merge_counts(counts)
+    assert (total["tests"], total["passed"], total["failed"]) == (2, 1, 1)
+    assert total["not_passed"] == ["tests.test_bad::test_b"]
+
+
 def test_gpu_test_files_are_the_marked_modules(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()

@@ -26,7 +26,8 @@ exit status is 1 if any failed. Written into ``OUT`` (the first argument, else
 ``$OUT``, else ``./gpu-check-out``):
 
 - ``gpu-check.log``: every command and its output;
-- ``pytest-gpu.xml``: pytest's JUnit report;
+- ``pytest-gpu-<module>.xml``: pytest's JUnit report of each GPU test module (the
+  modules run at once, one process each);
 - ``gpu-check.json``: the figures: the machine (GPU, CUDA, versions), the
   install, each step's status and time, pytest's counts, and every benchmark row.
 
@@ -57,6 +58,8 @@ PROTECTED = ("torch", "triton", "transformers", "numpy")
 BUDGET_S = 450.0
 #: Seconds kept for each step still to come when a step's timeout is set.
 RESERVE_S = 10.0
+#: Seconds for the GPU tests (their modules run at once, each mostly compiling).
+PYTEST_S = 240.0
 #: A step with less time than this left is not started.
 MIN_STEP_S = 5.0
 
@@ -144,6 +147,48 @@ def junit_counts(path: Path) -> dict[str, Any]:
         if case.find("failure") is not None or case.find("error") is not None
     ]
     return counts
+
+
+def merge_counts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The counts of several JUnit reports, added up."""
+    total: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, [] if isinstance(value, list) else 0) + value
+    if "time_s" in total:
+        total["time_s"] = round(total["time_s"], 1)
+    return total
+
+
+def junit_name(module: str) -> str:
+    """The JUnit report of one test module: ``pytest-gpu-<module>.xml``."""
+    return f"pytest-gpu-{Path(module).stem}.xml"
+
+
+def pytest_modules(python: str, out: Path, modules: list[str]) -> int:
+    """``pytest -m gpu`` of each module in a process of its own, all at once.
+
+    Returns 0 if every process did (5, nothing selected, counts as done), else 1.
+    Their output goes to this process's stdout, one module's after another's.
+    """
+    cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfEs"]
+    procs = []
+    for module in modules:
+        log = tempfile.TemporaryFile("w+", encoding="utf-8")
+        junit = out / junit_name(module)
+        proc = subprocess.Popen(
+            [*cmd, f"--junitxml={junit}", module], cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        procs.append((module, proc, log))
+    status = 0
+    for module, proc, log in procs:
+        rc = proc.wait()
+        log.seek(0)
+        print(f"--- {module}: rc {rc}\n{log.read()}", flush=True)
+        log.close()
+        status |= rc not in (0, 5)
+    return status
 
 
 def gpu_test_files(root: Path = ROOT) -> list[str]:
@@ -391,15 +436,15 @@ def main(argv: list[str]) -> int:
     figures["install"] = install(check, python, later)
 
     tests = gpu_test_files()
-    junit = out / "pytest-gpu.xml"
     if tests:
-        cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfEs"]
-        # 5: every test deselected (nothing marked gpu is left in those modules)
-        check.run("pytest-gpu", [*cmd, f"--junitxml={junit}", *tests], 180, later - 1,
-                  ok_codes=(0, 5))  # fmt: skip
+        # one pytest per module, at once: their time is mostly compiling (inductor,
+        # FlexAttention), which uses the CPUs, and the GPU work itself is small
+        cmd = [python, str(Path(__file__).resolve()), "--pytest-modules", str(out), *tests]
+        check.run("pytest-gpu", cmd, PYTEST_S, later - 1)
         figures["pytest"] = {"files": tests}
-        if junit.exists():
-            figures["pytest"].update(junit_counts(junit))
+        junits = [out / junit_name(t) for t in tests]
+        if all(j.exists() for j in junits):
+            figures["pytest"].update(merge_counts([junit_counts(j) for j in junits]))
     else:
         check.note("pytest-gpu", "skipped", reason="no test module uses the gpu marker")
 
@@ -460,4 +505,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--pytest-modules"]:
+        sys.exit(pytest_modules(sys.executable, Path(sys.argv[2]), sys.argv[3:]))
     sys.exit(main(sys.argv))
