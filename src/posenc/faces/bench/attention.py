@@ -32,7 +32,7 @@ from typing import Any
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "cuda_impls", "impls", "train_impls"]
+__all__ = ["CASES", "causal_impls", "cuda_impls", "impls", "train_impls"]
 
 
 def impls(batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu") -> list[Impl]:
@@ -156,98 +156,7 @@ def train_impls(
     """
     if device == "cuda":
         return cuda_impls(batch, heads, seq, head_dim, backward=True)
-    shape = (batch, heads, seq, head_dim)
-
-    def step(
-        forward: Callable[[Any, Any, Any], Any], params: Sequence[Any] = ()
-    ) -> Callable[[], object]:
-        import torch
-
-        gen = torch.Generator().manual_seed(0)
-        q, k, v, g = (torch.randn(shape, generator=gen) for _ in range(4))
-        leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
-
-        def call() -> object:
-            for t in leaves:
-                t.grad = None  # each run stores fresh gradients, as the first one does
-            forward(q, k, v).backward(g)
-            return tuple(t.grad for t in leaves)
-
-        # the first call pays one-time costs (loading posenc's compiled kernels,
-        # torch.compile): the harness's warm-up and run budget then time the step
-        call()
-        return call
-
-    def module(kind: str) -> Any:
-        import torch
-
-        with torch.random.fork_rng():
-            torch.manual_seed(0)  # the same initial parameters in every run of the bench
-            return {
-                "alibi": lambda: posenc.ALiBi(heads, symmetric=False),
-                "t5": lambda: posenc.T5Bias(heads, bidirectional=False),
-                "fire": lambda: posenc.FIRE(heads),
-                "fire-long": lambda: posenc.FIRE(heads, init_L=seq),
-            }[kind]()
-
-    def sdpa() -> Callable[[], object]:
-        import torch.nn.functional as F
-
-        return step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-
-    def ours(kind: str) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            bias = None if kind == "none" else module(kind)
-            params = () if bias is None else tuple(bias.parameters())
-            return step(lambda q, k, v: posenc.attention(q, k, v, bias=bias, causal=True), params)
-
-        return make
-
-    def materialised() -> Callable[[], object]:
-        import torch
-        import torch.nn.functional as F
-        from x_transformers.x_transformers import AlibiPositionalBias
-
-        alibi = AlibiPositionalBias(heads=heads, total_heads=heads)
-
-        def forward(q: Any, k: Any, v: Any) -> Any:
-            alibi.bias = None  # x-transformers caches the dense bias: build it each call
-            future = torch.ones((seq, seq), dtype=torch.bool).triu(1)  # as its Attend does
-            mask = alibi(seq, seq).masked_fill(future, float("-inf"))  # (heads, seq, seq)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-        return step(forward)
-
-    def flex() -> Callable[[], object]:
-        import torch
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32)
-
-        def score_mod(score: Any, b: Any, h: Any, qi: Any, ki: Any) -> Any:
-            return score - slopes[h] * (qi - ki)
-
-        def causal(b: Any, h: Any, qi: Any, ki: Any) -> Any:
-            return qi >= ki
-
-        block_mask = torch.compile(create_block_mask)(causal, None, None, seq, seq, device="cpu")
-        compiled = torch.compile(flex_attention)
-        return step(lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask))
-
-    # FIRE's bias is one of key - query for queries below its threshold L, and
-    # depends on the query too from L on: with the default L, at seq > 512, posenc
-    # evaluates its MLP as linear pieces per score
-    fire = "init_L=512: " + ("MLP as linear pieces" if seq > 512 else "key - query")
-    return [
-        Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)"),
-        Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
-        Impl("posenc ALiBi", ours("alibi"), "ours", "causal, no parameters"),
-        Impl("posenc T5", ours("t5"), "ours", "T5Bias, decoder buckets"),
-        Impl("posenc FIRE", ours("fire"), "ours", fire),
-        Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
-        Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
-        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask"),
-    ]
+    return causal_impls(batch, heads, seq, head_dim, backward=True)
 
 
 def cuda_impls(
@@ -255,19 +164,44 @@ def cuda_impls(
 ) -> list[Impl]:
     """Causal bfloat16 attention on CUDA: the forward, or a training step with ``backward``.
 
-    q, k, v (and the upstream gradient) are drawn on the GPU from one seed, so
-    every row gets the same numbers. The forward runs under ``no_grad``; a
-    training step resets the gradients to None, runs the forward and backward
-    from the upstream gradient into q, k, v and the bias module's parameters,
-    and returns those gradients. The bias modules keep float32 parameters, as
-    under autocast. Each row's first call (FlexAttention's and inductor's
-    compilation) happens while it is built, so the warm-up and the run budget
-    time the kernels.
+    :func:`causal_impls` in bfloat16 (``device`` is ``"cuda"`` but for tests of these
+    rows on CPU tensors).
+    """
+    return causal_impls(
+        batch, heads, seq, head_dim, backward=backward, device=device, dtype="bfloat16",
+        copy_baseline=True,
+    )  # fmt: skip
 
-    Rows: the copy baseline (``v.clone()``, the output's size); SDPA causal, the
-    reference; posenc's :func:`~posenc.attention` with no bias, ALiBi, T5 and
-    FIRE, ``causal=True`` (FlexAttention on CUDA); FlexAttention with an ALiBi
-    ``score_mod`` and a cached causal block mask; x-transformers' dense bias.
+
+def causal_impls(
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    *,
+    backward: bool,
+    device: str = "cpu",
+    dtype: str = "float32",
+    copy_baseline: bool = False,
+) -> list[Impl]:
+    """Causal attention rows: the forward, or a training step with ``backward``.
+
+    q, k, v (and the upstream gradient) are drawn on ``device`` from one seed, so
+    every row gets the same numbers. The forward runs under ``no_grad``; a
+    training step resets the gradients to None, runs the forward and backward from
+    the upstream gradient into q, k, v and the bias module's parameters, and
+    returns those gradients. The bias modules keep float32 parameters, as under
+    autocast. Each row's first call (loading posenc's compiled kernels,
+    FlexAttention's and inductor's compilation) happens while it is built, so the
+    warm-up and the run budget time the kernels.
+
+    Rows: SDPA causal is the baseline (the CPU cases' convention), or, with
+    ``copy_baseline`` (the CUDA cases), the copy baseline (``v.clone()``, the
+    output's size) comes first and SDPA causal is the reference. Then posenc's
+    :func:`~posenc.attention` with no bias, ALiBi, T5 and FIRE (its default ``L``
+    and ``L = seq``), ``causal=True`` (FlexAttention on CUDA); x-transformers'
+    dense bias; FlexAttention with an ALiBi ``score_mod`` and a causal block mask
+    made once.
     """
     shape = (batch, heads, seq, head_dim)
 
@@ -277,8 +211,9 @@ def cuda_impls(
         import torch
 
         gen = torch.Generator(device=device).manual_seed(0)
+        tdtype = getattr(torch, dtype)
         q, k, v, g = (
-            torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16) for _ in range(4)
+            torch.randn(shape, generator=gen, device=device, dtype=tdtype) for _ in range(4)
         )
         if backward:
             leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
@@ -295,7 +230,7 @@ def cuda_impls(
                 with torch.no_grad():
                     return forward(q, k, v)
 
-        call()  # compile and load kernels here, not in the timed runs
+        call()  # one-time costs here, not in the timed runs
         return call
 
     def module(kind: str) -> Any:
@@ -307,6 +242,7 @@ def cuda_impls(
                 "alibi": lambda: posenc.ALiBi(heads, symmetric=False),
                 "t5": lambda: posenc.T5Bias(heads, bidirectional=False),
                 "fire": lambda: posenc.FIRE(heads),
+                "fire-long": lambda: posenc.FIRE(heads, init_L=seq),
             }[kind]()
         return made.to(device)
 
@@ -326,6 +262,22 @@ def cuda_impls(
 
         return make
 
+    def materialised() -> Callable[[], object]:
+        import torch
+        import torch.nn.functional as F
+        from x_transformers.x_transformers import AlibiPositionalBias
+
+        alibi = AlibiPositionalBias(heads=heads, total_heads=heads).to(device)
+
+        def forward(q: Any, k: Any, v: Any) -> Any:
+            alibi.bias = None  # x-transformers caches the dense bias: build it each call
+            future = torch.ones((seq, seq), dtype=torch.bool, device=device).triu(1)
+            mask = alibi(seq, seq).masked_fill(future, float("-inf"))  # (heads, seq, seq) fp32
+            # as its Attend does; SDPA takes a float mask in the query's dtype
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
+
+        return step(forward)
+
     def flex() -> Callable[[], object]:
         import torch
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -339,36 +291,31 @@ def cuda_impls(
             return qi >= ki
 
         # made once and reused by every call, as a training loop does
-        block_mask = create_block_mask(causal, None, None, seq, seq, device=device)
+        block_mask = torch.compile(create_block_mask)(causal, None, None, seq, seq, device=device)
         compiled = torch.compile(flex_attention)
         return step(lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask))
 
-    def materialised() -> Callable[[], object]:
-        import torch
-        import torch.nn.functional as F
-        from x_transformers.x_transformers import AlibiPositionalBias
-
-        alibi = AlibiPositionalBias(heads=heads, total_heads=heads).to(device)
-
-        def forward(q: Any, k: Any, v: Any) -> Any:
-            alibi.bias = None  # x-transformers caches the dense bias: build it each call
-            future = torch.ones((seq, seq), dtype=torch.bool, device=device).triu(1)
-            mask = alibi(seq, seq).masked_fill(future, float("-inf"))  # (heads, seq, seq) fp32
-            # SDPA takes a float mask in the query's dtype
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
-
-        return step(forward)
-
+    # FIRE's bias is one of key - query for queries below its threshold L, and
+    # depends on the query too from L on: with the default L, at seq > 512, posenc
+    # evaluates its MLP as linear pieces per score
+    fire = "init_L=512: " + ("MLP as linear pieces" if seq > 512 else "key - query")
     pass_ = "training step" if backward else "forward"
+    if not copy_baseline:
+        rows = [Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)")]
+    else:
+        rows = [
+            Impl("v.clone()", copy, "baseline", f"copy of the output's size ({pass_}, reference)"),
+            Impl("SDPA causal", sdpa, "baseline", "no bias, is_causal=True: x ref", reference=True),
+        ]
     return [
-        Impl("v.clone()", copy, "baseline", f"copy of the output's size ({pass_}, reference)"),
-        Impl("SDPA causal", sdpa, "baseline", "no bias, is_causal=True: x ref", reference=True),
+        *rows,
         Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
         Impl("posenc ALiBi", ours("alibi"), "ours", "causal, no parameters"),
         Impl("posenc T5", ours("t5"), "ours", "T5Bias, decoder buckets"),
-        Impl("posenc FIRE", ours("fire"), "ours", "FIRE, init_L=512"),
-        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + cached block mask"),
+        Impl("posenc FIRE", ours("fire"), "ours", fire),
+        Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
         Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
+        Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask, made once"),
     ]
 
 
