@@ -251,9 +251,13 @@ def cache_positions(
 
     Raises:
         TypeError: ``seq_len``/``past_length`` not ints.
-        ValueError: negative values, or both ``device`` and ``like`` given.
+        ValueError: negative values, or both ``device`` and ``like`` given;
+            ``seq_len`` above :data:`posenc.core.checks.MAX_ELEMENTS` (refused
+            before any work).
     """
     seq_len = _check_int(seq_len, "seq_len")
+    if not _is_symint(seq_len):
+        checks.check_elements(seq_len, f"the positions of seq_len={seq_len} new tokens")
     past_length = _check_int(past_length, "past_length", tensor_ok=True)
     if device is not None and like is not None:
         raise ValueError("pass device or like, not both")

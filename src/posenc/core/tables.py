@@ -52,7 +52,8 @@ def _index(positions: torch.Tensor) -> torch.Tensor:
 class ExactTables(nn.Module):
     """Base of the torch modules that serve exact values of positions from cached tables.
 
-    Subclasses set :attr:`width` (channels per position), :attr:`initial_length` and
+    Subclasses set :attr:`width` (channels per position, the parameter
+    :attr:`width_name`), :attr:`initial_length` and
     :attr:`max_table_elements` (beyond it positions are computed directly), and define
     ``_build(n, device, dtype)`` (the tables of positions ``0 .. n - 1``) and
     ``_direct(positions, dtype)`` (the values at any positions); both return a tuple of
@@ -62,6 +63,7 @@ class ExactTables(nn.Module):
     """
 
     width: int
+    width_name: str = "width"
     initial_length: int
     max_table_elements: int = 1 << 24  # per table: 64 MiB of float32
 
@@ -117,13 +119,26 @@ class ExactTables(nn.Module):
 
         Positions of every int dtype (int8 to uint64) are read: their range is
         checked first (no uint64 value wraps), then they index as int64.
+
+        Raises:
+            ValueError: a result of more than :data:`posenc.core.checks.MAX_ELEMENTS`
+                values (refused before any work, from the shape alone), positions
+                beyond ``2**31``.
         """
-        positions = positions.to(device)
         if torch.compiler.is_compiling():
+            positions = positions.to(device)
             if positions.is_floating_point():
                 return self._direct(positions, dtype)
             compiled = self._compiled_table(device, dtype)
             return tuple(F.embedding(_index(positions), t) for t in compiled)
+        count = positions.numel() * self.width
+        if count > checks.MAX_ELEMENTS:  # the message only when needed: a decode step's path
+            checks.check_elements(
+                count,
+                f"the values at positions (shape {tuple(positions.shape)}) x "
+                f"{self.width_name}={self.width}",
+            )
+        positions = positions.to(device)
         if positions.numel() == 0:
             return self._direct(_index(positions), dtype)
         lo, hi = checks.check_range(positions, 0.0, "positions")

@@ -373,7 +373,18 @@ def gaussian_fourier_features(
 
     Returns:
         ``(..., 2 * num_features)``, numpy or torch like ``x``.
+
+    Raises:
+        TypeError, ValueError: as :func:`gaussian_fourier_matrix` and
+            :func:`fourier_features`; a result of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values is refused before ``B``
+            is drawn.
     """
     arr = _check_x(x)
+    m = checks.check_int(num_features, "num_features", minimum=1)
+    checks.check_elements(
+        _points(arr) * 2 * m,
+        f"the Gaussian Fourier features of x {tuple(arr.shape)} with num_features={m}",
+    )
     B = gaussian_fourier_matrix(num_features, int(arr.shape[-1]), sigma=sigma, seed=seed)
     return fourier_features(arr, B, order=order, dtype=dtype)

@@ -91,6 +91,7 @@ class SinusoidalEmbedding(ExactTables):
     """
 
     max_table_elements = 1 << 26  # 256 MiB of float32
+    width_name = "dim"
 
     def __init__(
         self,
@@ -189,7 +190,9 @@ class SinusoidalEmbedding(ExactTables):
 
         Raises:
             TypeError: ``positions`` not an int or float tensor.
-            ValueError: ``positions`` of another rank, or beyond ``2**31``.
+            ValueError: ``positions`` of another rank, or beyond ``2**31``; a result
+                of more than :data:`posenc.core.checks.MAX_ELEMENTS` values
+                (``positions.numel() * dim``, refused before any work).
         """
         positions = _check_positions(positions, floats=True)
         return self._lookup(positions, positions.device, dtype)[0]
@@ -334,10 +337,13 @@ class LearnedPositionalEmbedding(nn.Embedding):
                 uint64, is accepted).
             ValueError: both or neither of ``positions``/``shape``; positions
                 outside the table (naming its limit) instead of an index error
-                or a CUDA device assert.
+                or a CUDA device assert; a result of more than
+                :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
+                work).
         """
         if (positions is None) == (shape is None):
             raise ValueError("pass exactly one of positions and shape")
+        dim = self.embedding_dim
         if positions is None:
             if isinstance(shape, int):
                 batch, seq = None, checks.check_int(shape, "shape")
@@ -348,6 +354,10 @@ class LearnedPositionalEmbedding(nn.Embedding):
                 )
             else:
                 raise ValueError(f"shape must be seq or (batch, seq); got {shape!r}")
+            checks.check_elements(
+                (1 if batch is None else batch) * seq * dim,
+                f"the position vectors of shape {shape!r} x dim={dim}",
+            )
             if isinstance(past_length, torch.Tensor):
                 checks.is_int_offset(past_length, "past_length")
                 start: Any = past_length.to(self.weight.device) + self.first_position
@@ -360,6 +370,12 @@ class LearnedPositionalEmbedding(nn.Embedding):
             if not checks.is_zero(past_length):
                 raise ValueError("past_length applies to shape only: positions are absolute")
             positions = _check_positions(positions, floats=False)
+            if not torch.compiler.is_compiling():
+                checks.check_elements(
+                    positions.numel() * dim,
+                    f"the position vectors of positions (shape {tuple(positions.shape)}) x "
+                    f"dim={dim}",
+                )
         if not torch.compiler.is_compiling() and positions.numel():
             # read in the positions' own dtype, before an offset could wrap them
             lo, hi = checks.tensor_bounds(positions)

@@ -38,8 +38,11 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> npt.NDArray[np.float6
     Raises:
         TypeError, ValueError: ``num_heads`` not an int >= 1; ``max_bias`` not
             a finite number > 0.
+        ValueError: more than :data:`posenc.core.checks.MAX_ELEMENTS` heads
+            (refused before any work).
     """
     n = checks.check_int(num_heads, "num_heads", minimum=1)
+    checks.check_elements(n, f"the slopes of num_heads={n}")
     b = checks.check_number(max_bias, "max_bias", positive=True)
     c = 1 << (n.bit_length() - 1)  # largest power of two <= n
     h = np.arange(1, c + 1, dtype=np.float64)
@@ -140,7 +143,9 @@ def t5_bucket(
             ``bidirectional``; non-int counts.
         ValueError: fewer than 4 buckets (2 for a decoder), or ``max_distance``
             not above the exact range (``num_buckets / 4``, or ``/ 2`` for a
-            decoder) or above ``2**63 - 1`` (no int64 distance is larger).
+            decoder) or above ``2**63 - 1`` (no int64 distance is larger);
+            more than :data:`posenc.core.checks.MAX_ELEMENTS` logarithmic
+            buckets, whose boundaries are a table (refused before any work).
     """
     buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
     if checks.is_torch(relative_position):
@@ -180,6 +185,9 @@ def t5_boundaries(
         raise ValueError(
             f"max_distance must be > {buckets // 2} (the exact range of num_buckets={nb}); got {md}"
         )
+    checks.check_elements(
+        buckets - buckets // 2 - 1, f"the boundaries of the logarithmic buckets of num_buckets={nb}"
+    )
     return buckets, _t5_thresholds(buckets, md)
 
 

@@ -27,7 +27,9 @@ loaders do) holds exact values, not uninitialised memory.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +54,11 @@ __all__ = [
 
 
 def _check_heads(num_heads: Any) -> int:
-    return checks.check_int(num_heads, "num_heads", minimum=1)
+    """An int >= 1 of at most :data:`posenc.core.checks.MAX_ELEMENTS`: every module holds
+    (or makes) a table of one value per head, refused before it is allocated."""
+    n = checks.check_int(num_heads, "num_heads", minimum=1)
+    checks.check_elements(n, f"a table of one value per head, num_heads={n},")
+    return n
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,10 @@ class AttentionBias(DerivedBuffers):
 
         For a bias that is not ``relative``, the bias of queries at positions below
         :meth:`relative_below`.
+
+        Raises:
+            ValueError: a bias of more than :data:`posenc.core.checks.MAX_ELEMENTS`
+                values (refused before any work).
         """
         raise NotImplementedError
 
@@ -154,8 +164,33 @@ class AttentionBias(DerivedBuffers):
         return None
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """The bias ``(heads, *broadcast_shape)`` of integer query and key positions."""
+        """The bias ``(heads, *broadcast_shape)`` of integer query and key positions.
+
+        Raises:
+            ValueError: a bias of more than :data:`posenc.core.checks.MAX_ELEMENTS`
+                values (refused before any work).
+        """
+        self._check_size("q_pos and k_pos broadcast to", q_pos.shape, k_pos.shape)
         return self.relative_bias(k_pos - q_pos)
+
+    def _check_size(self, names: str, *shapes: Sequence[int]) -> None:
+        """Refuse a bias ``(heads, *broadcast(shapes))`` of more than
+        :data:`posenc.core.checks.MAX_ELEMENTS` values, from the shapes alone (no sync).
+
+        A few microseconds on every call (``torch.broadcast_shapes`` costs ten times
+        more); not while ``torch.compile`` traces (a score mod sees 0-d positions).
+        """
+        if torch.compiler.is_compiling():
+            return
+        # broadcast: per trailing dim, the size that is not 1 (shapes that do not
+        # broadcast fail in the arithmetic that follows, as before)
+        dims = itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1)
+        shape = tuple(next((d for d in ds if d != 1), 1) for ds in dims)[::-1]
+        count = self.num_heads * math.prod(shape)
+        if count > checks.MAX_ELEMENTS:  # the message only when it is needed
+            checks.check_elements(
+                count, f"the bias of num_heads={self.num_heads} x {names} {shape}"
+            )
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """The bias of one head for one (query, key) pair, all 0-d tensors.
@@ -173,7 +208,9 @@ class AttentionBias(DerivedBuffers):
         ``scale_with_logits``).
 
         Raises:
-            ValueError: lengths not ints >= 1, or ``q_len > k_len``.
+            ValueError: lengths not ints >= 1, or ``q_len > k_len``; a bias of more
+                than :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before
+                any work).
         """
         q_len = checks.check_int(q_len, "q_len", minimum=1)
         k_len = checks.check_int(k_len, "k_len", minimum=1)
@@ -181,6 +218,10 @@ class AttentionBias(DerivedBuffers):
             raise ValueError(
                 f"q_len ({q_len}) must be <= k_len ({k_len}): queries are the last keys"
             )
+        checks.check_elements(
+            self.num_heads * q_len * k_len,
+            f"the bias of num_heads={self.num_heads} x q_len={q_len} x k_len={k_len}",
+        )
         device = self._device()
         q_pos = torch.arange(k_len - q_len, k_len, device=device)
         return self(q_pos[:, None], torch.arange(k_len, device=device)[None, :])
@@ -213,6 +254,10 @@ class ALiBi(AttentionBias):
             ``alibi_bias_max``).
         scale_with_logits: multiply the bias by the attention scale along with
             ``q . k`` (Falcon); False adds it unscaled (paper, BLOOM, MPT).
+
+    Raises:
+        ValueError: ``num_heads`` below 1 or above
+            :data:`posenc.core.checks.MAX_ELEMENTS` (refused before any work).
     """
 
     slopes: torch.Tensor
@@ -239,6 +284,7 @@ class ALiBi(AttentionBias):
         return {"slopes": torch.from_numpy(alibi_slopes(self.num_heads, self.max_bias)).float()}
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        self._check_size("rel", rel.shape)
         r = rel.to(self.slopes.dtype)
         if self.symmetric:
             r = -r.abs()
@@ -266,6 +312,11 @@ class T5Bias(AttentionBias):
         bidirectional: encoder (True) or decoder buckets.
         num_buckets: buckets (32 in T5).
         max_distance: distance at which the last bucket starts (128 in T5).
+
+    Raises:
+        ValueError: as :func:`posenc.t5_bucket`; ``num_heads`` below 1, or a table
+            of ``num_buckets x num_heads`` of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
     """
 
     def __init__(
@@ -278,6 +329,13 @@ class T5Bias(AttentionBias):
     ) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
+        # the table's size first (t5_boundaries' own checks, then its work, follow)
+        checks.check_bool(bidirectional, "bidirectional")
+        nb = checks.check_int(num_buckets, "num_buckets", minimum=4 if bidirectional else 2)
+        checks.check_elements(
+            nb * self.num_heads,
+            f"relative_attention_bias (num_buckets={nb} x num_heads={self.num_heads})",
+        )
         buckets, _ = t5_boundaries(bidirectional, num_buckets, max_distance)
         self.bidirectional = bidirectional
         self.num_buckets = num_buckets
@@ -294,6 +352,7 @@ class T5Bias(AttentionBias):
         return {"thresholds": torch.tensor(thresholds, dtype=torch.int64)}
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        self._check_size("rel", rel.shape)
         index = bucket_torch(rel, self.thresholds, self._buckets, self.bidirectional)
         return self.relative_attention_bias(index).movedim(-1, 0)
 
@@ -317,6 +376,11 @@ class KERPLE(AttentionBias):
         num_heads: heads.
         kind: ``"log"`` or ``"power"``.
         eps: the lower clamp of both parameters (1e-2 in the authors' code).
+
+    Raises:
+        ValueError: ``num_heads`` below 1 or above
+            :data:`posenc.core.checks.MAX_ELEMENTS` (refused before any work); an
+            unknown ``kind``, ``eps <= 0``.
     """
 
     KINDS = ("log", "power")
@@ -337,6 +401,7 @@ class KERPLE(AttentionBias):
         self.bias_a.copy_(torch.rand(self.num_heads, device=device))
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        self._check_size("rel", rel.shape)
         shape = (-1, *([1] * rel.ndim))
         dist = rel.abs().to(self.bias_p.dtype)
         a = self.bias_a.clamp(min=self.eps).view(shape)
@@ -368,6 +433,12 @@ class FIRE(AttentionBias):
         init_c: initial ``c``.
         init_L: initial threshold ``L`` (512).
         eps: added to the normaliser.
+
+    Raises:
+        ValueError: ``num_heads`` or ``mlp_width`` below 1, or an MLP weight of
+            ``mlp_width x num_heads`` of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
+            work); non-positive ``init_c``, ``init_L`` or ``eps``.
     """
 
     relative = False
@@ -385,6 +456,10 @@ class FIRE(AttentionBias):
         super().__init__()
         self.num_heads = _check_heads(num_heads)
         width = checks.check_int(mlp_width, "mlp_width", minimum=1)
+        checks.check_elements(
+            width * self.num_heads,
+            f"the MLP's last weight (mlp_width={width} x num_heads={self.num_heads})",
+        )
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, self.num_heads))
         self._init = (
             checks.check_number(init_c, "init_c", positive=True),
@@ -429,6 +504,7 @@ class FIRE(AttentionBias):
         return ScaledForm(table, scale, knots, slopes, intercepts)
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        self._check_size("q_pos and k_pos broadcast to", q_pos.shape, k_pos.shape)
         return self.mlp(self._normalised(q_pos, k_pos).unsqueeze(-1)).movedim(-1, 0)
 
     def relative_below(self) -> float:
@@ -439,6 +515,7 @@ class FIRE(AttentionBias):
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         # the bias of a query at position 0 (< L) and a key at rel: that of every query
         # below L at distance rel (its gradient reaches L through the normaliser too)
+        self._check_size("rel", rel.shape)
         return self(torch.zeros_like(rel), rel)
 
     def score(self, head: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -464,12 +541,17 @@ class Sandwich(AttentionBias):
     Args:
         num_heads: heads.
         dim: dimension of the sinusoidal embeddings (even).
+
+    Raises:
+        ValueError: ``num_heads`` below 1 or above
+            :data:`posenc.core.checks.MAX_ELEMENTS`; ``dim`` odd, below 2 or above
+            :data:`posenc.core.checks.MAX_CHANNELS` (refused before any work).
     """
 
     def __init__(self, num_heads: int, *, dim: int = 128) -> None:
         super().__init__()
         self.num_heads = _check_heads(num_heads)
-        self.dim = checks.check_int(dim, "dim", minimum=2)
+        self.dim = checks.check_channels(dim, "dim", minimum=2)
         if self.dim % 2:
             raise ValueError(f"dim must be even; got {dim}")
         self.reset_parameters()
@@ -484,6 +566,7 @@ class Sandwich(AttentionBias):
         }
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        self._check_size("rel", rel.shape)
         angles = rel.to(torch.float64).unsqueeze(-1) * self.inv_freq.to(rel.device)
         profile = torch.cos(angles).sum(-1) - self.dim / 2
         scales = self.head_scales.to(rel.device).view(-1, *([1] * rel.ndim))
@@ -497,7 +580,12 @@ class Sandwich(AttentionBias):
 
 
 class NoPE(AttentionBias):
-    """No positional signal (Kazemnejad et al. 2023): a zero bias, causal mask only."""
+    """No positional signal (Kazemnejad et al. 2023): a zero bias, causal mask only.
+
+    Raises:
+        ValueError: ``num_heads`` below 1 or above
+            :data:`posenc.core.checks.MAX_ELEMENTS` (its bias has a row per head).
+    """
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
@@ -505,4 +593,5 @@ class NoPE(AttentionBias):
         self.reset_parameters()
 
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
+        self._check_size("rel", rel.shape)
         return torch.zeros((self.num_heads, *rel.shape), device=rel.device)

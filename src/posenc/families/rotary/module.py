@@ -120,6 +120,7 @@ class Rotary(ExactTables, DerivedBuffers):
     """
 
     inv_freq: torch.Tensor
+    width_name = "rotary_dim"
 
     @classmethod
     def from_hf_config(
@@ -150,7 +151,10 @@ class Rotary(ExactTables, DerivedBuffers):
             ValueError: unknown rope type, missing or extra keys (named), no
                 head dim information; a config with no RoPE settings at all (no
                 base is guessed); an M-RoPE config (one RoPE per position axis:
-                the error names what to call instead).
+                the error names what to call instead); a model type whose RoPE
+                module is of another kind (EoMT-DINOv3's patch coordinates,
+                MusicFlamingo's timestamps: the error names the model type and what
+                its module does, :data:`posenc.rotary.model_types.OTHER_KIND`).
         """
         spec = rope_spec(config, layer_type)  # names any bad value first
         if not has_rope_settings(config):
@@ -302,7 +306,9 @@ class Rotary(ExactTables, DerivedBuffers):
 
         Raises:
             TypeError: ``positions`` not an int or float tensor.
-            ValueError: positions beyond ``2**31`` in magnitude.
+            ValueError: positions beyond ``2**31`` in magnitude; tables of more than
+                :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel()
+                * rotary_dim``, refused before any work).
         """
         positions = checks.check_position_tensor(positions, "positions")
         c, s = self._lookup(positions, positions.device, checks.work_dtype(dtype))

@@ -40,7 +40,7 @@ from posenc.core import checks
 from posenc.core.angles import decimal_context
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies
-from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
+from posenc.families.rotary.tables import LAYOUTS, Layout, check_size, cos_sin
 
 __all__ = ["rerotate_keys", "rerotation_cos_sin"]
 
@@ -106,11 +106,15 @@ def rerotation_cos_sin(
         TypeError: ``old`` or ``new`` not :class:`RopeFrequencies`; ``positions`` not
             an int or float tensor.
         ValueError: different frequency counts, a non-positive attention scaling,
-            unknown ``layout``, positions beyond ``2**31`` in magnitude.
+            unknown ``layout``, positions beyond ``2**31`` in magnitude; tables of
+            more than :data:`posenc.core.checks.MAX_ELEMENTS` values
+            (``positions.numel() * rotary_dim``, refused before any work).
     """
     _check_frequencies(old, new)
     checks.check_choice(layout, "layout", LAYOUTS)
-    positions = checks.check_position_tensor(positions, "positions", exact=True)
+    positions = checks.check_position_tensor(positions, "positions")
+    check_size(positions, 2 * len(old.omega))  # before the values are read
+    checks.check_position_tensor(positions, "positions", exact=True)
     c, s = cos_sin(positions, _difference(old, new), layout=layout, dtype=dtype)
     return c, s
 

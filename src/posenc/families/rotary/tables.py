@@ -12,6 +12,29 @@ Layout = Literal["half", "interleaved"]
 LAYOUTS = ("half", "interleaved")
 
 
+def check_size(
+    positions: Any, rotary_dim: int, name: str = "positions", what: str = "the (cos, sin) tables"
+) -> None:
+    """Refuse ``(cos, sin)`` tables (or ``what``) of ``positions`` of more than
+    :data:`posenc.core.checks.MAX_ELEMENTS` values each, from the shape alone.
+
+    Call it before anything reads the positions (their range check included). Not
+    while ``torch.compile`` traces, where the sizes may be symbolic.
+
+    Raises:
+        ValueError: ``positions.numel() * rotary_dim`` above the limit, naming ``name``.
+    """
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
+    count = positions.numel() * rotary_dim
+    if count > checks.MAX_ELEMENTS:  # the message only when it is needed
+        checks.check_elements(
+            count, f"{what} of {name} (shape {tuple(positions.shape)}) x rotary_dim={rotary_dim}"
+        )
+
+
 def cos_sin(
     positions: Any,
     freqs: RopeFrequencies,
@@ -35,10 +58,16 @@ def cos_sin(
     Returns:
         ``(cos, sin)`` of shape ``positions.shape + (rotary_dim,)``, each value
         exact before one rounding to ``dtype``.
+
+    Raises:
+        ValueError: an unknown ``layout``; tables of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel() *
+            rotary_dim``, refused before any work).
     """
     import torch
 
     checks.check_choice(layout, "layout", LAYOUTS)
+    check_size(positions, 2 * len(freqs.omega))
     s, c = sincos_torch(positions, freqs.turns, arithmetic)
     if layout == "half":
         c, s = torch.cat([c, c], dim=-1), torch.cat([s, s], dim=-1)

@@ -9,6 +9,7 @@ interleaved layout by default.
 from __future__ import annotations
 
 import decimal
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,10 +52,18 @@ def axial_grid(
     As rotary-embedding-torch's ``get_axial_freqs`` numbers them: ``arange(n)``
     per axis (int64), or ``linspace(-1, 1, n)`` (float64) when ``normalized``
     (its ``freqs_for="pixel"``), plus ``offsets`` per axis.
+
+    Raises:
+        ValueError: no size, a size below 1, ``offsets`` of another length; a grid
+            of more than :data:`posenc.core.checks.MAX_ELEMENTS` values
+            (``prod(sizes) * len(sizes)``, refused before any work).
     """
     if not sizes:
         raise ValueError("axial_grid needs at least one size")
     sizes = tuple(checks.check_int(n, "sizes", minimum=1) for n in sizes)
+    checks.check_elements(
+        math.prod(sizes) * len(sizes), f"the grid of sizes {sizes} x {len(sizes)} axes"
+    )
     if offsets is not None and len(offsets) != len(sizes):
         raise ValueError(f"offsets must give one value per axis ({len(sizes)}); got {offsets}")
     axes = []
@@ -92,8 +101,14 @@ def axial_cos_sin(
 
     Returns:
         ``(cos, sin)``, ``coords.shape[:-1] + (sum of the blocks' channels,)``.
+
+    Raises:
+        TypeError: ``coords`` not an int or float tensor.
+        ValueError: ``coords`` 0-d or beyond ``2**31``, ``freqs`` not one per axis,
+            an unknown ``layout``; tables of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
     """
-    coords = checks.check_position_tensor(coords, "coords", exact=True)
+    coords = checks.check_position_tensor(coords, "coords")
     checks.check_choice(layout, "layout", LAYOUTS)
     if coords.ndim < 1:
         raise ValueError("coords must be (..., axes); got a 0-d tensor")
@@ -103,6 +118,13 @@ def axial_cos_sin(
         raise ValueError(
             f"freqs must be one RopeFrequencies or one per axis ({axes}); got {len(per_axis)}"
         )
+    channels = sum(2 * len(f.omega) for f in per_axis)
+    if not torch.compiler.is_compiling():
+        checks.check_elements(
+            math.prod(coords.shape[:-1]) * channels,
+            f"the (cos, sin) tables of coords (shape {tuple(coords.shape)}) x {channels} channels",
+        )
+    checks.check_position_tensor(coords, "coords", exact=True)
     blocks = [
         cos_sin(coords[..., a], f, layout=layout, dtype=dtype) for a, f in enumerate(per_axis)
     ]
@@ -189,7 +211,11 @@ class AxialRotary(DerivedBuffers):
     def cos_sin(
         self, coords: torch.Tensor, *, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` of ``coords`` (``(..., axes)``), ``(..., axes * axis_dim)``."""
+        """``(cos, sin)`` of ``coords`` (``(..., axes)``), ``(..., axes * axis_dim)``.
+
+        Raises:
+            ValueError: ``coords`` not ``(..., axes)``; as :func:`axial_cos_sin`.
+        """
         if coords.shape[-1:] != (self.axes,):
             raise ValueError(f"coords must be (..., {self.axes}); got shape {tuple(coords.shape)}")
         return axial_cos_sin(coords, self.freqs, layout=self.layout, dtype=dtype)

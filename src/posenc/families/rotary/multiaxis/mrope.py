@@ -19,7 +19,7 @@ import torch
 
 from posenc.core import checks
 from posenc.families.rotary.schedules import RopeFrequencies
-from posenc.families.rotary.tables import cos_sin
+from posenc.families.rotary.tables import check_size, cos_sin
 
 __all__ = ["mrope_axes", "mrope_cos_sin"]
 
@@ -107,14 +107,19 @@ def mrope_cos_sin(
     Raises:
         TypeError: ``position_ids`` not an int or float tensor.
         ValueError: ``position_ids`` with no axis dim, positions beyond
-            ``2**31``; bad ``mrope_section`` (see :func:`mrope_axes`).
+            ``2**31``; bad ``mrope_section`` (see :func:`mrope_axes`); tables of
+            every axis of more than :data:`posenc.core.checks.MAX_ELEMENTS` values
+            (``position_ids.numel() * rotary_dim``, refused before any work).
     """
-    position_ids = checks.check_position_tensor(position_ids, "position_ids", exact=True)
+    position_ids = checks.check_position_tensor(position_ids, "position_ids")
     if position_ids.ndim < 2:
         raise ValueError(
             f"position_ids must be (axes, batch, seq) (3 axes for M-RoPE); got shape "
             f"{tuple(position_ids.shape)}"
         )
+    # the tables of every axis are computed (below): their size, before any work
+    check_size(position_ids, 2 * len(freqs.omega), "position_ids")
+    checks.check_position_tensor(position_ids, "position_ids", exact=True)
     pairs = freqs.turns.size
     axis = mrope_axes(
         tuple(mrope_section), pairs, axes=position_ids.shape[0], interleaved=bool(interleaved)

@@ -17,7 +17,7 @@ import torch
 from posenc.core import checks
 from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies
-from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
+from posenc.families.rotary.tables import LAYOUTS, Layout, check_size, cos_sin
 
 __all__ = ["xpos_rotate", "xpos_scale", "xpos_tables"]
 
@@ -40,11 +40,20 @@ def xpos_scale(
     Returns:
         ``positions.shape + (rotary_dim,)``, each ``zeta_k`` twice in ``layout``
         order; float32 by default.
+
+    Raises:
+        TypeError: ``positions`` not an int or float tensor.
+        ValueError: positions beyond ``2**31``; ``rotary_dim`` odd or above
+            :data:`posenc.core.checks.MAX_CHANNELS`, or a result of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel() *
+            rotary_dim``), both refused before any work.
     """
-    positions = checks.check_position_tensor(positions, "positions", exact=True)
+    positions = checks.check_position_tensor(positions, "positions")
     rotary_dim = checks.check_channels(rotary_dim, "rotary_dim", minimum=2)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even; got {rotary_dim}")
+    check_size(positions, rotary_dim, what="xPos's scale")
+    checks.check_position_tensor(positions, "positions", exact=True)
     scale_base = checks.check_number(scale_base, "scale_base", positive=True)
     center = checks.check_number(center, "center")
     checks.check_choice(layout, "layout", LAYOUTS)
@@ -84,9 +93,17 @@ def xpos_tables(
 
     Returns:
         ``(cos_q, sin_q, cos_k, sin_k)``, each ``positions.shape + (rotary_dim,)``.
+
+    Raises:
+        TypeError: ``positions`` not an int or float tensor.
+        ValueError: positions beyond ``2**31``; tables of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel() *
+            rotary_dim``, refused before any work).
     """
-    positions = checks.check_position_tensor(positions, "positions", exact=True)
-    rotary_dim = 2 * freqs.turns.size
+    positions = checks.check_position_tensor(positions, "positions")
+    rotary_dim = 2 * len(freqs.omega)
+    check_size(positions, rotary_dim)
+    checks.check_position_tensor(positions, "positions", exact=True)
     c, s = cos_sin(positions, freqs, layout=layout, dtype=torch.float64)
     scale = xpos_scale(
         positions, rotary_dim, center=center, scale_base=scale_base, layout=layout,
