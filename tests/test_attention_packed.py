@@ -9,6 +9,7 @@ of tests/test_attention_backward.py, derived per document.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -19,7 +20,7 @@ import posenc
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
 from posenc.integration import attention as attend
-from test_attention_backward import bounds, dense
+from test_attention_backward import U, bounds, dense, table_block, weight_stats
 
 BIASES = {
     "none": lambda h: None,
@@ -112,6 +113,137 @@ def test_packed_kernel_within_the_bounds_of_each_document(bias_name, causal, mon
 
 def _refuse(*args, **kwargs):
     raise AssertionError("the blockwise backward ran")
+
+
+# float32 with rotary (its positions restart per document), Sandwich's table, FIRE past
+# its threshold (its linear pieces; the documents of 84 and 240 keys pass init_L = 12)
+# and rotary with FIRE: (rotary, bias)
+FLOAT32_CASES = {
+    "rotary": (True, "none"),
+    "sandwich": (False, "sandwich"),
+    "fire": (False, "fire"),
+    "rotary-fire": (True, "fire"),
+}
+
+
+def _ran(name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{name} ran")
+
+    return refuse
+
+
+def _rotate64(x, base=10000.0):
+    """x (..., n, d) rotated at positions 0 .. n - 1 in float64, written out here.
+
+    HF's half layout: pair i is channels i and i + d / 2, turned by p * base ** (-2i / d).
+    """
+    n, d = x.shape[-2:]
+    omega = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * omega
+    c, s = torch.cos(angle), torch.sin(angle)
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+
+
+def _fire_error(bias, n):
+    """A bound of FIRE's float32 bias (its pieces, on either path) over a document of n.
+
+    x = psi(|rel|) * (1 / norm) is off by 7 U relative (seven roundings: c |rel| and c
+    max(i, L), log1p of each, + eps, the reciprocal, table * scale; log1p passes its
+    argument's relative error on at most as large): |slope| 7 U |x| in the bias. A knot
+    rounded to float32 (U |knot|) may pick the neighbouring piece, whose line differs
+    there by (|slope_a| + |slope_b|) U |x|; the slopes and intercepts rounded to float32
+    (U each) and slope x + intercept rounded twice: 3 U |slope x| + 2 U |intercept|. In
+    all 12 U (max|slope| max x + max|intercept|).
+    """
+    with torch.no_grad():
+        form = bias.scaled_form(torch.arange(n), torch.arange(-(n - 1), n))
+        size = form.slopes.abs().amax() * float(form.table.max() * form.scale.max())
+        return 12 * U * float(size + form.intercepts.abs().amax())
+
+
+def _document_bounds(q, k, v, dout, block, bias_error, *, causal, rotary):
+    """Bounds of one document's float32 output, dq, dk and dv (q, k rotated in float64).
+
+    ``bounds`` (tests/test_attention_backward.py) with the bias as ``block``, plus what
+    rotating in float32 adds: cos and sin rounded once from exact (U each) and x_i c -
+    x_j s rounded three times put a rotated element of the pair (x_i, x_j) within 3 U
+    (|x_i c| + |x_j s|) <= 3 U |(x_i, x_j)|, a row within 3 sqrt(2) U |x|. A score then
+    errs by 6 sqrt(2) U scale |q||k| more (added to the bias's error, both enter the
+    score alike). dq is R^T dq' of the rotated query's gradient dq': R^T mixes each
+    pair's errors (sqrt(2) of the larger), rounds as the rotation does (3 U |dq'| <= 3 U
+    scale |k| A) and dq' multiplies dS by the float32-rotated keys (3 sqrt(2) U scale |k|
+    A more); dk alike with colsum; dv is a sum of the weights, covered by the score's
+    error. The added terms doubled for the second order, as ``bounds`` does.
+    """
+    n = q.shape[2]
+    scale, mask = 0.25, torch.ones(q.shape[0], n, dtype=torch.bool)
+    nq, nk = float(q.norm(dim=-1).max()), float(k.norm(dim=-1).max())
+    if bias_error is None:
+        bmax = 0.0 if block is None else float(block(torch.arange(n), torch.arange(n)).abs().max())
+        bias_error = 8 * U * bmax
+    if rotary:
+        bias_error += 6 * math.sqrt(2) * U * scale * nq * nk
+    tq, tk, tv, _, _, _, amax, tout = bounds(
+        q, k, v, dout, None, causal=causal, scale=scale, mask=mask, block=block,
+        bias_error=bias_error,
+    )  # fmt: skip
+    if rotary:
+        colsum = weight_stats(q, k, v, dout, block, causal=causal, scale=scale, mask=mask)[0]
+        extra = 2 * (3 * math.sqrt(2) + 3) * U * scale * amax
+        tq = math.sqrt(2) * tq + extra * nk
+        tk = math.sqrt(2) * tk + extra * nq * colsum
+    return tout, tq, tk, tv
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("case", FLOAT32_CASES)
+def test_packed_float32_within_the_bounds_of_each_document(case, causal, backend, monkeypatch):
+    # the packed float32 call (the compiled loops or torch's blockwise ops, forward and
+    # backward) against each document alone in dense float64, rotated here, its bias
+    # the float64 module's; the bounds of each document hold for the packed call: the
+    # other documents' keys weigh exactly 0 and the bounds hold for any order of the
+    # sums. The float64 reference's own errors are 2**-29 of the float32 ones: the
+    # bounds' doubling covers them
+    other = "blockwise" if backend == "kernel" else "kernel"
+    for name in (f"_forward_{other}", f"_backward_{other}"):
+        monkeypatch.setattr(attend, name, _ran(name))
+    rotated, bias_name = FLOAT32_CASES[case]
+    torch.manual_seed(12)
+    bias = BIASES[bias_name](4)
+    rotary = posenc.Rotary(16, base=10000.0) if rotated else None
+    q, k, v, dout = _inputs(2, CU[-1], seed=13, dtype=torch.float32)
+    inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = posenc.attention(
+        *inputs, bias=bias, rotary=rotary, causal=causal, cu_seqlens=torch.tensor(CU),
+        backend=backend,
+    )  # fmt: skip
+    got = torch.autograd.grad(out, inputs, dout)
+    bias64 = None if bias is None else copy.deepcopy(bias).double()
+    for a, b in itertools.pairwise(CU):
+        if b == a:
+            continue
+        n = b - a
+        part = [t[:, :, a:b].double() for t in (q, k, v, dout)]
+        exact = [t.clone().requires_grad_(True) for t in part[:3]]
+        rq, rk = (_rotate64(t) if rotated else t for t in exact[:2])
+        mask = torch.ones(2, n, dtype=torch.bool)
+        ref = dense(rq, rk, exact[2], bias64, causal=causal, scale=0.25, mask=mask)
+        want = torch.autograd.grad(ref, exact, part[3])
+        if bias_name == "fire":
+            fixed = bias64.bias(n, n).detach()
+            block = lambda qp, kp, fixed=fixed: fixed[:, qp][:, :, kp]  # noqa: E731
+            error = _fire_error(bias, n)
+        else:
+            block, error = table_block(bias, n, n), None
+        tols = _document_bounds(
+            rq.detach(), rk.detach(), *part[2:], block, error, causal=causal, rotary=rotated
+        )
+        for g, w, t in zip((out, *got), (ref, *want), tols, strict=True):
+            err = (g[:, :, a:b].double() - w).abs()
+            assert bool((err <= t).all()), f"document {a}:{b}: error {float(err.max()):.3g}"
 
 
 def test_packed_call_takes_the_compiled_loop(monkeypatch):

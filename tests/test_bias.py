@@ -110,6 +110,78 @@ def test_alibi_causal_equals_bloom_after_softmax(n):
     torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize(
+    ("heads", "multi_query"), [(8, False), (12, True)], ids=["8-heads", "12-heads-multi-query"]
+)
+def test_falcon_alibi_equals_hf_falcon(heads, multi_query):
+    # Falcon scales its alibi with the logits: HF's FalconModel builds alibi = slope *
+    # key position (build_alibi_tensor) and adds alibi / sqrt(head_dim) to the scaled
+    # scores (the mask handed to SDPA, its default attention). A one-layer model of
+    # random float64 weights; the output of its attention module (after `dense`)
+    # against posenc.attention of the q, k, v that HF's own query_key_value and
+    # _split_heads make of the module's input, left padding in the second row
+    from transformers import FalconConfig, FalconModel
+
+    head_dim, length = 16, 40
+    config = FalconConfig(
+        vocab_size=32, hidden_size=heads * head_dim, num_hidden_layers=1,
+        num_attention_heads=heads, alibi=True, new_decoder_architecture=False,
+        multi_query=multi_query, parallel_attn=True, bias=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = FalconModel(config).double().eval()
+    attn = model.h[0].self_attention
+    seen = {}
+    attn.register_forward_hook(
+        lambda module, args, kwargs, out: seen.update(args=args, kwargs=kwargs, out=out),
+        with_kwargs=True,
+    )
+    ids = torch.randint(0, 32, (2, length), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, length, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        model(ids, attention_mask=mask)
+        hidden = seen["args"][0] if seen["args"] else seen["kwargs"]["hidden_states"]
+        q, k, v = (t.transpose(1, 2) for t in attn._split_heads(attn.query_key_value(hidden)))
+        bias = ALiBi(heads, scale_with_logits=True)
+        out = posenc.attention(q, k, v, bias=bias.double(), causal=True, attention_mask=mask)
+        got = attn.dense(out.transpose(1, 2).reshape(2, length, heads * head_dim))
+    want = seen["out"][0]
+    real = mask.bool()  # the queries of padding see no key: posenc gives 0, HF anything
+
+    # HF's alibi is slope * key position; posenc's slope * (key - query): a per-row
+    # constant apart (nothing after softmax), and each one's rounding of the exact
+    # slopes (the paper's rule, official_slopes): HF's bfloat16 slopes and products
+    # (exact for a power-of-two slope times a position below 256, up to 2**-8 relative
+    # otherwise), measured per head over the real keys; posenc's float32 slopes, 2**-24
+    # relative over distances below length
+    alibi = seen["kwargs"]["alibi"].reshape(2, heads, length)
+    positions = ((mask.cumsum(-1) - 1) * mask)[:, None, :].double()
+    slopes = torch.tensor(official_slopes(heads), dtype=torch.float64)
+    off = ((alibi.double() - slopes[None, :, None] * positions).abs() * real[:, None]).amax((0, 2))
+    scale = 1 / math.sqrt(head_dim)
+    shift = scale * (off + 2.0**-24 * slopes * length)  # (heads,)
+    # float64 on both sides: a score (head_dim products, the scale, the bias added) within
+    # (head_dim + 8) 2**-53 of scale |q||k| + |scaled bias| each side (posenc's |slope (key
+    # - query)| < length: slopes are at most 1); a weight within e**(2
+    # (shift + that)) - 1 relative, plus (length + 4) 2**-53 of exp, sum and division each
+    # side; an output channel within max|v| of those plus length 2**-53 (the weighted
+    # sum) each side; `dense` sums them with |W| and rounds hidden_size times more
+    u = 2.0**-53
+    qk = float(q.norm(dim=-1).max() * k.norm(dim=-1).max()) * scale
+    biggest = scale * max(float(alibi.abs().max()), length)
+    score = 2 * (head_dim + 8) * u * (qk + biggest)
+    per_head = float(v.abs().max()) * (
+        torch.expm1(2 * (shift + score)) + 2 * (length + 4) * u + 2 * length * u
+    )
+    channel = per_head.repeat_interleave(head_dim)  # (hidden,): channel c is head c // head_dim
+    weight = attn.dense.weight.abs()
+    rounding = 2 * heads * head_dim * u * (weight @ out.transpose(1, 2).reshape(2, length, -1)
+                                           .abs().amax((0, 1)))  # fmt: skip
+    bound = 2 * (weight @ channel + rounding)  # doubled for the second-order terms
+    assert bool(((got - want).abs()[real] <= bound).all())
+
+
 def test_alibi_kv_cache_distances():
     # the last query of a cache of 10 keys sits at position 9: distances 9 .. 0
     bias = ALiBi(2).bias(1, 10)

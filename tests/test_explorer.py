@@ -159,3 +159,67 @@ def test_payload_round_trips_through_json():
 
 def test_script_text_cannot_end_the_script_element():
     assert "</script" not in explorers._script_text('{"a": "</script>"}')
+
+
+def _rotate_pairs(x, positions, base):
+    """``x`` rotated at positions ``0 .. positions - 1``, written out in numpy float64.
+
+    HF's ``half`` layout: pair ``i`` is channels ``i`` and ``i + d / 2``, turned by
+    ``p * omega_i`` with ``omega_i = base ** (-2 i / d)``; no posenc code involved.
+    """
+    half = x.size // 2
+    omega = base ** (-2.0 * np.arange(half) / x.size)
+    angle = np.arange(positions)[:, None] * omega[None, :]
+    c, s = np.cos(angle), np.sin(angle)
+    a, b = x[:half], x[half:]
+    return omega, np.concatenate([a * c - b * s, a * s + b * c], axis=1)
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "base", "positions"),
+    [(8, 10000.0, 64), (16, 500000.0, 40), (2, 10.0, 5)],
+    ids=["report", "d16-b500k", "d2-b10"],
+)
+def test_rope_explorer_equals_an_independent_rotation(head_dim, base, positions):
+    r = ex.rope_explorer(head_dim=head_dim, base=base, positions=positions)
+    q, k = r["q"], r["k"]
+    omega, q_rot = _rotate_pairs(q, positions, base)
+    _, k_rot = _rotate_pairs(k, positions, base)
+    half = head_dim // 2
+    assert r["pairs"].tolist() == [[i, i + half] for i in range(half)]
+    u = 2.0**-53
+    # omega here: the exponent -2i/d rounded once (a relative error of |ln omega| u in
+    # omega) and pow within an ulp: (2 + |ln omega|) u relative; posenc's is exact
+    # before one rounding (u)
+    log_omega = np.abs(np.log(omega))
+    assert np.all(np.abs(r["omega"] - omega) <= (3 + log_omega) * u * omega)
+    # an angle p omega here is off by p omega (3 + |ln omega|) u, its cos and sin by
+    # that plus 2u (numpy within an ulp); posenc's cos and sin are exact before one
+    # rounding (u); each side's a c - b s rounds three times (3u (|a| + |b|)): an
+    # element of a pair (a, b) differs by (|a| + |b|) eps
+    p = np.arange(positions)[:, None]
+    eps = p * omega * (3 + log_omega) * u + 9 * u  # (positions, half)
+    tol_q = np.tile(np.abs(q[:half]) + np.abs(q[half:]), 2) * np.tile(eps, 2)
+    tol_k = np.tile(np.abs(k[:half]) + np.abs(k[half:]), 2) * np.tile(eps, 2)
+    assert np.all(np.abs(r["q_rot"] - q_rot) <= tol_q)
+    assert np.all(np.abs(r["k_rot"] - k_rot) <= tol_k)
+    # a score: the elements' errors times the other vector's, plus each side's dot
+    # product of head_dim terms (head_dim u of the sum of |products|); doubled for the
+    # second-order terms
+    size = np.abs(q_rot) @ np.abs(k_rot).T
+    tol = 2 * (tol_q @ np.abs(k_rot).T + np.abs(q_rot) @ tol_k.T + 2 * head_dim * u * size)
+    assert np.all(np.abs(r["score"] - q_rot @ k_rot.T) <= tol)
+    # and the explorer's score is the offset's: sum_i (q_a k_a + q_b k_b) cos((n - m) w)
+    # - (q_a k_b - q_b k_a) sin((n - m) w), here from the unrotated vectors
+    lag = (np.arange(positions)[None, :] - p)[..., None] * omega
+    a, b = (q[:half], q[half:]), (k[:half], k[half:])
+    dots = a[0] * b[0] + a[1] * b[1]
+    cross = a[0] * b[1] - a[1] * b[0]
+    closed = (dots * np.cos(lag) - cross * np.sin(lag)).sum(-1)
+    # the lag's angle |m - n| omega (3 + |ln omega|) u off and cos, sin within 2u: per
+    # term (|dots| + |cross|) of that, plus half + 2 roundings of the sums
+    lag_eps = np.abs(lag) * (3 + log_omega) * u + 2 * u
+    tol_closed = ((np.abs(dots) + np.abs(cross)) * lag_eps).sum(-1) + (half + 4) * u * (
+        np.abs(dots) + np.abs(cross)
+    ).sum()
+    assert np.all(np.abs(r["score"] - closed) <= tol + 2 * tol_closed)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import posenc
+from conftest import anchor
 from posenc.faces import explorers, report
 from posenc.integration.analysis import explorer as data
 
@@ -81,7 +82,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = anchor("playwright.sync_api")
     executable = _chromium()
     if executable is None:
         pytest.skip("Debian's chromium is not installed (.ci/run installs it)")

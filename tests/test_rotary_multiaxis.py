@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import anchor
 from posenc.families.rotary.multiaxis import (
     AxialRotary,
     axial_cos_sin,
@@ -46,8 +47,8 @@ from posenc.families.rotary.tables import cos_sin
 
 F32_EPS = 2.0**-24
 
-transformers = pytest.importorskip("transformers")
-rotary_embedding_torch = pytest.importorskip("rotary_embedding_torch")
+transformers = anchor("transformers")
+rotary_embedding_torch = anchor("rotary_embedding_torch")
 
 
 pytestmark = pytest.mark.usefixtures("quiet_transformers")

@@ -23,10 +23,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import anchor
 from posenc.families.rotary import schedules
 from posenc.families.rotary.schedules import PARAMETERS, SCHEDULES, frequencies
 
-transformers = pytest.importorskip("transformers")
+transformers = anchor("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
 HEAD_DIMS = (32, 64, 80, 128, 256)

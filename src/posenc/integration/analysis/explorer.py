@@ -184,9 +184,8 @@ def rope_explorer(
         "head_dim": head_dim,
         "base": base,
         "positions": positions,
-        "omega": rope.inv_freq.double().numpy()
-        if rope.inv_freq.dtype != torch.float64
-        else rope.inv_freq.numpy(),
+        # the frequencies the rotation used, float64 (inv_freq is their float32 rounding)
+        "omega": frequencies("default", head_dim, base).inv_freq,
         "pairs": np.stack([np.arange(half), np.arange(half) + half], axis=1),
         "q": q.numpy(),
         "k": k.numpy(),
