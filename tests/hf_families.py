@@ -11,7 +11,10 @@ runs it before and after :func:`posenc.hf.patch_model`. The outcome is one of:
   outputs gives HF's output exactly (where the output is chaotic, e.g. routed or
   halted, so that table rounding moves it as far as a wrong table would, the parts
   decide alone);
-- ``refused``: ``patch_model`` raised ``ValueError`` (the detail is its message);
+- ``refused``: ``patch_model`` raised ``ValueError`` (the detail is its message); and
+  :attr:`Outcome.read_config` names each refused module whose config
+  :func:`posenc.rotary.config.rope_spec` still reads into frequencies (which the model
+  does not use: its module was refused);
 - ``different``: patched without error, but the output moved beyond the
   tolerance (a silent change: the one outcome that must never happen);
 - ``crash``: ``patch_model`` or the patched forward raised anything else;
@@ -83,6 +86,7 @@ class Outcome:
     sensitivity: float | None = None
     rotary: tuple[str, ...] = ()
     exercised: tuple[str, ...] = ()
+    read_config: str = ""
 
 
 # --------------------------------------------------------------------------------------
@@ -1472,6 +1476,61 @@ def _respond(
     return float((moved - ref).abs().max())
 
 
+def _enclosing_config(model: Any, name: str) -> Any:
+    """The config of the module ``name``, or of the nearest module around it that has one."""
+    parts = name.split(".")
+    for depth in range(len(parts), -1, -1):
+        config = getattr(model.get_submodule(".".join(parts[:depth])), "config", None)
+        if config is not None:
+            return config
+    return None
+
+
+def _configs_read(model: Any, names: Iterable[str]) -> str:
+    """The rotary modules ``patch_model`` refuses whose config posenc still reads as RoPE.
+
+    Each module is patched on its own (in a holder carrying its enclosing config, so the
+    model stays as it is). A refused module's config must be refused too: by
+    :func:`rope_spec` (for every layer type), or, for a config naming no RoPE setting
+    (ESMFold2's atom encoders), by ``Rotary.from_hf_config``; or its spec must say that
+    posenc does not reproduce it (``mrope_permuted``: ERNIE-4.5-VL). Returns ``""`` when
+    every one is, else which modules and what their config reads as.
+    """
+    import torch
+
+    from posenc import Rotary, hf
+    from posenc.families.rotary.config import has_rope_settings, rope_layer_types, rope_spec
+
+    read = []
+    for name in names:
+        config = _enclosing_config(model, name)
+        holder = torch.nn.Module()
+        holder.config = config
+        holder.add_module("rotary", model.get_submodule(name))
+        try:
+            hf.patch_model(holder)
+            continue  # patched on its own: not a refused module
+        except ValueError:
+            pass
+        try:
+            specs = [rope_spec(config, t) for t in rope_layer_types(config) or (None,)]
+        except ValueError:
+            continue
+        if any(spec.mrope_permuted for spec in specs):
+            continue
+        try:
+            Rotary.from_hf_config(config)
+        except ValueError:
+            if not has_rope_settings(config):
+                continue
+        spec = specs[0]
+        read.append(
+            f"{name}: {getattr(config, 'model_type', '') or type(config).__name__} read as "
+            f"{spec.rope_type} RoPE, base {spec.base:g}, rotary_dim {spec.rotary_dim}"
+        )
+    return "; ".join(read)
+
+
 def check(family: str, report: Callable[[str], None] | None = None) -> Outcome:
     """Build ``family`` tiny, patch it with :func:`posenc.hf.patch_model`, compare outputs.
 
@@ -1521,7 +1580,8 @@ def check(family: str, report: Callable[[str], None] | None = None) -> Outcome:
     try:
         hf.patch_model(model)
     except ValueError as exc:
-        return done("refused", _one_line(exc, 500), **info)
+        read = _configs_read(model, rotary)
+        return done("refused", _one_line(exc, 500), **info, read_config=read)
     except Exception as exc:
         return done("crash", "patch_model: " + _describe(exc), **info)
 
@@ -1799,7 +1859,11 @@ def summary(outcomes: list[Outcome]) -> str:
         group = [o for o in outcomes if o.status == status]
         if group:
             lines.append(f"\n== {status} ({len(group)})")
-            lines.extend(f"{o.family:28s} {o.target:40s} {o.detail}" for o in group)
+            lines.extend(
+                f"{o.family:28s} {o.target:40s} {o.detail}"
+                + (f" [but rope_spec reads {o.read_config}]" if o.read_config else "")
+                for o in group
+            )
     return "\n".join(lines)
 
 

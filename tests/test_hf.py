@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import anchor
+
+torch = anchor("torch")
+transformers = anchor("transformers")
 
 from posenc import Rotary, hf  # noqa: E402
 from posenc.families.rotary.schedules import SCHEDULES, RopeFrequencies  # noqa: E402
@@ -574,6 +576,91 @@ def test_patch_refuses_an_unknown_output_form() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# GPT-J and CodeGen: a table of their model's config, on a module without config or rope_type.
+
+FIXED_TABLE = {
+    "gptj": ("GPTJConfig", "GPTJForCausalLM"),
+    "codegen": ("CodeGenConfig", "CodeGenForCausalLM"),
+}
+
+
+def _fixed_table_model(family: str) -> Any:
+    config_name, model_name = FIXED_TABLE[family]
+    config = getattr(transformers, config_name)(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        rotary_dim=8,
+        n_positions=256,
+        initializer_range=0.5,  # TINY's scale: the logits feel the positions
+    )
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).eval()
+
+
+@pytest.mark.parametrize("family", list(FIXED_TABLE))
+def test_patched_gptj_and_codegen_match_hf(family: str) -> None:
+    model = _fixed_table_model(family)
+    theirs = model.transformer.rotary_emb
+    n = 200
+    ids = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids).logits
+    hf.patch_model(model)
+    ours = model.transformer.rotary_emb
+    assert type(ours).__name__ == "HFRotaryEmbedding"
+    assert ours.form == "half_width_sin_first"
+    # GPT-J's tables come in x's dtype, CodeGen's in its table's own (float32 here)
+    assert ours.table_dtype == (None if family == "gptj" else torch.float32)
+    with torch.no_grad():
+        after = model(ids).logits
+
+    spec = hf.rope_spec(model.config)
+    assert (spec.base, spec.rotary_dim, spec.layout) == (10000.0, 8, "interleaved")
+    freqs = spec.frequencies()
+    positions = torch.arange(n)[None]
+    x = torch.zeros(1)
+    hf_sin, hf_cos = theirs(x, positions)  # (sin, cos), each angle once
+    sin, cos = ours(x, positions)
+    assert sin.shape == hf_sin.shape == (1, n, 4) and sin.dtype == hf_sin.dtype
+    # HF's float32 inv_freq (create_sinusoidal_positions): its bound, (4 + ln base + 1) ulps
+    tol = _table_tol(n, freqs, (5 + math.log(spec.base)) * 2.0**-23)
+    table_diff = max((cos - hf_cos).abs().max().item(), (sin - hf_sin).abs().max().item())
+    assert table_diff <= tol, (table_diff, tol)
+    angle = positions[0].double().numpy()[:, None] * freqs.inv_freq
+    ours_err = max(
+        np.abs(cos[0].numpy() - np.cos(angle)).max(), np.abs(sin[0].numpy() - np.sin(angle)).max()
+    )
+    hf_err = max(
+        np.abs(hf_cos[0].numpy() - np.cos(angle)).max(),
+        np.abs(hf_sin[0].numpy() - np.sin(angle)).max(),
+    )
+    assert ours_err <= 2.0**-24 * 1.01 and ours_err <= hf_err
+    logit_diff = (after - before).abs().max().item()
+    assert logit_diff <= 10 * tol * before.abs().max().item(), (logit_diff, tol)
+
+
+@pytest.mark.parametrize("family", list(FIXED_TABLE))
+def test_patched_gptj_and_codegen_tables_keep_hf_dtypes(family: str) -> None:
+    import copy
+
+    model = _fixed_table_model(family)
+    original = copy.deepcopy(model)
+    hf.patch_model(model)
+    positions = torch.arange(5)[None]
+    for cast in (None, torch.bfloat16):
+        if cast is not None:  # CodeGen's table is a buffer: a cast of the model casts it
+            model.to(cast)
+            original.to(cast)
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
+            x = torch.zeros(1, dtype=dtype)
+            theirs = original.transformer.rotary_emb(x, positions)
+            ours = model.transformer.rotary_emb(x, positions)
+            assert [t.dtype for t in ours] == [t.dtype for t in theirs], (cast, dtype)
+
+
+# --------------------------------------------------------------------------------------
 # rope_spec on dicts and config objects.
 
 BASE_DICT = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 256}
@@ -911,6 +998,8 @@ SAVED_MODELS: dict[str, tuple[Any, Any]] = {
     "gemma3-per-layer-type": _causal(_gemma3),
     "qwen2-vl-mrope": _mrope("qwen2-vl"),
     "qwen3-vl-mrope": _mrope("qwen3-vl"),
+    # a module without config (the enclosing model's is read) whose tables keep a dtype
+    "codegen-fixed-table": _causal(lambda: _fixed_table_model("codegen")),
 }
 
 

@@ -4,7 +4,9 @@ tests/hf_families.py builds each family small from its own config class (nothing
 downloaded) and compares the model's output before and after patching. A family
 must come out ``same`` (the output moved by no more than posenc's table error can
 move it) or ``refused`` (``patch_model`` raised ``ValueError``), and every refusal
-must be one a human has reviewed: listed in ``ALLOWED_REFUSALS`` with the reason.
+must be one a human has reviewed: listed in ``ALLOWED_REFUSALS`` with the reason, and
+its refused module's config must be refused by ``rope_spec`` too (no config is read into
+frequencies its model does not use).
 A family whose output is chaotic (routing, halting) is judged by parts: the new
 modules' outputs against HF's, call by call, and the patched model fed HF's outputs.
 A silent difference, a crash, or a family the harness cannot build fails, except the
@@ -12,17 +14,24 @@ families listed in ``NOT_CHECKED`` with why the harness cannot judge them yet (e
 must still be unjudged: a family the harness learns to check leaves the list).
 
 The families run in two worker processes (tests/hf_families.py ``run``), once for
-the module; the per-family tests read the results.
+the module; the per-family tests read the results, and the counts README.md states
+for the transformers it names (same, refused, in all) are checked against them.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from pathlib import Path
+
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+from conftest import anchor
 
-import hf_families
+anchor("torch")
+anchor("transformers")
+
+import hf_families  # noqa: E402  (after the anchors: it imports both)
 
 # family: why patch_model refuses it (reviewed). "genuine": the module does something
 # else than position x frequency tables posenc can reproduce (another calling contract,
@@ -70,9 +79,69 @@ def test_family(family: str, outcomes: dict[str, hf_families.Outcome]) -> None:
     assert outcome.status != "crash", outcome.detail
     if outcome.status == "refused":
         assert family in ALLOWED_REFUSALS, f"refused, and not in ALLOWED_REFUSALS: {outcome.detail}"
+        # its config must be refused too: read, it gives frequencies the model does not use
+        assert not outcome.read_config, f"refused, but rope_spec reads {outcome.read_config}"
     else:
         assert outcome.status == "same", outcome
         assert family not in ALLOWED_REFUSALS, f"listed in ALLOWED_REFUSALS but patched: {outcome}"
+
+
+def test_every_family_is_judged_or_listed(outcomes: dict[str, hf_families.Outcome]) -> None:
+    # every family of the installed transformers with a rotary module, new ones included:
+    # the same after patching, a reviewed refusal, or listed as not checked; nothing else
+    assert set(outcomes) == set(FAMILIES)
+    unjudged = {
+        f: f"{o.status}: {o.detail}"
+        for f, o in outcomes.items()
+        if not (
+            o.status == "same"
+            or (o.status == "refused" and f in ALLOWED_REFUSALS and not o.read_config)
+            or (o.status == "build-failed" and f in NOT_CHECKED)
+        )
+    }
+    assert not unjudged, unjudged
+
+
+README = Path(__file__).parents[1] / "README.md"
+# README's family line: "every transformers 5.24 family with a rotary module (199) ...
+# **192 the same, 7 refused, 0 silent differences, 0 crashes**"
+README_FAMILIES = re.compile(
+    r"every transformers\s+(\d+\.\d+)\s+family with a rotary module\s+\((\d+)\)"
+)
+README_COUNTS = re.compile(
+    r"\*\*(\d+) the same, (\d+) refused, 0 silent\s+differences, 0 crashes\*\*"
+)
+
+
+def test_readme_states_the_measured_counts(outcomes: dict[str, hf_families.Outcome]) -> None:
+    import transformers
+
+    text = README.read_text(encoding="utf-8")
+    families, counts = README_FAMILIES.search(text), README_COUNTS.search(text)
+    assert families and counts, "README.md no longer states the family counts"
+    version = families.group(1)
+    # the counts are those of the pinned transformers (a new pin needs new counts)
+    constraints = (README.parent / "constraints-dev.txt").read_text(encoding="utf-8")
+    pinned = re.search(r"^transformers==(\S+)$", constraints, re.M)
+    assert pinned and pinned.group(1).startswith(version + "."), (version, pinned)
+    installed = transformers.__version__
+    if not installed.startswith(version + "."):
+        pytest.skip(
+            f"README.md states the family counts of transformers {version}; "
+            f"{installed} is installed"
+        )
+    measured = Counter(o.status for o in outcomes.values())
+    stated = {
+        "families": int(families.group(2)),
+        "same": int(counts.group(1)),
+        "refused": int(counts.group(2)),
+    }
+    assert {
+        "families": len(outcomes),
+        "same": measured["same"],
+        "refused": measured["refused"],
+    } == stated
+    assert measured["refused"] == len(ALLOWED_REFUSALS)
 
 
 def test_allowed_refusals_are_families() -> None:

@@ -15,6 +15,7 @@ truth than the anchor is.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import pickle
 import threading
@@ -96,9 +97,12 @@ def test_fairseq_sinusoidal_is_m2m100(dim):
     pad = config.pad_token_id
     ours = SinusoidalEmbedding(dim, preset="fairseq", padding_idx=pad, max_len=22)
     ids = padded_ids(dim, 3, 12, pad)
+    # transformers 5.24 renamed past_key_values_length to cache_length
+    params = inspect.signature(anchor.forward).parameters
+    cached = "cache_length" if "cache_length" in params else "past_key_values_length"
     # the last past length pushes both tables past their initial 22 rows
     for past in (0, 5, 40):
-        expected = anchor(input_ids=ids, past_key_values_length=past)
+        expected = anchor(input_ids=ids, **{cached: past})
         positions = fairseq_positions(ids, pad, past)
         got = ours.encode(positions)
         assert got.shape == expected.shape and got.dtype == torch.float32
@@ -108,7 +112,7 @@ def test_fairseq_sinusoidal_is_m2m100(dim):
 
         # M2M100's inputs_embeds path numbers positions padding_idx + 1 + past ..
         x = torch.zeros(3, 12, dim)
-        expected = anchor(inputs_embeds=x, past_key_values_length=past)
+        expected = anchor(inputs_embeds=x, **{cached: past})
         got = ours(x, offset=pad + 1 + past)
         first = pad + 1 + past
         assert_matches_float32_anchor(

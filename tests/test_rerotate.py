@@ -28,8 +28,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import anchor
+
+torch = anchor("torch")
+transformers = anchor("transformers")
 
 from posenc import Rotary, hf  # noqa: E402
 from posenc.families.rotary.apply import apply_rotary  # noqa: E402
@@ -604,6 +606,22 @@ def _llama_model(layers: int, patched: bool) -> Any:
     return hf.patch_model(model) if patched else model
 
 
+def _cache(cache: Any) -> dict[str, Any]:
+    """The keyword a causal LM's forward takes its KV cache by: ``cache`` from
+    transformers 5.24 (``past_key_values`` is deprecated there), before it
+    ``past_key_values``."""
+    import inspect
+
+    from transformers import LlamaForCausalLM
+
+    name = (
+        "cache"
+        if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+        else ("past_key_values")
+    )
+    return {name: cache}
+
+
 def _hf_key_error(spec: Any, positions: int) -> float:
     """Relative error of HF-cached keys, re-rotated, against HF's recomputation (docstring).
 
@@ -632,13 +650,13 @@ def test_rerotated_cache_decodes_as_a_re_prefill(patched: bool) -> None:
     cache, stale = transformers.DynamicCache(), transformers.DynamicCache()
     worst_stale = 0.0
     with torch.no_grad():
-        model(ids[:, :prefill], past_key_values=cache)
-        stale_model(ids[:, :prefill], past_key_values=stale)
+        model(ids[:, :prefill], **_cache(cache))
+        stale_model(ids[:, :prefill], **_cache(stale))
         for t in range(prefill, ids.shape[1]):
             hf.rerotate_cache(model, cache, t, t + 1)  # before the call that uses t + 1's
-            logits = model(ids[:, t : t + 1], past_key_values=cache).logits[:, -1]
+            logits = model(ids[:, t : t + 1], **_cache(cache)).logits[:, -1]
             # HF's own way: the cached keys keep the bases they were cached under
-            stale_logits = stale_model(ids[:, t : t + 1], past_key_values=stale).logits[:, -1]
+            stale_logits = stale_model(ids[:, t : t + 1], **_cache(stale)).logits[:, -1]
             ref = ref_model(ids[:, : t + 1]).logits[:, -1]  # re-prefill under t + 1's base
             error = EXACT_F64_KEY_ERROR if patched else _hf_key_error(spec, t + 1)
             tol = 10 * error * ref.abs().max().item()
@@ -656,12 +674,12 @@ def test_rerotate_cache_repairs_a_cache_hf_decoding_left_mixed() -> None:
     prefill, n = 40, 49
     cache = transformers.DynamicCache()
     with torch.no_grad():
-        model(ids[:, :prefill], past_key_values=cache)
+        model(ids[:, :prefill], **_cache(cache))
         for t in range(prefill, n):
-            model(ids[:, t : t + 1], past_key_values=cache)
+            model(ids[:, t : t + 1], **_cache(cache))
         lengths = [prefill] * prefill + list(range(prefill + 1, n + 1))
         hf.rerotate_cache(model, cache, lengths, n + 1)
-        logits = model(ids[:, n : n + 1], past_key_values=cache).logits[:, -1]
+        logits = model(ids[:, n : n + 1], **_cache(cache)).logits[:, -1]
         ref = ref_model(ids[:, : n + 1]).logits[:, -1]
     tol = 10 * EXACT_F64_KEY_ERROR * ref.abs().max().item()
     assert (logits - ref).abs().max().item() <= tol
@@ -676,10 +694,10 @@ def test_deeper_layers_keep_what_attention_computed_under_the_old_tables() -> No
     ids = torch.randint(3, 100, (1, 60), generator=torch.Generator().manual_seed(13))
     cache, ref = transformers.DynamicCache(), transformers.DynamicCache()
     with torch.no_grad():
-        model(ids[:, :40], past_key_values=cache)
+        model(ids[:, :40], **_cache(cache))
         hf.rerotate_cache(model, cache, 40, 60)
         ref_model(ids)  # grows the base to 60's, which a shorter call past 32 then keeps
-        ref_model(ids[:, :40], past_key_values=ref)  # the 40 tokens prefilled under 60's
+        ref_model(ids[:, :40], **_cache(ref))  # the 40 tokens prefilled under 60's
     rd = hf.rope_spec(model.config).rotary_dim
     keys = [layer.keys for layer in cache.layers]
     ref_keys = [layer.keys for layer in ref.layers]

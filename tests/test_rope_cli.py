@@ -15,10 +15,11 @@ import os
 import numpy as np
 import pytest
 
+from conftest import anchor
 from posenc.faces.cli import main
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = anchor("torch")
+transformers = anchor("transformers")
 
 LLAMA31 = {
     "model_type": "llama",
@@ -487,3 +488,85 @@ def test_keys_read_as_the_model_reads_them(tmp_path, capsys):
     # GLM-4 rotates interleaved pairs
     _, doc = run_json(capsys, "Glm4Config")
     assert doc["ropes"][0]["layout"]["value"] == "interleaved"
+
+
+# --------------------------------------------------------------------------------------
+# the golden file's YaRN frequencies against HF's own
+
+
+LLAMA_YARN = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 65536,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+# v4 keys, the ramp's betas and no truncation; a top-level
+# original_max_position_embeddings (Phi-3's) wins over rope_scaling's in HF
+LLAMA_YARN_V4 = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "num_attention_heads": 8,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": 2048,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "truncate": False,
+    },
+}
+
+
+@pytest.mark.usefixtures("quiet_transformers")
+@pytest.mark.parametrize("config", [LLAMA_YARN, LLAMA_YARN_V4], ids=["v5", "v4-betas-untruncated"])
+def test_golden_yarn_inv_freq_equals_hf(config, tmp_path):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    golden = tmp_path / "golden.npz"
+    path = write_config(tmp_path, config)
+    assert main(["rope", path, "--golden", str(golden), "--positions", "0:4096:512"]) == 0
+    with np.load(golden) as g:
+        ours, scaling = g["inv_freq"], float(g["attention_scaling"])
+    hf_config = transformers.LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    inv_freq, hf_scaling = ROPE_INIT_FUNCTIONS["yarn"](hf_config, device="cpu")
+    theirs = inv_freq.double().numpy()
+    assert ours.shape == theirs.shape
+    # HF computes in float32: base ** float32(2k / d) with the exponent and the base
+    # rounded (x_k = (2k / d) ln base off by |x_k| 2**-24), pow, the reciprocal and the
+    # division by the factor one rounding of 2**-24 each, then the blend with a float32
+    # ramp whose few 2**-24 move the result by up to factor - 1 times as much: in all
+    # (1 + x_k + factor - 1) 2**-23 relative (tests/test_rotary_schedules.py); posenc's
+    # float64 is exact before one rounding, 2**-53, far below
+    params = config.get("rope_parameters") or config["rope_scaling"]
+    base = params.get("rope_theta", config.get("rope_theta"))
+    x = 2 * np.arange(ours.size) / (2 * ours.size) * math.log(base)
+    tol = (1 + x + params["factor"] - 1) * 2.0**-23
+    rel = np.abs(theirs - ours) / ours
+    assert (rel <= tol).all(), f"max relative deviation {rel.max():.3g} at {rel.argmax()}"
+    # 0.1 ln(factor) + 1 in Python floats: log within an ulp, three roundings
+    assert scaling == pytest.approx(hf_scaling, rel=8 * 2.0**-53, abs=0)
+
+
+@pytest.mark.parametrize("name", ["EomtDinov3Config", "MusicFlamingoConfig"])
+def test_config_of_another_kind_refused_with_its_reason(capsys, name):
+    # its RoPE module is of another kind: posenc rope says why, as rope_spec does
+    from posenc.families.rotary.config import rope_spec
+
+    with pytest.raises(ValueError) as refused:
+        rope_spec(getattr(transformers, name)())
+    status, out, err = run(capsys, name)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and str(refused.value) in err, err

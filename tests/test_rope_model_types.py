@@ -18,16 +18,38 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import anchor
+
+torch = anchor("torch")
+transformers = anchor("transformers")
 
 import hf_families  # noqa: E402
 from posenc.families.rotary import model_types  # noqa: E402
 from posenc.families.rotary.config import rope_layer_types, rope_spec  # noqa: E402
 from posenc.families.rotary.module import Rotary  # noqa: E402
 
-PINNED = transformers.__version__ == "5.23.0"
 FAMILIES = hf_families.families()
+
+
+def assert_table(name: str, table: Any, derived: Any) -> None:
+    """``model_types.<name>`` equals what the installed transformers' modeling code does.
+
+    Checked on every version: on the pinned one it holds, on another it names the drift
+    (the tables are read from one version's code; a stale entry is a silent misreading).
+    """
+    if isinstance(table, dict):
+        keys = set(table) | set(derived)
+        wrong = sorted(k for k in keys if table.get(k) != derived.get(k))
+        assert not wrong, (
+            f"model_types.{name} differs from transformers {transformers.__version__}: "
+            + ", ".join(f"{k}: table {table.get(k)}, modeling code {derived.get(k)}" for k in wrong)
+        )
+        return
+    missing, stale = sorted(set(derived) - set(table)), sorted(set(table) - set(derived))
+    assert not missing and not stale, (
+        f"model_types.{name} differs from transformers {transformers.__version__}'s modeling "
+        f"code: missing {missing}, not (or no longer) so there {stale}"
+    )
 
 
 def _rotary_classes() -> list[tuple[str, Any, type]]:
@@ -85,17 +107,12 @@ def test_default_rope_partial_factor_table(derived: dict[str, Any]) -> None:
     # a model type in the wrong table is a silent misreading, whatever the version
     assert not derived["reads"] & model_types.DEFAULT_IGNORES_PARTIAL
     assert not derived["ignores"] & model_types.DEFAULT_READS_PARTIAL
-    if PINNED:
-        assert derived["reads"] == model_types.DEFAULT_READS_PARTIAL
-        assert derived["ignores"] == model_types.DEFAULT_IGNORES_PARTIAL
+    assert_table("DEFAULT_READS_PARTIAL", model_types.DEFAULT_READS_PARTIAL, derived["reads"])
+    assert_table("DEFAULT_IGNORES_PARTIAL", model_types.DEFAULT_IGNORES_PARTIAL, derived["ignores"])
 
 
 def test_mrope_default_sections_table(derived: dict[str, Any]) -> None:
-    for family, section in derived["sections"].items():
-        if family in model_types.MROPE_DEFAULT_SECTIONS or PINNED:
-            assert model_types.MROPE_DEFAULT_SECTIONS.get(family) == section, family
-    if PINNED:
-        assert set(derived["sections"]) == set(model_types.MROPE_DEFAULT_SECTIONS)
+    assert_table("MROPE_DEFAULT_SECTIONS", model_types.MROPE_DEFAULT_SECTIONS, derived["sections"])
 
 
 def _pairing(rotate: Any) -> str:
@@ -122,10 +139,7 @@ def test_interleaved_table() -> None:
                 continue
             if pairing == "interleaved":
                 found.add(family)
-    if PINNED:
-        assert found == model_types.INTERLEAVED
-    else:
-        assert found & set(FAMILIES) <= model_types.INTERLEAVED
+    assert_table("INTERLEAVED", model_types.INTERLEAVED, found)
 
 
 # --------------------------------------------------------------------------------------
@@ -287,3 +301,156 @@ def test_mrope_without_sections_and_ernie_vl_refuse() -> None:
     assert rope_spec(ernie).mrope_permuted
     with pytest.raises(ValueError, match="permutes the frequencies"):
         Rotary.from_hf_config(ernie)
+
+
+# --------------------------------------------------------------------------------------
+# Rotary modules that are not HF's contract: GPT-J's table, and modules of another kind.
+
+#: HF's rotary contract: ``forward(x, position_ids)``, per layer type with ``layer_type``.
+CONTRACTS = {("x", "position_ids"), ("x", "position_ids", "layer_type")}
+#: The table as posenc has it (a test empties model_types.OTHER_KIND to re-derive it)
+OTHER_KIND = dict(model_types.OTHER_KIND)
+
+
+def _init_config_class(module: Any, cls: type) -> Any:
+    """The config class ``cls.__init__``'s first argument is annotated with, or None."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    annotation = params[0].annotation if params else None
+    if isinstance(annotation, str):
+        name = annotation.strip("\"'").split("|")[0].strip()
+        annotation = getattr(module, name, None) or getattr(transformers, name, None)
+    return annotation if isinstance(annotation, type) else None
+
+
+def _contract(cls: type) -> tuple[str, ...]:
+    return tuple(inspect.signature(cls.forward).parameters)[1:]
+
+
+@pytest.fixture(scope="module")
+def rotary_classes() -> list[tuple[str, Any, type]]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _rotary_classes()
+
+
+def test_fixed_rope_tables(rotary_classes: list[tuple[str, Any, type]]) -> None:
+    # HF's forward(x, position_ids), but no config or rope_type kept: a table made at
+    # construction from the config's FIXED_ROPE key (GPT-J, CodeGen)
+    derived = {
+        family
+        for family, _, cls in rotary_classes
+        if _contract(cls) in CONTRACTS
+        and not {"self.config", "self.rope_type"}
+        & set(re.findall(r"self\.\w+", inspect.getsource(cls.__init__)))
+    }
+    assert_table("FIXED_ROPE", set(model_types.FIXED_ROPE), derived)
+    for family, _, cls in rotary_classes:
+        if family in model_types.FIXED_ROPE:
+            key = model_types.FIXED_ROPE[family]
+            assert f"config.{key}" in inspect.getsource(cls.__init__), (family, key)
+    defaults = {
+        t: getattr(transformers.CONFIG_MAPPING[t](), key)
+        for t, key in model_types.FIXED_ROPE.items()
+    }
+    assert_table("FIXED_ROPE_DIM", model_types.FIXED_ROPE_DIM, defaults)
+    # a config.json that omits the key gets the config class's default, as transformers does
+    for model_type, dim in model_types.FIXED_ROPE_DIM.items():
+        spec = rope_spec({"model_type": model_type, "n_embd": 4096, "n_head": 16})
+        assert (spec.head_dim, spec.rotary_dim, spec.layout) == (256, dim, "interleaved")
+        assert any("omits it" in note for note in spec.notes)
+
+
+@pytest.mark.parametrize("family", sorted(model_types.FIXED_ROPE))
+def test_from_hf_config_rotates_gptj_and_codegen_as_the_model(family: str) -> None:
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    config = transformers.CONFIG_MAPPING[family](n_embd=64, n_head=4, rotary_dim=8, n_positions=16)
+    rotary = next(
+        obj
+        for name, obj in vars(module).items()
+        if name.endswith("RotaryEmbedding") and obj.__module__ == module.__name__
+    )(config)
+    gen = torch.Generator().manual_seed(0)
+    # (batch, seq, heads, head_dim): the layout their attention rotates in
+    q = torch.randn(1, 9, 4, 16, generator=gen, dtype=torch.float64)
+    positions = torch.arange(9)[None]
+    sin, cos = rotary(q.float(), positions)
+    theirs = torch.cat([module.apply_rotary_pos_emb(q[..., :8].float(), sin, cos), q[..., 8:]], -1)
+    ours = Rotary.from_hf_config(config, seq_dim=-3)
+    assert (ours.rotary_dim, ours.layout) == (8, "interleaved")
+    rotated, _ = ours(q, q, positions[0])
+    bound = 5 * TABLE_BOUND + 2.0**-21
+    assert (rotated - theirs.double()).abs().max().item() <= bound
+
+
+#: RoPE modules by name: HF's ``*RotaryEmbedding`` (what patch_model finds) and the others
+#: (DINOv3's ``*RopePositionEmbedding``, the conformers' ``*RotaryPositionalEmbedding``)
+ROPE_MODULE = re.compile(r"^class (\w*(?:Rotary|Rope|RoPE)\w*Embedding)\(", re.M)
+
+
+def _rope_modules() -> list[tuple[str, Any, type]]:
+    """``(family, modeling module, class)`` of every RoPE module of the installed transformers."""
+    out = []
+    for path in sorted(hf_families._models_dir().glob("*/modeling_*.py")):
+        names = ROPE_MODULE.findall(path.read_text(encoding="utf-8"))
+        if names:
+            module = importlib.import_module(f"transformers.models.{path.parent.name}.{path.stem}")
+            out += [(path.parent.name, module, getattr(module, n)) for n in names]
+    return out
+
+
+def test_other_kind_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A RoPE module of another kind: another calling contract than HF's, or HF's with
+    # frequencies that patch_model does not recognise (Pixtral's axial ones). Its model
+    # type must be in OTHER_KIND when its config names RoPE settings posenc would read
+    # (a rotary module's always counts: patch_model refuses it). Derived with the table
+    # emptied, since rope_spec refuses every entry because of it.
+    from posenc import hf
+    from posenc.families.rotary.config import has_rope_settings
+
+    monkeypatch.setattr(model_types, "OTHER_KIND", {})
+    derived: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for family, module, cls in _rope_modules():
+            config_cls = _init_config_class(module, cls)
+            # ESMFold2's atom encoder config has no model type: its model's config holds it
+            model_type = getattr(config_cls, "model_type", "") or family
+            if _contract(cls) not in CONTRACTS:
+                rotary = cls.__name__.endswith("RotaryEmbedding")
+                if rotary or (config_cls is not None and has_rope_settings(config_cls())):
+                    derived.add(model_type)
+            elif config_cls is not None and model_type in OTHER_KIND:
+                holder = torch.nn.Module()
+                holder.rotary_emb = cls(config_cls())
+                try:
+                    hf.patch_model(holder)
+                except ValueError:
+                    derived.add(model_type)
+    assert_table("OTHER_KIND", set(OTHER_KIND), derived)
+
+
+@pytest.mark.parametrize("model_type", sorted(OTHER_KIND))
+def test_configs_of_another_kind_are_refused_naming_why(model_type: str) -> None:
+    config = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
+    }
+    why = rf"model_type '{model_type}'.*{re.escape(OTHER_KIND[model_type])}"
+    with pytest.raises(ValueError, match=why):
+        rope_spec(config)
+    with pytest.raises(ValueError, match=why):
+        Rotary.from_hf_config(config)
+
+
+def test_eomt_and_musicflamingo_configs_are_refused() -> None:
+    # their settings read as default RoPE before: frequencies neither model uses
+    with pytest.raises(ValueError, match=r"eomt_dinov3.*patch-centre coordinates"):
+        Rotary.from_hf_config(_config("EomtDinov3Config"))
+    flamingo = _config("MusicFlamingoConfig")
+    with pytest.raises(ValueError, match=r"musicflamingo.*timestamps.*config\.text_config"):
+        rope_spec(flamingo)
+    # its language model's RoPE is read, as the error says
+    text = flamingo.text_config
+    assert Rotary.from_hf_config(text).rotary_dim == text.hidden_size // text.num_attention_heads

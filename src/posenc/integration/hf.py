@@ -24,7 +24,10 @@ output decides what replaces it:
 - anything multi-axis else (vision towers' axial RoPE, GLM-4V's M-RoPE order, M-RoPE
   per layer type): :class:`HFGatheredRotaryEmbedding` (per layer type inside an
   :class:`HFLayerTypes`), each output channel's axis and frequency read from the
-  module's output against exact tables and checked on a second, wider probe.
+  module's output against exact tables and checked on a second, wider probe;
+- GPT-J's and CodeGen's modules, which carry no config or rope type: a table of the
+  enclosing model's config (``rotary_dim``, base 10000), read from their output as
+  half-width ``(sin, cos)``, in the dtype they return it.
 
 What matches none of these is refused with a ``ValueError`` naming the module.
 
@@ -45,6 +48,7 @@ from posenc.families.rotary.config import (
     DEFAULT_THETA,
     MULTI_AXIS_KEYS,
     RopeSpec,
+    fixed_rope,
     parse_rope_type,
     raw_parameters,
     rope_layer_types,
@@ -218,7 +222,7 @@ def _candidate_forms(out: Any, rotary_dim: int) -> list[str]:
         if out[0].shape[-1] == rotary_dim:
             return ["half", "interleaved"]
         if out[0].shape[-1] == rotary_dim // 2:
-            return ["half_width"]
+            return ["half_width", "half_width_sin_first"]
     return []
 
 
@@ -283,8 +287,8 @@ def _verify_output(module: Any, specs: dict[str | None, RopeSpec], config: Any, 
     if not candidates:
         raise ValueError(
             f"{label}: returns {_describe(first)} for rotary_dim {spec.rotary_dim}; posenc.hf "
-            "knows (cos, sin) in the half or interleaved layout, half-width (cos, sin), and one "
-            "complex tensor, so it is not patched"
+            "knows (cos, sin) in the half or interleaved layout, half-width (cos, sin) or "
+            "(sin, cos), and one complex tensor, so it is not patched"
         )
     misses = []
     for form in candidates:
@@ -551,6 +555,65 @@ def _gathered(module: Any, config: Any, label: str) -> Any:
     return new
 
 
+def _enclosing_config(model: Any, name: str) -> Any:
+    """The ``config`` of the nearest module around the submodule ``name`` (``model`` last)."""
+    parts = name.split(".") if name else []
+    for depth in range(len(parts) - 1, -1, -1):
+        config = getattr(model.get_submodule(".".join(parts[:depth])), "config", None)
+        if config is not None:
+            return config
+    return None
+
+
+def _fixed_table(model: Any, name: str, module: Any, label: str) -> Any:
+    """The replacement of a rotary module without HF's config and rope type attributes.
+
+    GPT-J's and CodeGen's modules hold a table made at construction from their model's
+    config (base-10000 RoPE over ``rotary_dim``, no RoPE key) and return ``(sin, cos)``
+    of half width. The config is the nearest enclosing module's; the module's output on
+    probe positions decides the form (:func:`_verify_output`), and whether its tables
+    come in ``x``'s dtype (GPT-J) or in its table's own (CodeGen).
+
+    Raises:
+        ValueError: naming the module: no enclosing config of such a model type (any
+            other module of another contract), or tables that differ from posenc's.
+    """
+    import copy
+
+    import torch
+
+    from posenc.integration.hf_module import HFRotaryEmbedding
+
+    config = _enclosing_config(model, name)
+    if config is None or fixed_rope(config) is None:
+        raise ValueError(
+            f"{label} lacks HF's config/rope_type attributes and forward(x, position_ids) "
+            "contract; posenc.hf cannot patch it"
+        )
+    spec = _read_spec(config, label)
+    checked = _with_values(module, config, label)
+    form = _verify_output(checked, {None: spec}, config, label)
+    # the dtype of its tables: x's, or its own table's whatever x is (CodeGen)
+    device = _device_of(checked)
+    positions = torch.arange(4, device=device)[None]
+    dtypes = []
+    for dtype in (torch.float64, torch.float16):
+        x = torch.zeros(1, 4, spec.rotary_dim, device=device, dtype=dtype)
+        with torch.no_grad():
+            out = copy.deepcopy(checked)(x, positions)
+        dtypes.append({t.dtype for t in out})
+    table_dtype = None
+    if dtypes[0] == dtypes[1] and len(dtypes[0]) == 1:
+        table_dtype = dtypes[0].pop()
+    elif dtypes != [{torch.float64}, {torch.float16}]:
+        raise ValueError(
+            f"{label}: returns tables of {sorted(map(str, dtypes[0]))} for float64 input and "
+            f"{sorted(map(str, dtypes[1]))} for float16; posenc.hf cannot tell their dtype, "
+            "so it is not patched"
+        )
+    return HFRotaryEmbedding({None: spec}, config=config, form=form, table_dtype=table_dtype)
+
+
 def patch_model(model: Any) -> Any:
     """Replace every HF rotary module of ``model`` with an exact :class:`HFRotaryEmbedding`.
 
@@ -566,7 +629,9 @@ def patch_model(model: Any) -> Any:
     so a model computing RoPE some other way is refused instead of silently
     changed. M-RoPE modules (Qwen2-VL,
     Qwen3-VL text models) are also checked against their own tables on a
-    probe, which settles their section order. A model built on the meta device
+    probe, which settles their section order. GPT-J's and CodeGen's modules,
+    which carry neither ``config`` nor ``rope_type``, are read with the
+    enclosing model's config and checked the same way. A model built on the meta device
     (deferred initialisation) is checked against a copy of each rotary module
     built on the CPU from its config, and gets meta modules that ``to_empty``
     fills.
@@ -601,10 +666,9 @@ def patch_model(model: Any) -> Any:
         config = getattr(module, "config", None)
         rope_type = getattr(module, "rope_type", None)
         if config is None or rope_type is None:
-            raise ValueError(
-                f"{label} lacks HF's config/rope_type attributes and forward(x, position_ids) "
-                "contract; posenc.hf cannot patch it"
-            )
+            # GPT-J and CodeGen: a table of their model's config, read from its output
+            replacements.append((name, module, _fixed_table(model, name, module, label)))
+            continue
         if rope_type == "axial":  # a vision tower's RoPE over patch rows and columns
             new = _gathered(_with_values(module, config, label), config, label)
             replacements.append((name, module, new))

@@ -26,9 +26,10 @@ __all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFLayerTypes", "HFRotaryEmbedd
 #: How an HF rotary module returns its tables, as :func:`posenc.hf.patch_model` reads them
 #: from the module's own output: ``(cos, sin)`` in the half layout (``cat(theta, theta)``:
 #: Llama and most), interleaved (``theta0, theta0, theta1, ...``: Cohere, BLT), half-width
-#: (``theta`` once; the model widens it: gpt-oss, DeepSeek-V4), or one complex tensor
-#: ``scaling * exp(i theta)`` (DeepSeek-V2, Llama 4).
-FORMS = ("half", "interleaved", "half_width", "complex")
+#: (``theta`` once; the model widens it: gpt-oss, DeepSeek-V4), one complex tensor
+#: ``scaling * exp(i theta)`` (DeepSeek-V2, Llama 4), or half-width with the sine first,
+#: ``(sin, cos)`` (GPT-J, CodeGen: the model repeats each angle for its pair).
+FORMS = ("half", "interleaved", "half_width", "complex", "half_width_sin_first")
 
 
 class _CosSinTables(ExactTables):
@@ -39,6 +40,7 @@ class _CosSinTables(ExactTables):
     """
 
     initial_length = 256
+    width_name = "rotary_dim"
 
     def __init__(self, freqs: RopeFrequencies, layout: str) -> None:
         super().__init__()
@@ -61,8 +63,8 @@ class HFRotaryEmbedding(DerivedBuffers):
     ``x.device``: the contract of ``LlamaRotaryEmbedding.forward`` (and of
     Gemma 3's, which takes ``layer_type``). ``form`` gives the other forms
     HF's modules use (:data:`FORMS`): interleaved ``(cos, sin)`` (Cohere),
-    half-width ones (gpt-oss, DeepSeek-V4), or one complex64 tensor
-    (DeepSeek-V2, Llama 4).
+    half-width ones (gpt-oss, DeepSeek-V4), one complex64 tensor
+    (DeepSeek-V2, Llama 4), or half-width ``(sin, cos)`` (GPT-J, CodeGen).
 
     Sequence-length-dependent types (``dynamic``, ``longrope``) follow HF's
     ``dynamic_rope_update`` with ``seq_len = max(position_ids) + 1``, through
@@ -89,19 +91,37 @@ class HFRotaryEmbedding(DerivedBuffers):
         config: the HF config, kept as ``self.config`` for code that reads it.
         form: what ``forward`` returns, one of :data:`FORMS` (the module it
             replaces decides): ``(cos, sin)`` in the half or interleaved layout,
-            half-width ``(cos, sin)`` of ``rotary_dim / 2``, or one complex64
-            tensor ``scaling * exp(i theta)`` of ``rotary_dim / 2``.
+            half-width ``(cos, sin)`` of ``rotary_dim / 2``, one complex64
+            tensor ``scaling * exp(i theta)`` of ``rotary_dim / 2``, or half-width
+            ``(sin, cos)``.
+        table_dtype: ``None`` (the default): the tables come in ``x.dtype``, as HF's
+            modules return them. A dtype: they come in that dtype whatever ``x``
+            is, as from a module that returns a table it holds (CodeGen); like such
+            a table, it follows the module's casts (``model.to(torch.bfloat16)``).
     """
 
     def __init__(
-        self, specs: Mapping[str | None, RopeSpec], config: Any = None, form: str = "half"
+        self,
+        specs: Mapping[str | None, RopeSpec],
+        config: Any = None,
+        form: str = "half",
+        table_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         if not specs:
             raise ValueError("specs must hold at least one RopeSpec")
         if form not in FORMS:
             raise ValueError(f"form must be one of {', '.join(FORMS)}; got {form!r}")
+        if table_dtype is not None and not (
+            isinstance(table_dtype, torch.dtype) and table_dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"table_dtype must be a floating torch dtype or None; got {table_dtype!r}"
+            )
         self.form = form
+        # an empty buffer holding the tables' dtype: a cast of the module casts it too
+        marker = None if table_dtype is None else torch.empty(0, dtype=table_dtype)
+        self.register_buffer("table_dtype_marker", marker, persistent=False)
         self.specs = dict(specs)
         self.config = config
         self.per_layer_type = None not in self.specs
@@ -139,6 +159,12 @@ class HFRotaryEmbedding(DerivedBuffers):
             for k, policy in self._policies.items()
         }
 
+    @property
+    def table_dtype(self) -> torch.dtype | None:
+        """The dtype of the tables whatever ``x`` is, or ``None``: ``x.dtype``."""
+        marker = self._buffers.get("table_dtype_marker")
+        return None if marker is None else marker.dtype
+
     def frequencies(self, seq_len: int | None, layer_type: str | None = None) -> RopeFrequencies:
         """The frequencies for a call reaching ``seq_len`` (HF's ``dynamic_rope_update``).
 
@@ -169,6 +195,8 @@ class HFRotaryEmbedding(DerivedBuffers):
         if spec.rope_type in LENGTH_DEPENDENT:
             seq_len = int(position_ids.max()) + 1
         freqs = self.frequencies(seq_len, layer_type)
+        fixed = self.table_dtype
+        dtype = x.dtype if fixed is None else fixed
         if spec.mrope_section is not None:
             if position_ids.ndim == 2:
                 position_ids = position_ids.expand(MROPE_AXES, -1, -1)
@@ -182,18 +210,22 @@ class HFRotaryEmbedding(DerivedBuffers):
                 freqs,
                 spec.mrope_section,
                 interleaved=bool(spec.mrope_interleaved),
-                dtype=x.dtype,
+                dtype=dtype,
             )
         positions = position_ids.to(x.device)
         if self.form in ("half", "interleaved"):
-            return self._cos_sin(positions, freqs, layer_type, self.form, x.dtype)
+            return self._cos_sin(positions, freqs, layer_type, self.form, dtype)
         # half-width and complex: each angle once (the first half of the half layout)
-        wide = x.dtype if self.form == "half_width" else torch.float32
+        wide = torch.float32 if self.form == "complex" else dtype
         c, s = self._cos_sin(positions, freqs, layer_type, "half", wide)
         half = c.shape[-1] // 2
         c, s = c[..., :half], s[..., :half]
+        if self.form == "half_width":
+            return c, s
+        if self.form == "half_width_sin_first":
+            return s, c
         # HF builds its complex table from float32 angles whatever x's dtype: complex64
-        return (c, s) if self.form == "half_width" else torch.complex(c, s)
+        return torch.complex(c, s)
 
     def _cos_sin(
         self,
@@ -222,7 +254,11 @@ class HFRotaryEmbedding(DerivedBuffers):
         return state
 
     def extra_repr(self) -> str:
-        return (f"form={self.form}, " if self.form != "half" else "") + ", ".join(
+        fixed = self.table_dtype
+        head = (f"form={self.form}, " if self.form != "half" else "") + (
+            f"table_dtype={fixed}, " if fixed is not None else ""
+        )
+        return head + ", ".join(
             f"{k or 'rope'}: {s.rope_type}, base={s.base:g}, rotary_dim={s.rotary_dim}"
             + (
                 ""

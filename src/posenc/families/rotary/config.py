@@ -50,12 +50,17 @@ does (:mod:`posenc.rotary.model_types`, one table per difference), and
   ``compute_default_rope_parameters`` ignores it (Llama, Qwen2, Mistral, ...);
 - a DeepSeek-style config without ``head_dim`` rotates ``qk_rope_head_dim``
   channels (MLA: the rest of each head does not rotate);
-- GPT-J and CodeGen apply base-10000 RoPE over ``rotary_dim`` with no RoPE key;
+- GPT-J and CodeGen apply base-10000 RoPE over ``rotary_dim`` (64 when the config
+  omits it, as their config classes default) with no RoPE key;
 - Gemma 3's v4 ``rope_local_base_freq`` is its sliding layers' base (one RoPE
   per layer type, as transformers converts it);
 - a model whose rotary module falls back on its own ``mrope_section`` is M-RoPE
   even when the config names none;
-- :attr:`RopeSpec.layout` is the pairing the model's attention applies.
+- :attr:`RopeSpec.layout` is the pairing the model's attention applies;
+- a model type whose RoPE settings feed a rotary module of another kind (patch
+  coordinates, timestamps, atom coordinates: EoMT-DINOv3, MusicFlamingo ...) is
+  refused with what its module does instead: its settings give no frequencies the
+  model uses.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ __all__ = [
     "DEFAULT_THETA",
     "FrozenParams",
     "RopeSpec",
+    "fixed_rope",
     "has_rope_settings",
     "parse_rope_type",
     "raw_parameters",
@@ -243,7 +249,7 @@ def has_rope_settings(config: Any) -> bool:
 
     A model type that applies RoPE with no RoPE key (GPT-J, CodeGen) counts as named.
     """
-    if _fixed_rope(config) is not None:
+    if fixed_rope(config) is not None:
         return True
     return any(_has(c, k) for c in (config, setting(config, "text_config")) if c is not None
                for k in ROPE_KEYS)  # fmt: skip
@@ -257,10 +263,28 @@ def _model_types(config: Any) -> tuple[str | None, str | None]:
     return inner, outer
 
 
-def _fixed_rope(config: Any) -> str | None:
-    """The rotary-dim key of a model type that applies RoPE with no RoPE key, else None."""
-    found = model_types.lookup(model_types.FIXED_ROPE, *_model_types(config))
-    return None if found is None else model_types.FIXED_ROPE[found]
+def fixed_rope(config: Any) -> str | None:
+    """The model type of ``config`` if it applies RoPE with no RoPE key (GPT-J, CodeGen).
+
+    Such a model rotates interleaved pairs over base-10000 frequencies of its
+    :data:`~posenc.rotary.model_types.FIXED_ROPE` key's channels; ``None`` for any other.
+    """
+    return model_types.lookup(model_types.FIXED_ROPE, *_model_types(config))
+
+
+def _other_kind(config: Any, inner: str | None) -> None:
+    """Refuse a config whose RoPE settings feed a rotary module of another kind."""
+    found = model_types.lookup(model_types.OTHER_KIND, inner)
+    if found is None:
+        return
+    hint = ""
+    if setting(config, "text_config") is not None:
+        hint = "; for its language model's RoPE, read config.text_config"
+    raise ValueError(
+        f"model_type {inner!r}: transformers' {found} model does not rotate by token "
+        f"positions (its RoPE module: {model_types.OTHER_KIND[found]}). Its RoPE settings "
+        f"give no frequencies the model uses, so posenc does not read them{hint}"
+    )
 
 
 def raw_parameters(config: Any) -> dict[str, Any]:
@@ -406,11 +430,14 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         ValueError: no head dim, unknown rope type (the valid ones are listed),
             missing or unknown parameters (as the schedule reports them),
             a missing or unknown ``layer_type``, an ``mrope_section`` that
-            does not sum to ``rotary_dim / 2``.
+            does not sum to ``rotary_dim / 2``; a model type whose RoPE module is
+            of another kind (:data:`~posenc.rotary.model_types.OTHER_KIND`: the
+            message names it and what its module does).
         TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
     """
     inner, outer = _model_types(config)
-    fixed = _fixed_rope(config)
+    _other_kind(rope_part(config), inner)
+    fixed = fixed_rope(config)
     config = rope_part(config)
     notes: list[str] = []
     raw = raw_parameters(config)
@@ -474,10 +501,11 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         DEFAULT_THETA,
     )
     base = checks.check_number(base, base_key, positive=True)
-    if fixed is not None and not any(_has(config, k) for k in ROPE_KEYS):
+    fixed_key = None if fixed is None else model_types.FIXED_ROPE[fixed]
+    if fixed_key is not None and not any(_has(config, k) for k in ROPE_KEYS):
         notes.append(
             f"transformers' {inner} model applies RoPE with base {DEFAULT_THETA:g} over "
-            f"{fixed} channels; its config has no RoPE key"
+            f"{fixed_key} channels in interleaved pairs; its config has no RoPE key"
         )
     partial_key, partial = _first(
         config,
@@ -520,8 +548,15 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if rope_type == "proportional":
         params["partial_rotary_factor"] = partial
         rotary_dim = head_dim
-    elif fixed is not None and setting(config, fixed) is not None:
-        rotary_dim = checks.check_channels(setting(config, fixed), fixed)
+    elif fixed is not None and fixed_key is not None:
+        rotary_dim = setting(config, fixed_key)
+        if rotary_dim is None:
+            rotary_dim = model_types.FIXED_ROPE_DIM[fixed]
+            notes.append(
+                f"{fixed_key} = {rotary_dim}: the config omits it, and transformers' {fixed} "
+                "config class defaults to it"
+            )
+        rotary_dim = checks.check_channels(rotary_dim, fixed_key)
     elif rope_type == "default" and ignores is not None and partial != 1.0:
         notes.append(
             f"{partial_key} = {partial:g} is ignored: transformers' {ignores} computes its "

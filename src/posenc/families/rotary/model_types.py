@@ -5,9 +5,10 @@ A config key does not mean the same to every model: Llama's default RoPE ignores
 head) where Phi, GPT-NeoX or GLM read it; GLM-4 and Cohere rotate interleaved pairs
 where Llama rotates halves; Qwen2-VL is M-RoPE even when its config names no
 sections (the module falls back on its own); GPT-J applies RoPE with no RoPE key at
-all. :func:`posenc.rotary.config.rope_spec` reads a config the way its model's code
-does through these tables, taken from the modeling code of transformers 5.23 (the
-test suite re-derives every table from the installed transformers and compares).
+all; EoMT-DINOv3's RoPE settings feed angles of patch coordinates, not of positions.
+:func:`posenc.rotary.config.rope_spec` reads a config the way its model's code does
+through these tables, taken from the modeling code of transformers 5.24 (the test
+suite re-derives every table from the installed transformers and compares).
 
 Model types are the ``model_type`` of the config part that holds the RoPE settings
 (``text_config`` for composite models); :func:`candidates` also tries the name
@@ -24,9 +25,11 @@ __all__ = [
     "DEFAULT_IGNORES_PARTIAL",
     "DEFAULT_READS_PARTIAL",
     "FIXED_ROPE",
+    "FIXED_ROPE_DIM",
     "INTERLEAVED",
     "LOCAL_GLOBAL",
     "MROPE_DEFAULT_SECTIONS",
+    "OTHER_KIND",
     "PERMUTED_MROPE",
     "candidates",
     "lookup",
@@ -48,26 +51,26 @@ DEFAULT_READS_PARTIAL = frozenset(
 #: (the other rope types read it through ``ROPE_INIT_FUNCTIONS``, for every model).
 DEFAULT_IGNORES_PARTIAL = frozenset(
     """
-    afmoe apertus arcee aria_text axk1 axk2 bailing_hybrid beam bitnet blt chameleon cohere
-    cohere2 cohere2_moe cohere_compass_text cosmos3_edge_text csm cwm dbrx
+    afmoe apertus apertus1p5_text arcee aria_text axk1 axk2 bailing_hybrid beam bitnet blt
+    chameleon cohere cohere2 cohere2_moe cohere_compass_text cosmos3_edge_text csm cwm dbrx
     deepseek_ocr2_text deepseek_ocr2_vision deepseek_v2 deepseek_v3 deepseek_v32 dia
-    diffllama doge dots1 embedding_gemma2_text emu3 eomt_dinov3 ernie4_5 ernie4_5_moe
+    diffllama doge dory dots1 embedding_gemma2_text emu3 eomt_dinov3 ernie4_5 ernie4_5_moe
     ernie4_5_vl_moe_text esm esmc eurobert evolla exaone4 exaone_moe falcon falcon_h1
     flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text
     glm_moe_dsa gpt_oss gradium_phonon_tts granite granite4_vision_text granite_docling_text
     granite_swa granitemoe granitemoe_swa granitemoehybrid granitemoeshared gte helium
     higgs_audio_v2 hrm_text hunyuan_v1_dense hunyuan_v1_moe hunyuan_vl hy_v3 hy_v4
-    hyperclovax idefics jais2 jetmoe jina_embeddings_v3 kolibri1 kyutai_speech_to_text
-    lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text longcat_flash mimi minicpm3 minimax
-    ministral ministral3 mistral mistral4 mistral_large4_text mixtral mllama_text_model
-    modernbert modernbert-decoder molmo2 moshi muse_glimmer muse_glimmer_assistant
-    muse_spark nanochat neucodec nomic_bert olmo olmo2 olmo3 olmo_hybrid olmoe
-    openai_privacy_filter paddleocr_vl pe_audio_encoder pe_audio_video_encoder
-    pe_video_encoder phimoe pocket_tts pocket_tts_audio_tokenizer qwen2 qwen2_5_omni
-    qwen2_5_omni_dit qwen2_5_vl qwen2_moe qwen2_vl qwen3 qwen3_moe qwen3_omni_moe
-    qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text seed_oss smollm3 starcoder2 t5gemma
-    t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma voxtral_realtime
-    xcodec2 youtu zamba2
+    hy_v4_vl_text hyperclovax idefics jais2 jetmoe jina_embeddings_v3 kolibri1
+    kyutai_speech_to_text lara_mini lasr_encoder lfm2 lfm2_moe lfm3 llama llama4_text
+    longcat_flash mimi minicpm3 minimax ministral ministral3 mistral mistral4
+    mistral_large4_text mixtral mllama_text_model modernbert modernbert-decoder molmo2 moshi
+    muse_glimmer muse_glimmer_assistant muse_spark nanochat neucodec nomic_bert olmo olmo2
+    olmo3 olmo_hybrid olmoe openai_privacy_filter paddleocr_vl pe_audio_encoder
+    pe_audio_video_encoder pe_video_encoder phimoe pocket_tts pocket_tts_audio_tokenizer
+    qwen2 qwen2_5_omni qwen2_5_omni_dit qwen2_5_vl qwen2_moe qwen2_vl qwen3 qwen3_moe
+    qwen3_omni_moe qwen3_omni_moe_text qwen3_vl_moe_text qwen3_vl_text seed_oss smollm3
+    starcoder2 t5gemma t5gemma2_text timesfm2_5 ultrabert unlimited_ocr_text vaultgemma
+    voxtral_realtime xcodec2 youtu zamba2
     """.split()
 )
 
@@ -77,7 +80,7 @@ DEFAULT_IGNORES_PARTIAL = frozenset(
 INTERLEAVED = frozenset(
     """
     blt codegen cohere cohere2 cohere2_moe deepseek_v2 deepseek_v4 efficientloftr ernie4_5
-    ernie4_5_moe ernie4_5_vl_moe glm glm4 glm4v glm_ocr gptj helium llama4 moonshine
+    ernie4_5_moe ernie4_5_vl_moe glm glm4 glm4v glm_ocr gptj helium hy_v4_vl llama4 moonshine
     moonshine_streaming musicflamingo
     """.split()
 )
@@ -85,7 +88,9 @@ INTERLEAVED = frozenset(
 #: M-RoPE sections a model's rotary module falls back on when its config names none
 #: (``config.rope_parameters.get("mrope_section", [...])``).
 MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, ...]] = {
-    **dict.fromkeys(("cosmos3_edge", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe"), (24, 20, 20)),
+    **dict.fromkeys(
+        ("cosmos3_edge", "hy_v4_vl", "qwen3_omni_moe", "qwen3_vl", "qwen3_vl_moe"), (24, 20, 20)
+    ),
     **dict.fromkeys(("paddleocr_vl", "qwen2_5_omni", "qwen2_5_vl", "qwen2_vl"), (16, 24, 24)),
     **dict.fromkeys(("glm4v", "glm4v_moe", "glm_image", "glm_ocr"), (8, 12, 12)),
     **dict.fromkeys(("qwen3_5", "qwen3_5_moe", "qwen4_exp"), (11, 11, 10)),
@@ -98,8 +103,50 @@ MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, ...]] = {
 PERMUTED_MROPE = frozenset({"ernie4_5_vl_moe"})
 
 #: Model types that apply RoPE with no RoPE key in their config: base 10000, over the
-#: channels the named config key gives (the whole head when it is unset).
+#: channels the named config key gives, in interleaved pairs (``rotate_every_two``). Their
+#: rotary module returns ``(sin, cos)``, each angle once, read from a table made at
+#: construction (``create_sinusoidal_positions``).
 FIXED_ROPE: dict[str, str] = {"gptj": "rotary_dim", "codegen": "rotary_dim"}
+
+#: The rotary dim of a :data:`FIXED_ROPE` model type whose config omits its key: the
+#: default of transformers' config class (``GPTJConfig().rotary_dim``).
+FIXED_ROPE_DIM: dict[str, int] = {"gptj": 64, "codegen": 64}
+
+#: Model types whose RoPE settings feed a rotary module of another kind than tables of
+#: token positions times ``base ** (-2k / d)``, and what it does instead. A config of
+#: one gives no frequencies its model uses: :func:`posenc.rotary.config.rope_spec`
+#: refuses it, as :func:`posenc.hf.patch_model` refuses the module (DINOv3's and
+#: Sapiens2's, ``*RopePositionEmbedding``, are not even found as rotary modules).
+OTHER_KIND: dict[str, str] = {
+    "efficientloftr": (
+        "forward(x) of a feature map, no position ids: a table over the rows and columns "
+        "of its aggregated grid, spread over the whole hidden size (partial_rotary_factor "
+        "4.0 of a head)"
+    ),
+    **dict.fromkeys(
+        ("dinov3_vit", "eomt_dinov3", "sapiens2"),
+        "DINOv3's forward(pixel_values), no position ids: angles 2 pi times patch-centre "
+        "coordinates in [-1, 1] times head_dim / 4 frequencies of its own, per image axis",
+    ),
+    "esmfold2": (
+        "forward(ref_pos, ref_space_uid, dtype) in its atom encoders: 3-D atom coordinates "
+        "and a per-atom id as positions, with spatial and id bases of their own"
+    ),
+    "llama4_vision_model": (
+        "one complex table over the image's patch grid, computed at construction from "
+        "image_size and patch_size: row and column (from 1) on head_dim / 4 frequencies "
+        "each, the class token unrotated; forward(hidden_states) returns it whole"
+    ),
+    "musicflamingo": (
+        "forward(timestamps, seq_len) for the audio encoder: axial RoPE over each audio "
+        "window's index and the time index within it, modulated by the timestamps in "
+        "seconds"
+    ),
+    "pixtral": (
+        "2-D RoPE over patch rows and columns: base ** (-2k / head_dim) split into its even "
+        "and odd frequencies, one set per axis (rope_type 'axial')"
+    ),
+}
 
 #: Model types whose sliding-window layers use another base than the global ones: their
 #: v4 ``config.json`` gives it as ``rope_local_base_freq`` (transformers' defaults:
