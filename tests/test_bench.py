@@ -111,7 +111,7 @@ def test_missing_peer_is_skipped_and_failing_peer_is_an_error():
     assert "skipped" in text and "not installed" in text
 
 
-def test_our_failure_raises():
+def _broken_case():
     def broken():
         raise RuntimeError("bug in posenc")
 
@@ -121,8 +121,12 @@ def test_our_failure_raises():
             bench.Impl("us", broken, "ours"),
         ]
 
+    return bench.Case("o", "", build, {"n": 1}, {"n": 1})
+
+
+def test_our_failure_raises():
     with pytest.raises(RuntimeError, match="bug in posenc"):
-        bench.run_case(bench.Case("o", "", build, {"n": 1}, {"n": 1}), repeat=1)
+        bench.run_case(_broken_case(), repeat=1)
 
 
 def test_over_budget_is_timed_from_the_warmup_call():
@@ -508,16 +512,7 @@ def test_sizes_per_device():
 
 
 def test_keep_going_reports_our_failure_as_a_row():
-    def broken():
-        raise RuntimeError("bug in posenc")
-
-    def build(n):
-        return [
-            bench.Impl("base", lambda: lambda: None, "baseline"),
-            bench.Impl("us", broken, "ours"),
-        ]
-
-    rows = bench.run_case(bench.Case("o", "", build, {"n": 1}, {"n": 1}), repeat=1, strict=False)
+    rows = bench.run_case(_broken_case(), repeat=1, strict=False)
     assert (rows[1].status, rows[1].reason) == ("error", "RuntimeError: bug in posenc")
     assert rows[0].status == "ok"
 
@@ -639,16 +634,7 @@ def test_cli_decode_quick_json(capsys):
 def test_cli_keep_going_exits_1_when_ours_fails(monkeypatch, capsys):
     from posenc.cli import main
 
-    def broken():
-        raise RuntimeError("bug in posenc")
-
-    def build(n):
-        return [
-            bench.Impl("base", lambda: lambda: None, "baseline"),
-            bench.Impl("us", broken, "ours"),
-        ]
-
-    monkeypatch.setitem(bench.CASES, "o", bench.Case("o", "", build, {"n": 1}, {"n": 1}))
+    monkeypatch.setitem(bench.CASES, "o", _broken_case())
     assert main(["bench", "--case", "o", "--repeat", "1", "--keep-going", "--json"]) == 1
     captured = capsys.readouterr()
     assert [r["status"] for r in json.loads(captured.out)["results"]] == ["ok", "error"]
