@@ -454,3 +454,55 @@ def test_eomt_and_musicflamingo_configs_are_refused() -> None:
     # its language model's RoPE is read, as the error says
     text = flamingo.text_config
     assert Rotary.from_hf_config(text).rotary_dim == text.hidden_size // text.num_attention_heads
+
+
+# --------------------------------------------------------------------------------------
+# A config.json without rope_theta: the base its config class defaults to.
+
+
+def test_default_theta_table() -> None:
+    # transformers' config classes set default_theta per model type (RotaryEmbeddingConfigMixin's
+    # 10000 otherwise) and standardize rope_parameters with it when rope_theta is omitted; kept:
+    # the scalar ones that every layer type of the class's own rope_parameters takes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        derived = {}
+        for model_type in transformers.CONFIG_MAPPING:
+            cls = transformers.CONFIG_MAPPING[model_type]
+            theta = getattr(cls, "default_theta", None)
+            if not isinstance(theta, (int, float)) or theta == 10_000.0:
+                continue  # the mixin's default, or one base per layer type (Gemma 3, ModernBERT)
+            parameters = getattr(cls(), "rope_parameters", None) or {}
+            layers = [p for p in parameters.values() if isinstance(p, dict)] or [parameters]
+            if {p.get("rope_theta") for p in layers} == {theta}:
+                derived[cls.model_type] = float(theta)
+    assert_table("DEFAULT_THETA_BY_TYPE", model_types.DEFAULT_THETA_BY_TYPE, derived)
+
+
+DEFAULT_THETA_CASES = {
+    "cohere": ("CohereConfig", 500_000.0),
+    "exaone": ("ExaoneConfig", 500_000.0),  # a config class with no modeling code of its own
+    "nomic_bert": ("NomicBertConfig", 1_000.0),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_THETA_CASES))
+def test_config_json_without_rope_theta_takes_the_model_types_default(model_type: str) -> None:
+    name, theta = DEFAULT_THETA_CASES[model_type]
+    config = {"model_type": model_type, **SMALL}
+    spec = rope_spec(config)
+    hf = _config(name, **SMALL)
+    assert spec.base == hf.rope_parameters["rope_theta"] == theta
+    assert any(f"defaults rope_theta to {theta:g}" in note for note in spec.notes)
+    ours = torch.as_tensor(spec.frequencies().inv_freq, dtype=torch.float64)
+    try:
+        _, rotary = _hf_rotary(model_type, hf)
+    except ModuleNotFoundError:
+        theirs = 1.0 / theta ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    else:
+        theirs = rotary.inv_freq.double()
+    torch.testing.assert_close(ours, theirs, rtol=8 * 2.0**-24, atol=0.0)
+    # a rope_theta the config gives wins, and says nothing of the default
+    given = rope_spec({**config, "rope_theta": 10_000.0})
+    assert given.base == 10_000.0
+    assert not any("defaults rope_theta" in note for note in given.notes)

@@ -492,14 +492,22 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if setting(config, "model_type") == "phi3" and rope_type == "yarn":
         rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
 
+    base_keys = ("rope_theta", "rotary_emb_base")  # GPT-NeoX's name
+    type_theta = model_types.DEFAULT_THETA_BY_TYPE.get(inner or "")
     base_key, base = _first(
         config,
         parameters,
         where,
         "rope_theta",
-        ("rope_theta", "rotary_emb_base"),  # GPT-NeoX's name
-        DEFAULT_THETA,
+        base_keys,
+        DEFAULT_THETA if type_theta is None else type_theta,
     )
+    if type_theta is not None and parameters.get("rope_theta") is None:
+        if all(setting(config, k) is None for k in base_keys):
+            notes.append(
+                f"rope_theta = {type_theta:g}: the config omits it, and transformers' {inner} "
+                f"config defaults rope_theta to {type_theta:g} (default_theta)"
+            )
     base = checks.check_number(base, base_key, positive=True)
     fixed_key = None if fixed is None else model_types.FIXED_ROPE[fixed]
     if fixed_key is not None and not any(_has(config, k) for k in ROPE_KEYS):

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 __all__ = [
     "DEFAULT_IGNORES_PARTIAL",
     "DEFAULT_READS_PARTIAL",
+    "DEFAULT_THETA_BY_TYPE",
     "FIXED_ROPE",
     "FIXED_ROPE_DIM",
     "INTERLEAVED",
@@ -154,6 +155,50 @@ OTHER_KIND: dict[str, str] = {
 #: layer type.
 LOCAL_GLOBAL: dict[str, tuple[float, float]] = {
     t: (10_000.0, 1_000_000.0) for t in ("gemma3", "gemma3n", "t5gemma2")
+}
+
+
+#: The base of a model type whose config omits ``rope_theta``, where it is not 10000: the
+#: ``default_theta`` of transformers' config class, which standardizes ``rope_parameters``
+#: with it (``CohereConfig().rope_parameters["rope_theta"]``). Keyed by the exact model type
+#: of the config part holding the RoPE settings (``qwen2_vl_text``, not ``qwen2_vl``: the
+#: outer classes keep 10000). Left out: classes with one default per layer type (Gemma 3,
+#: ModernBERT, LFM3, ...), and Fuyu's, which its Persimmon text config never reads.
+DEFAULT_THETA_BY_TYPE: dict[str, float] = {
+    **dict.fromkeys(("eomt_dinov3", "gemma4_vision"), 100.0),
+    "nomic_bert": 1_000.0,
+    "musicflamingo": 1_200.0,
+    **dict.fromkeys(
+        ("jina_embeddings_v3", "pe_audio_encoder", "pe_audio_video_encoder", "pe_video_encoder"),
+        20_000.0,
+    ),
+    "helium": 100_000.0,
+    **dict.fromkeys(("gpt_oss", "openai_privacy_filter"), 150_000.0),
+    "gte": 160_000.0,
+    **dict.fromkeys(
+        """
+        bitnet blt blt_global_transformer blt_local_decoder blt_local_encoder cohere csm
+        csm_depth_decoder_model ernie4_5 ernie4_5_moe ernie4_5_vl_moe_text evolla exaone
+        flex_olmo llama4_text mllama_text_model muse_glimmer_assistant olmo3 paddleocr_vl_text
+        qwen3_vl_moe_text qwen3_vl_text
+        """.split(),
+        500_000.0,
+    ),
+    **dict.fromkeys(
+        """
+        cwm emu3_text_model lfm2 lfm2_moe lfm3_vl_vision minimax mixtral phimoe
+        qwen2_5_omni_talker qwen2_5_omni_text qwen2_5_vl_text qwen2_vl_text qwen3_omni_moe_text
+        solar_open
+        """.split(),
+        1_000_000.0,
+    ),
+    "smollm3": 2_000_000.0,
+    **dict.fromkeys(("minimax_m2", "minimax_m3_vl_text"), 5_000_000.0),
+    "sarvam_moe": 8_000_000.0,
+    "longcat_flash": 10_000_000.0,
+    "hy_v3": 11_158_840.0,
+    **dict.fromkeys(("apertus", "apertus1p5_text"), 12_000_000.0),
+    "cosmos3_edge_text": 100_000_000.0,
 }
 
 
