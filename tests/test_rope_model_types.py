@@ -289,6 +289,33 @@ def test_gemma3_v4_local_base_is_the_sliding_layers_base() -> None:
         assert rope_spec(hf, layer_type).base == rope_spec(config, layer_type).base
 
 
+@pytest.mark.parametrize(
+    "v4",
+    [
+        {"global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0},
+        {},  # the config class's own bases
+        {"global_rope_theta": 80_000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    ],
+    ids=["both-bases", "defaults", "scaling-on-both"],
+)
+@pytest.mark.parametrize("model_type", ["modernbert", "modernbert_decoder"])
+def test_modernbert_v4_bases_are_read_per_layer_type(model_type: str, v4: dict) -> None:
+    # a v4 config.json names global_rope_theta and local_rope_theta; transformers reads
+    # them into one RoPE per layer type, rope_scaling applying to both (unlike Gemma 3's)
+    config = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, **v4}
+    assert set(rope_layer_types(config)) == {"sliding_attention", "full_attention"}
+    name = {"modernbert": "ModernBertConfig", "modernbert_decoder": "ModernBertDecoderConfig"}
+    hf = _config(name[model_type], **v4, hidden_size=64, num_attention_heads=4)
+    for layer_type in ("sliding_attention", "full_attention"):
+        ours, theirs = rope_spec(config, layer_type), rope_spec(hf, layer_type)
+        assert (ours.base, ours.rope_type, dict(ours.params)) == (
+            theirs.base,
+            theirs.rope_type,
+            dict(theirs.params),
+        )
+        assert ours.base == hf.rope_parameters[layer_type]["rope_theta"]
+
+
 def test_mrope_without_sections_and_ernie_vl_refuse() -> None:
     # Qwen2-VL's rotary module falls back on its own sections: M-RoPE, so Rotary refuses
     qwen = {"model_type": "qwen2_vl_text", "hidden_size": 128, "num_attention_heads": 1}

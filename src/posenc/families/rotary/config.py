@@ -241,7 +241,13 @@ def rope_part(config: Any) -> Any:
 
 
 #: Where a config can say anything about its RoPE (v5, v4, GPT-NeoX's base).
-ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_emb_base")
+ROPE_KEYS = (
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rotary_emb_base",
+    *model_types.LOCAL_GLOBAL_KEYS,
+)
 
 
 def has_rope_settings(config: Any) -> bool:
@@ -307,24 +313,35 @@ def raw_parameters(config: Any) -> dict[str, Any]:
 
 
 def _local_global(config: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
-    """Gemma 3's v4 form as transformers converts it: one RoPE per layer type, else None.
+    """A v4 local/global form as transformers converts it: one RoPE per layer type, else None.
 
-    The sliding layers take ``rope_local_base_freq``, the full ones ``rope_theta`` and
-    ``rope_scaling`` (``Gemma3TextConfig``), each defaulting to the model's own bases.
+    The sliding layers take the local base, the full ones the global base and
+    ``rope_scaling`` (:data:`~posenc.rotary.model_types.LOCAL_GLOBAL`: Gemma 3's
+    ``rope_local_base_freq`` and ``rope_theta``; ModernBERT's ``local_rope_theta`` and
+    ``global_rope_theta``, whose ``rope_scaling`` applies to both), each defaulting to
+    the model's own bases.
     """
     found = model_types.lookup(model_types.LOCAL_GLOBAL, setting(config, "model_type"))
-    local = setting(config, "rope_local_base_freq")
-    if found is None and local is None:
-        return None
+    if found is None:
+        local_key = next(
+            (
+                k
+                for k in ("rope_local_base_freq", "local_rope_theta")
+                if setting(config, k) is not None
+            ),
+            None,
+        )
+        if local_key is None:
+            return None
+        found = "gemma3" if local_key == "rope_local_base_freq" else "modernbert"
+    form = model_types.LOCAL_GLOBAL[found]
     if raw and all(v is None or isinstance(v, Mapping) for v in raw.values()):
         return None  # already one dict per layer type (v5)
-    local_default, global_default = model_types.LOCAL_GLOBAL.get(found or "", (None, None))
-    if local is None:
-        local = local_default
     full = {"rope_type": "default", **raw}
     if full.get("rope_theta") is None:
-        full["rope_theta"] = setting(config, "rope_theta", global_default)
-    sliding = {"rope_type": "default", "rope_theta": local}
+        full["rope_theta"] = setting(config, form.global_key, form.global_default)
+    sliding = {"rope_type": "default", **(raw if form.scaling_both else {})}
+    sliding["rope_theta"] = setting(config, form.local_key, form.local_default)
     return {"sliding_attention": sliding, "full_attention": full}
 
 
@@ -441,11 +458,15 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     config = rope_part(config)
     notes: list[str] = []
     raw = raw_parameters(config)
-    if setting(config, "rope_local_base_freq") is not None:
-        notes.append(
-            "rope_local_base_freq is the sliding layers' base, rope_theta the full layers' "
-            "(one RoPE per layer type, as transformers reads this config)"
-        )
+    for local_key, global_key in (
+        ("rope_local_base_freq", "rope_theta"),
+        ("local_rope_theta", "global_rope_theta"),
+    ):
+        if setting(config, local_key) is not None:
+            notes.append(
+                f"{local_key} is the sliding layers' base, {global_key} the full layers' "
+                "(one RoPE per layer type, as transformers reads this config)"
+            )
     nested = _nested_keys(config, raw)
     if nested:
         if layer_type is None:

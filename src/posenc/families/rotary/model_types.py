@@ -20,6 +20,7 @@ halves layout, one axis).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_IGNORES_PARTIAL",
@@ -29,9 +30,11 @@ __all__ = [
     "FIXED_ROPE_DIM",
     "INTERLEAVED",
     "LOCAL_GLOBAL",
+    "LOCAL_GLOBAL_KEYS",
     "MROPE_DEFAULT_SECTIONS",
     "OTHER_KIND",
     "PERMUTED_MROPE",
+    "LocalGlobal",
     "candidates",
     "lookup",
 ]
@@ -149,13 +152,46 @@ OTHER_KIND: dict[str, str] = {
     ),
 }
 
-#: Model types whose sliding-window layers use another base than the global ones: their
-#: v4 ``config.json`` gives it as ``rope_local_base_freq`` (transformers' defaults:
-#: 10000 local, 1e6 global), which transformers reads into ``rope_parameters`` per
-#: layer type.
-LOCAL_GLOBAL: dict[str, tuple[float, float]] = {
-    t: (10_000.0, 1_000_000.0) for t in ("gemma3", "gemma3n", "t5gemma2")
+
+@dataclass(frozen=True)
+class LocalGlobal:
+    """How a v4 ``config.json`` gives the sliding layers' base apart from the full layers'.
+
+    transformers reads it into ``rope_parameters`` per layer type (``sliding_attention``,
+    ``full_attention``), each defaulting to the config class's own base.
+
+    Attributes:
+        local_key, global_key: the keys of the sliding and the full layers' bases.
+        local_default, global_default: the config class's defaults.
+        scaling_both: ``rope_scaling`` applies to both layer types (ModernBERT), not
+            only to the full ones (Gemma 3).
+    """
+
+    local_key: str
+    global_key: str
+    local_default: float
+    global_default: float
+    scaling_both: bool
+
+
+#: Model types whose sliding-window layers use another base than the global ones, by
+#: their v4 keys: Gemma 3's ``rope_local_base_freq`` beside ``rope_theta`` (10000 and
+#: 1e6), ModernBERT's ``local_rope_theta`` and ``global_rope_theta`` (10000 and 160000).
+LOCAL_GLOBAL: dict[str, LocalGlobal] = {
+    **dict.fromkeys(
+        ("gemma3", "gemma3n", "t5gemma2"),
+        LocalGlobal("rope_local_base_freq", "rope_theta", 10_000.0, 1_000_000.0, False),
+    ),
+    **dict.fromkeys(
+        ("modernbert", "modernbert_decoder"),
+        LocalGlobal("local_rope_theta", "global_rope_theta", 10_000.0, 160_000.0, True),
+    ),
 }
+
+#: Every key a v4 config names a sliding or full layers' base with.
+LOCAL_GLOBAL_KEYS = tuple(
+    sorted({k for v in LOCAL_GLOBAL.values() for k in (v.local_key, v.global_key)} - {"rope_theta"})
+)
 
 
 #: The base of a model type whose config omits ``rope_theta``, where it is not 10000: the
