@@ -45,7 +45,7 @@ EVERY = tuple(dict.fromkeys(training_encoding(e) for e in ENCODINGS))
 # FIRE's last bias is added to every logit of a row, which softmax ignores: its true
 # gradient is 0, so Adam turns its rounding noise into steps of lr (in one process
 # too); its gradients are compared below
-TRAINED = ("alibi", "rope", "sinusoidal", "t5", "xpos", "learned", "randomized")
+TRAINED = ("alibi", "rope", "sinusoidal", "t5", "xpos", "learned", "randomized", "hybrid-nope")
 EPS32 = torch.finfo(torch.float32).eps
 
 

@@ -1,11 +1,12 @@
 """The lab's encodings as data: one frozen :class:`Encoding` per name, in :data:`REGISTRY`.
 
 An :class:`Encoding` says which position pieces the lab's model gets (an
-absolute table added to the token embedding, a rotation of queries and keys,
-an attention-bias module, randomized positions) and which rope scaling it
-applies at test time. :mod:`posenc.lab.model` builds every model from these
-fields alone, and :mod:`posenc.lab.run` keys and evaluates runs through them,
-so adding an encoding is adding one entry here.
+absolute table added to the token embedding, a rotation of queries and keys
+in every layer or in all but every k-th, an attention-bias module, randomized
+positions) and which rope scaling it applies at test time.
+:mod:`posenc.lab.model` builds every model from these fields alone, and
+:mod:`posenc.lab.run` keys and evaluates runs through them, so adding an
+encoding is adding one entry here.
 
 Importable without torch (the command line lists the names before torch is
 imported): the bias factories import their modules when called.
@@ -55,6 +56,12 @@ class Encoding:
         random_positions: positions are a sorted random subset of
             ``0 .. max_positions - 1``, drawn anew for every batch in training
             and evaluation (Ruoss et al. 2023).
+        nope_every: every ``nope_every``-th layer (layers ``nope_every - 1``,
+            ``2 nope_every - 1``, ... counted from 0) has no positional encoding
+            at all and the others rotate (:meth:`rotates`), as HF's Llama 4 and
+            SmolLM3 configs lay out ``no_rope_layers`` from their
+            ``no_rope_layer_interval`` (4 in both); None: every layer rotates.
+            An int >= 2, with a ``rotary``.
         trains_as: the encoding whose trained model this one evaluates (None:
             its own).
         test_scaling: the HF ``rope_type`` applied at test time beyond the
@@ -68,6 +75,7 @@ class Encoding:
     rotary: Rotation | None = None
     bias: Callable[[int, int], AttentionBias] | None = None
     random_positions: bool = False
+    nope_every: int | None = None
     trains_as: str | None = None
     test_scaling: str | None = None
 
@@ -78,6 +86,27 @@ class Encoding:
             checks.check_choice(self.rotary, "rotary", _ROTATIONS)
         if self.random_positions and self.rotary != "rope":
             raise ValueError(f"{self.name}: random_positions needs rotary='rope'")
+        if self.nope_every is not None:
+            # 1 would leave no layer rotating: that is "nope", not a hybrid
+            checks.check_int(self.nope_every, "nope_every", minimum=2)
+            if self.rotary is None:
+                raise ValueError(f"{self.name}: nope_every needs a rotary encoding to skip")
+
+    def rotates(self, layer: int) -> bool:
+        """Whether layer ``layer`` (counted from 0) rotates its queries and keys.
+
+        Every layer of a rotary encoding without ``nope_every``; with it, HF's
+        ``no_rope_layers[layer] = int((layer + 1) % no_rope_layer_interval != 0)``
+        (Llama 4, SmolLM3: 1 where the layer uses RoPE), the interval being
+        ``nope_every``. False for every layer of an encoding without rotation.
+
+        Raises:
+            TypeError, ValueError: ``layer`` not an int >= 0.
+        """
+        layer = checks.check_int(layer, "layer", minimum=0)
+        if self.rotary is None:
+            return False
+        return self.nope_every is None or (layer + 1) % self.nope_every != 0
 
     @property
     def limited(self) -> bool:
@@ -150,6 +179,13 @@ def _at_test_time(rope_type: str, description: str) -> Encoding:
 
 _IN_ORDER = (
     Encoding("nope", "no positional encoding: the causal mask alone (Kazemnejad et al. 2023)"),
+    replace(
+        _ROPE,
+        name="hybrid-nope",
+        description="rope in every layer but every 2nd, which has no positional encoding "
+        "(Llama 4 and SmolLM3 skip every 4th; Cohere 2 has 3 rope layers to 1 without)",
+        nope_every=2,
+    ),
     Encoding(
         "sinusoidal",
         "the exact sinusoidal table added to the token embedding (Vaswani et al. 2017)",

@@ -3,9 +3,10 @@
 Token embedding, plus the absolute table of the encodings that have one (the
 exact sinusoidal table, or a learned one); pre-norm blocks whose attention is
 :func:`posenc.attention`, causal throughout, with the encoding's rotation of
-queries and keys (:class:`posenc.Rotary`, xPos) and/or its bias module
-(:mod:`posenc.bias`). What each encoding builds is data: its
-:class:`~posenc.lab.encodings.Encoding` in :data:`posenc.lab.encodings.REGISTRY`.
+queries and keys (:class:`posenc.Rotary`, xPos; in every layer, or all but
+every k-th for ``hybrid-nope``) and/or its bias module (:mod:`posenc.bias`).
+What each encoding builds is data: its :class:`~posenc.lab.encodings.Encoding`
+in :data:`posenc.lab.encodings.REGISTRY`.
 
 Shapes: tokens ``(batch, seq)``; logits ``(batch, seq, vocab)``; q, k, v
 ``(batch, heads, seq, head_dim)``.
@@ -325,6 +326,47 @@ class LabModel(nn.Module):
                 ``0 <= start < stop <= seq``; a span under ``context`` (each rank
                 holds pieces of the sequence's start and end: no suffix to cut).
         """
+        x, attends, queries = self._start(tokens, scaling, generator, span, context)
+        for i, (block, attend) in enumerate(zip(self.blocks, attends, strict=True)):
+            x = block(x, attend, queries if i == len(self.blocks) - 1 else x.shape[1])
+        return self.head(self.ln(x))
+
+    def residuals(
+        self, tokens: torch.Tensor, *, generator: torch.Generator | None = None
+    ) -> list[torch.Tensor]:
+        """The residual stream of ``tokens`` ``(batch, seq)`` at every layer, every position.
+
+        Element 0 is the embedding output (the token embedding, plus the absolute
+        table where the encoding has one), element ``l`` the output of block ``l``
+        (``l = 1 .. layers``), each ``(batch, seq, d_model)``: what the blocks of
+        :meth:`forward` compute for the whole sequence, the last one included
+        (:meth:`forward`'s logits are ``head(ln(residuals[-1]))``).
+
+        Args:
+            tokens: int64 ids.
+            generator: the randomness of ``randomized`` positions, as in :meth:`forward`.
+
+        Raises:
+            ValueError: a sequence longer than ``max_positions`` for the encodings
+                that have a limit (learned, randomized).
+        """
+        x, attends, _ = self._start(tokens, None, generator, None, None)
+        stream = [x]
+        for block, attend in zip(self.blocks, attends, strict=True):
+            x = block(x, attend, x.shape[1])
+            stream.append(x)
+        return stream
+
+    def _start(
+        self,
+        tokens: torch.Tensor,
+        scaling: dict[str, Any] | None,
+        generator: torch.Generator | None,
+        span: tuple[int, int] | None,
+        context: ContextParallel | None,
+    ) -> tuple[torch.Tensor, list[Attend], int]:
+        """The embedding output of the tokens a pass computes, each block's attention,
+        and the queries of the last block (:meth:`forward`'s arguments, checked)."""
         t = tokens.shape[1]
         spec, device = self.spec, tokens.device
         if context is not None and span is not None:
@@ -357,10 +399,10 @@ class LabModel(nn.Module):
         tables = None
         if spec.rotary is not None:
             tables = _ROTATIONS[spec.rotary](self, positions, t, scaling)
-        attend = _attend(self.bias, tables, context)
-        for i, block in enumerate(self.blocks):
-            x = block(x, attend, stop - start if i == len(self.blocks) - 1 else stop)
-        return self.head(self.ln(x))
+        # each layer rotates or not (hybrid-nope's NoPE layers), on one set of tables
+        rotating, plain = _attend(self.bias, tables, context), _attend(self.bias, None, context)
+        attends = [rotating if spec.rotates(i) else plain for i in range(len(self.blocks))]
+        return x, attends, stop - start
 
 
 def _check_span(span: Any, t: int) -> tuple[int, int]:
