@@ -376,7 +376,7 @@ def _lab_run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return 0
-    paths = results.write(args.out, outcome.records, config)
+    paths = results.write(args.out, outcome.records, config, outcome.probes)
     rows = results.summary(outcome.records, config.train_len)
     for row in rows:
         within = row.get("within", (math.nan,) * 3)
@@ -386,8 +386,15 @@ def _lab_run(args: argparse.Namespace) -> int:
             f"({within[1]:.3g}-{within[2]:.3g})  beyond {beyond[0]:.3g} "
             f"({beyond[1]:.3g}-{beyond[2]:.3g})"
         )
+    for row in results.probe_summary(outcome.probes):
+        means = " ".join(f"{mean:.3g}" for mean, _, _ in row["layers"].values())
+        chance = f" (chance {1 / row['positions']:.3g})" if row["metric"] == "accuracy" else ""
+        print(f"{row['encoding']:>12}  position probe {row['metric']} by layer {means}{chance}")
     where = (Path(args.out) / "results.json").resolve()
-    print(f"trained {len(outcome.trained)}, reused {len(outcome.reused)}; results: {where}")
+    print(
+        f"trained {len(outcome.trained)}, reused {len(outcome.reused)}, "
+        f"probed {len(outcome.probed)}; results: {where}"
+    )
     print(f"page: {paths['html'].resolve()}")
     return 0
 

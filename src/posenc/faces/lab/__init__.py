@@ -9,7 +9,10 @@
   pieces, one positional encoding per model;
 - :mod:`posenc.lab.run`: training (cached, resumable; under torchrun DDP, and
   context parallelism with ring attention) and evaluation at every length;
-- :mod:`posenc.lab.results`: the figure and HTML page.
+- :mod:`posenc.lab.probes`: linear probes of where each layer's residual stream
+  keeps the absolute position;
+- :mod:`posenc.lab.results`: the figure and HTML page, and ``results.json`` read
+  back (probes and trained bias modules included).
 
 ``posenc lab run`` is the command. Needs torch (and matplotlib for the figure).
 """

@@ -2,24 +2,188 @@
 
 The figure has one line per encoding, the mean over seeds, with the spread
 (minimum to maximum over seeds) shaded, and the trained lengths marked. The
-page (``out/index.html``) embeds the figure and a table of in-length and
-beyond-length means; :func:`section` is the same content as an HTML fragment
-that ``posenc report --lab DIR`` embeds.
+page (``out/index.html``) embeds the figure, a table of in-length and
+beyond-length means and a table of the position probes per layer;
+:func:`section` is the same content as an HTML fragment that ``posenc report
+--lab DIR`` embeds.
+
+Reading a run back: :func:`read` turns a ``results.json`` document into
+:class:`LabResults` (config, records, probes, bias parameters; files written
+before the probes existed read with empty lists), :func:`bundled` reads the
+runs bundled with posenc, and :func:`bias_module` rebuilds a trained
+attention-bias module from its :class:`BiasParameters`.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from posenc.faces.files import atomic_write
 
-__all__ = ["figure", "section", "summary", "write"]
+if TYPE_CHECKING:
+    from posenc.faces.lab.probes import Probe
+    from posenc.faces.lab.run import LabConfig, Record
+    from posenc.families.bias.modules import AttentionBias
+
+__all__ = [
+    "BUNDLED",
+    "BiasParameters",
+    "LabResults",
+    "bias_module",
+    "bundled",
+    "figure",
+    "probe_summary",
+    "read",
+    "section",
+    "summary",
+    "write",
+]
+
+#: The runs bundled with posenc (``posenc/faces/data``): ``posenc lab run`` and
+#: ``posenc lab run --task text`` at their defaults, the ``results.json`` of each.
+BUNDLED = ("lab-copy.json", "lab-text.json")
+
+
+# ------------------------------------------------------------------ reading a run back
+
+
+@dataclass(frozen=True)
+class BiasParameters:
+    """A trained attention-bias module's state: one entry of ``results.json``'s
+    ``"bias_parameters"``.
+
+    Attributes:
+        encoding: the trained encoding (``t5``, ``kerple``, ``fire``, ``sandwich``,
+            ``alibi``: every encoding with a bias module).
+        seed: the model's seed.
+        parameters: the module's ``state_dict``, each tensor as nested lists of
+            floats (a float for a 0-d one); ``{}`` for ALiBi and Sandwich, whose
+            slopes and tables follow from the sizes and are not saved.
+    """
+
+    encoding: str
+    seed: int
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LabResults:
+    """A ``posenc lab run``'s ``results.json``, read back by :func:`read`.
+
+    Attributes:
+        config: the run's :class:`~posenc.lab.run.LabConfig`.
+        records: its :class:`~posenc.lab.run.Record` list (accuracy or perplexity
+            per encoding, seed and length).
+        probes: its :class:`~posenc.lab.probes.Probe` list (per trained encoding,
+            seed, layer and metric); empty for a run from before the probes.
+        bias_parameters: a :class:`BiasParameters` per trained model with an
+            attention-bias module; empty for a run from before they were saved.
+    """
+
+    config: LabConfig
+    records: list[Record]
+    probes: list[Probe] = field(default_factory=list)
+    bias_parameters: list[BiasParameters] = field(default_factory=list)
+
+
+def read(doc: dict[str, Any]) -> LabResults:
+    """The :class:`LabResults` of a ``results.json`` document (its parsed JSON).
+
+    ``doc`` holds ``"config"`` (the :class:`~posenc.lab.run.LabConfig` fields) and
+    ``"records"`` (:class:`~posenc.lab.run.Record` fields each), and, since the
+    probes, ``"probes"`` (:class:`~posenc.lab.probes.Probe` fields each) and
+    ``"bias_parameters"`` (``{"encoding", "seed", "parameters"}`` each); a
+    document without the last two reads with empty lists.
+
+    Raises:
+        TypeError: ``doc`` not a dict, or an entry not a dict.
+        ValueError: ``doc`` without ``"config"`` or ``"records"``, or an entry
+            whose fields are not those of its kind (the message names which).
+    """
+    from posenc.faces.lab.probes import Probe
+    from posenc.faces.lab.run import LabConfig, Record
+
+    if not isinstance(doc, dict):
+        raise TypeError(f"doc must be a dict (a parsed results.json); got {type(doc).__name__}")
+    for key in ("config", "records"):
+        if key not in doc:
+            raise ValueError(f"doc must hold {key!r} (a results.json of posenc lab run)")
+
+    def build(kind: Any, entry: Any, where: str) -> Any:
+        if not isinstance(entry, dict):
+            raise TypeError(f"doc[{where}] must be a dict; got {type(entry).__name__}")
+        try:
+            return kind(**entry)
+        except TypeError as exc:
+            raise ValueError(f"doc[{where}] is not a {kind.__name__}: {exc}") from None
+
+    settings = doc["config"]
+    if isinstance(settings, dict) and "encodings" in settings:
+        settings = {**settings, "encodings": tuple(settings["encodings"])}
+    return LabResults(
+        config=build(LabConfig, settings, "'config'"),
+        records=[build(Record, r, f"'records'][{i}") for i, r in enumerate(doc["records"])],
+        probes=[build(Probe, p, f"'probes'][{i}") for i, p in enumerate(doc.get("probes", []))],
+        bias_parameters=[
+            build(BiasParameters, b, f"'bias_parameters'][{i}")
+            for i, b in enumerate(doc.get("bias_parameters", []))
+        ],
+    )
+
+
+def bundled() -> list[LabResults]:
+    """The runs bundled with posenc (:data:`BUNDLED`, in that order: copy, then text), read."""
+    where = resources.files("posenc.faces") / "data"
+    return [read(json.loads((where / name).read_text())) for name in BUNDLED]
+
+
+def bias_module(entry: BiasParameters, config: LabConfig) -> AttentionBias:
+    """The trained attention-bias module of ``entry``, rebuilt for the sizes of ``config``.
+
+    ``lookup(entry.encoding).bias(config.heads, config.d_model // config.heads)``
+    with ``entry.parameters`` loaded (strictly: every name of the module's state
+    dict, nothing else), in the module's own dtypes: the very bias of the trained
+    model (float32 values survive JSON exactly).
+
+    Raises:
+        TypeError: ``entry`` not a :class:`BiasParameters`.
+        ValueError: an encoding without a bias module, or parameters that are
+            not the module's (names or shapes).
+    """
+    import torch
+
+    from posenc.faces.lab.encodings import lookup
+
+    if not isinstance(entry, BiasParameters):
+        raise TypeError(f"entry must be a BiasParameters; got {type(entry).__name__}")
+    factory = lookup(entry.encoding).bias
+    if factory is None:
+        raise ValueError(f"entry: encoding {entry.encoding!r} has no attention-bias module")
+    module = factory(config.heads, config.d_model // config.heads)
+    own = module.state_dict()
+    if set(entry.parameters) != set(own):
+        raise ValueError(
+            f"entry: parameters {sorted(entry.parameters)} are not those of "
+            f"{entry.encoding}'s module, {sorted(own)}"
+        )
+    state = {name: torch.tensor(v, dtype=own[name].dtype) for name, v in entry.parameters.items()}
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"entry: parameters do not fit {entry.encoding}'s module: {exc}") from None
+    return module
+
+
+# ------------------------------------------------------------------ summaries and pages
 
 
 def _by_encoding(records: Sequence[Any]) -> dict[str, dict[int, list[float]]]:
@@ -54,6 +218,67 @@ def summary(records: Sequence[Any], train_len: int) -> list[dict[str, Any]]:
     return rows
 
 
+def probe_summary(probes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per encoding and metric: each layer's mean and spread over seeds, and the positions.
+
+    Rows in the order the encodings first appear, accuracy before R^2:
+    ``{"encoding", "metric", "positions", "layers": {layer: (mean, min, max)}}``
+    (chance accuracy is ``1 / positions``).
+    """
+    values: dict[tuple[str, str], dict[int, list[float]]] = {}
+    positions: dict[tuple[str, str], int] = {}
+    for p in probes:
+        values.setdefault((p.encoding, p.metric), {}).setdefault(p.layer, []).append(p.value)
+        positions[p.encoding, p.metric] = p.positions
+    order = {"accuracy": 0, "r2": 1}
+    encodings = list(dict.fromkeys(p.encoding for p in probes))
+    keys = sorted(values, key=lambda k: (encodings.index(k[0]), order.get(k[1], 2), k[1]))
+    return [
+        {
+            "encoding": encoding, "metric": metric, "positions": positions[encoding, metric],
+            "layers": {
+                layer: (float(np.mean(v)), min(v), max(v))
+                for layer, v in sorted(values[encoding, metric].items())
+            },
+        }
+        for encoding, metric in keys
+    ]  # fmt: skip
+
+
+def _probe_table(probes: Sequence[Any]) -> list[str]:
+    """The probes as an HTML table: a row per encoding and metric, a column per layer."""
+    rows = probe_summary(probes)
+    if not rows:
+        return []
+    layers = sorted({layer for row in rows for layer in row["layers"]})
+    head = "".join(
+        f"<th>layer {layer}{' (embedding)' if layer == 0 else ''}</th>" for layer in layers
+    )
+    lines = [
+        "<p>Where positions live: linear probes of each layer's residual stream (layer 0 "
+        "the embedding output, layer l the output of block l) for the index of every "
+        "token in the longest trained sequences, fitted on one set and scored on held-out "
+        "sequences. Accuracy: a linear classifier over the positions (chance 1/T); "
+        "R<sup>2</sup>: least squares. Mean over seeds (min-max).</p>",
+        f"<table><tr><th>encoding</th><th>probe</th>{head}<th>chance</th></tr>",
+    ]
+    for row in rows:
+        cells = []
+        for layer in layers:
+            if layer in row["layers"]:
+                mean, lo, hi = row["layers"][layer]
+                cells.append(f"<td>{mean:.3g} ({lo:.3g}-{hi:.3g})</td>")
+            else:
+                cells.append("<td>-</td>")
+        accuracy = row["metric"] == "accuracy"
+        name = "accuracy" if accuracy else "R<sup>2</sup>"
+        chance = f"{1 / row['positions']:.3g} (T = {row['positions']})" if accuracy else "0"
+        lines.append(f"<tr><td>{html.escape(row['encoding'])}</td><td>{name}</td>"
+                     f"{''.join(cells)}<td>{chance}</td></tr>")  # fmt: skip
+    lines.append("</table>")
+    return lines
+
+
 def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
     """Metric against length per encoding: mean over seeds, min-max band, trained range marked."""
     from posenc.faces.plot import new_figure
@@ -82,8 +307,14 @@ def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
     return fig
 
 
-def section(records: Sequence[Any], config: Any, svg: bytes | None = None) -> str:
-    """The lab's results as an HTML ``<section id="lab-TASK">`` (SVG figure, summary table)."""
+def section(
+    records: Sequence[Any], config: Any, svg: bytes | None = None, probes: Sequence[Any] = ()
+) -> str:
+    """The lab's results as an HTML ``<section id="lab-TASK">``.
+
+    The SVG figure (``svg``, drawn when None), the summary table, and the
+    :class:`~posenc.lab.probes.Probe` table per layer when ``probes`` has any.
+    """
     if svg is None:
         from posenc.faces.plot import encode, pyplot
 
@@ -113,7 +344,9 @@ def section(records: Sequence[Any], config: Any, svg: bytes | None = None) -> st
         f"(seed min-max)</th><th>{metric}, lengths {config.train_len + 1}-{config.test_len}"
         "</th></tr>",
         *cells,
-        "</table></section>",
+        "</table>",
+        *_probe_table(probes),
+        "</section>",
     ])  # fmt: skip
 
 
@@ -130,8 +363,13 @@ def _caption(config: Any) -> str:
     )
 
 
-def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Path]:
-    """Write ``out/results.png``, ``out/results.svg`` and ``out/index.html``; return the paths."""
+def write(
+    out: str | Path, records: Sequence[Any], config: Any, probes: Sequence[Any] = ()
+) -> dict[str, Path]:
+    """Write ``out/results.png``, ``out/results.svg`` and ``out/index.html``; return the paths.
+
+    The page is :func:`section` of ``records`` and ``probes``.
+    """
     from posenc.faces.plot import encode, pyplot
 
     out = Path(out)
@@ -146,7 +384,7 @@ def write(out: str | Path, records: Sequence[Any], config: Any) -> dict[str, Pat
     page = (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(_title(config))}</title></head><body>"
-        f"{section(records, config, svg)}</body></html>"
+        f"{section(records, config, svg, probes)}</body></html>"
     )
     with atomic_write(out / "index.html", "w") as f:
         f.write(page)

@@ -3,8 +3,11 @@
 A *run* is one (task, encoding, seed) under a :class:`LabConfig`. Training is
 keyed by everything it depends on (the test-time scaling variants share the
 RoPE model of their seed); a finished training is stored under
-``out/runs/<key>.pt`` and its evaluation under ``out/runs/<key>-<encoding>-<test>.json``,
-so a rerun, or a run with an added encoding, computes only what is new.
+``out/runs/<key>.pt``, its evaluation under ``out/runs/<key>-<encoding>-<test>.json``
+and its position probes (:mod:`posenc.lab.probes`, once per trained model) with
+its attention-bias parameters under ``out/runs/<key>-probes-<settings>.json``,
+so a rerun, or a run with an added encoding, computes only what is new (a run
+evaluated before probes existed loads its trained models and probes them).
 While training, a checkpoint is written every ``checkpoint_every`` steps, and
 a run killed midway resumes from it; files are written to a temporary name
 and renamed, so no finished result is ever half-written.
@@ -50,11 +53,13 @@ from posenc.faces.files import atomic_write
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, lookup, training_encoding
 from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig
+from posenc.faces.lab.probes import Probe, bias_parameters, probe_model
+from posenc.faces.lab.probes import settings as probe_settings
 
 __all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
 
 VERSION = 3  # part of every key: bump when training or evaluation changes (rounding included)
-DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned")
+DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned", "nope", "hybrid-nope")
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,10 @@ class LabConfig:
         extra = {"encoding": encoding, "test_len": self.test_len, "n": self.eval_examples}
         return f"{self.training_key(encoding, seed)}-{_digest(extra)}"
 
+    def probe_key(self, encoding: str, seed: int) -> str:
+        """The trained model's key and the probes' settings: one per trained model."""
+        return f"{self.training_key(encoding, seed)}-probes-{_digest(probe_settings())}"
+
 
 def _digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -149,12 +158,21 @@ class Record:
 
 @dataclass
 class Outcome:
-    """What :func:`run` produced."""
+    """What :func:`run` produced.
+
+    ``probes``: every trained model's position probes (:class:`~posenc.lab.probes.Probe`);
+    ``bias_parameters``: per trained model with an attention-bias module,
+    ``{"encoding", "seed", "parameters"}`` (the module's state dict as nested lists,
+    :func:`posenc.lab.probes.bias_parameters`); both in the order of ``records``.
+    """
 
     records: list[Record]
     trained: list[str] = field(default_factory=list)  # training keys trained in this call
     reused: list[str] = field(default_factory=list)  # evaluation keys read from the cache
     losses: dict[str, list[float]] = field(default_factory=dict)
+    probes: list[Probe] = field(default_factory=list)
+    bias_parameters: list[dict[str, Any]] = field(default_factory=list)
+    probed: list[str] = field(default_factory=list)  # probe keys computed in this call
 
 
 # ------------------------------------------------------------------ distributed
@@ -537,19 +555,35 @@ def _worker_count(workers: int | None, world: _World, trainings: int) -> int:
     return min(trainings, workers if workers is not None else _usable_cpus())
 
 
+@dataclass(frozen=True)
+class _Training:
+    """One trained model's work: train (or load) it, evaluate ``jobs``, probe it if ``probe``."""
+
+    first: tuple[str, int]  # an (encoding, seed) of the model: what trains and names it
+    jobs: tuple[tuple[str, int], ...]  # the evaluations not cached (rope and its scalings)
+    probe: bool  # its probes are not cached
+
+
 @dataclass
 class _Done:
-    """What one training and its evaluations produced."""
+    """What one training, its evaluations and its probes produced."""
 
     key: str  # the training's
     records: dict[tuple[str, int], list[Record]]
     losses: list[float]
     fresh: bool
+    measured: dict[str, Any] | None = None  # the probe file's content, when probed
+
+
+def _measure(model: LabModel, config: LabConfig, seed: int, corpus: Any) -> dict[str, Any]:
+    """The probe file of a trained model: its probes and its attention-bias parameters."""
+    probes = probe_model(model, config, seed, corpus)
+    return {"probes": [asdict(p) for p in probes], "bias_parameters": bias_parameters(model)}
 
 
 def _train_and_evaluate(
     config: LabConfig,
-    jobs: Sequence[tuple[str, int]],
+    training: _Training,
     *,
     directory: Path,
     world: _World,
@@ -557,22 +591,27 @@ def _train_and_evaluate(
     on_step: Callable[[int], None] | None,
     on_evaluate: Callable[[], None] | None,
 ) -> _Done:
-    """Train the model ``jobs`` share (one seed, one training key), then evaluate each job."""
-    seed = jobs[0][1]
-    key = config.training_key(jobs[0][0], seed)
+    """Train the model of ``training`` (one seed, one training key), evaluate each of its
+    jobs, then probe it where asked."""
+    encoding, seed = training.first
+    key = config.training_key(encoding, seed)
     fresh = not (directory / f"{key}.pt").exists()
     model, losses = train(
-        config, jobs[0][0], seed, directory=directory, world=world, corpus=corpus, on_step=on_step
+        config, encoding, seed, directory=directory, world=world, corpus=corpus, on_step=on_step
     )
     if on_evaluate is not None:
         on_evaluate()
     done = _Done(key, {}, losses, fresh)
-    for encoding, seed in jobs:
-        records = evaluate(model, config, encoding, seed, corpus)
+    for job in training.jobs:
+        records = evaluate(model, config, *job, corpus)
         if world.main:
-            path = directory / f"{config.eval_key(encoding, seed)}.json"
+            path = directory / f"{config.eval_key(*job)}.json"
             _save([asdict(r) for r in records], path)
-        done.records[encoding, seed] = records
+        done.records[job] = records
+    if training.probe:
+        done.measured = _measure(model, config, seed, corpus)
+        if world.main:
+            _save(done.measured, directory / f"{config.probe_key(encoding, seed)}.json")
     return done
 
 
@@ -591,7 +630,7 @@ def _start_worker(threads: int, progress: Any) -> None:
 
 
 def _worker_job(
-    config: LabConfig, jobs: list[tuple[str, int]], directory: Path, until: int
+    config: LabConfig, training: _Training, directory: Path, until: int
 ) -> _Done | None:
     """:func:`_train_and_evaluate` in a worker process, reporting progress on its channel.
 
@@ -603,7 +642,7 @@ def _worker_job(
         if config.text_bytes not in _CORPUS:
             _CORPUS[config.text_bytes] = T.TextCorpus(max_bytes=config.text_bytes)
         corpus = _CORPUS[config.text_bytes]
-    tag = (jobs[0][0], jobs[0][1])
+    tag = training.first
 
     def on_step(done: int) -> None:
         # every 10th step: the bar moves smoothly and the channel stays quiet
@@ -615,21 +654,21 @@ def _worker_job(
             _PROGRESS.put((tag, -1))
 
     if until < config.steps:
-        encoding, seed = jobs[0]
+        encoding, seed = training.first
         train(
             config, encoding, seed, directory=directory, world=_World(), corpus=corpus,
             on_step=on_step, until=until,
         )  # fmt: skip
         return None
     return _train_and_evaluate(
-        config, jobs, directory=directory, world=_World(), corpus=corpus,
+        config, training, directory=directory, world=_World(), corpus=corpus,
         on_step=on_step, on_evaluate=on_evaluate,
     )  # fmt: skip
 
 
 def _in_workers(
     config: LabConfig,
-    trainings: list[list[tuple[str, int]]],
+    trainings: list[_Training],
     directory: Path,
     workers: int,
     bar: _Bar,
@@ -662,10 +701,11 @@ def _in_workers(
             future = pool.submit(_worker_job, config, trainings[i], directory, cuts[piece])
             pieces[future] = (i, piece)
 
-        for i, jobs in enumerate(trainings):
-            trained = (directory / f"{config.training_key(*jobs[0])}.pt").exists()
-            submit(i, len(cuts) - 1 if trained else 0)  # a trained model is only evaluated
-            bar.queued(jobs[0])
+        for i, training in enumerate(trainings):
+            trained = (directory / f"{config.training_key(*training.first)}.pt").exists()
+            # a trained model is only evaluated and probed
+            submit(i, len(cuts) - 1 if trained else 0)
+            bar.queued(training.first)
         try:
             while pieces:
                 finished, _ = wait(pieces, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -685,7 +725,7 @@ def _in_workers(
                         submit(i, piece + 1)
                     else:
                         results[i] = outcome
-                        bar.finished(trainings[i][0], len(trainings[i]))
+                        bar.finished(trainings[i].first, len(trainings[i].jobs))
         except BaseException:
             for future in pieces:
                 future.cancel()
@@ -702,10 +742,16 @@ def run(
     context_parallel: int = 1,
     device: Any = None,
 ) -> Outcome:
-    """Train and evaluate every (encoding, seed) of ``config``; write ``out/results.json``.
+    """Train, evaluate and probe every (encoding, seed) of ``config``; write ``out/results.json``.
 
-    Finished trainings and evaluations are read back from ``out/runs`` instead
-    of recomputed. Returns every record of the requested encodings and seeds.
+    Finished trainings, evaluations and probes are read back from ``out/runs``
+    instead of recomputed. Returns every record of the requested encodings and
+    seeds, and every trained model's probes and attention-bias parameters
+    (probed once per trained model: ``rope-linear`` is ``rope``'s model).
+
+    ``results.json`` holds ``{"config": LabConfig fields, "records": [Record
+    fields], "probes": [Probe fields], "bias_parameters": [{"encoding", "seed",
+    "parameters"}]}``; :func:`posenc.lab.results.read` reads it back.
 
     Trainings are independent: on a CPU, ``workers`` processes train at once
     (``None``: one per usable CPU, what ``posenc lab run`` does), each on its share
@@ -745,13 +791,29 @@ def run(
     outcome = Outcome([])
     jobs = [(e, s) for s in range(config.seeds) for e in config.encodings]
     todo = [(e, s) for e, s in jobs if not (directory / f"{config.eval_key(e, s)}.json").exists()]
-    # the jobs of one training (rope and its test-time scalings) share one model
-    shared: dict[str, list[tuple[str, int]]] = {}
+    # one trained model per training key (rope and its test-time scalings share one),
+    # named by its first job; its evaluations to compute, and whether to probe it
+    models: dict[str, tuple[str, int]] = {}
+    for e, s in jobs:
+        models.setdefault(config.training_key(e, s), (e, s))
+    evaluations: dict[str, list[tuple[str, int]]] = {}
     for e, s in todo:
-        shared.setdefault(config.training_key(e, s), []).append((e, s))
+        evaluations.setdefault(config.training_key(e, s), []).append((e, s))
+    unprobed = {
+        key for key, first in models.items()
+        if not (directory / f"{config.probe_key(*first)}.json").exists()
+    }  # fmt: skip
     # longest first (a training evaluates each job sharing it: rope and its scalings take
     # several), so the trainings that start last, while others finish, are the shortest
-    trainings = sorted(shared.values(), key=len, reverse=True)
+    trainings = sorted(
+        (
+            _Training(first, tuple(evaluations.get(key, ())), key in unprobed)
+            for key, first in models.items()
+            if key in evaluations or key in unprobed
+        ),
+        key=lambda training: len(training.jobs),
+        reverse=True,
+    )
     count = _worker_count(workers, world, len(trainings))
     _barrier(world)  # every rank decided before any rank writes
     bar = _Bar(config, todo, enabled=progress and world.main)
@@ -761,21 +823,25 @@ def run(
         else:
             corpus = T.TextCorpus(max_bytes=config.text_bytes) if config.task == "text" else None
             results = []
-            for group in trainings:
-                bar.queued(group[0])
+            for training in trainings:
+                bar.queued(training.first)
                 done = _train_and_evaluate(
-                    config, group, directory=directory, world=world, corpus=corpus,
-                    on_step=bar.step(group[0]),
-                    on_evaluate=functools.partial(bar.evaluating, *group[0]),
+                    config, training, directory=directory, world=world, corpus=corpus,
+                    on_step=bar.step(training.first),
+                    on_evaluate=functools.partial(bar.evaluating, *training.first),
                 )  # fmt: skip
                 results.append(done)
-                bar.finished(group[0], len(group))
+                bar.finished(training.first, len(training.jobs))
     found: dict[tuple[str, int], list[Record]] = {}
-    for group, done in zip(trainings, results, strict=True):
+    measured: dict[str, dict[str, Any]] = {}
+    for training, done in zip(trainings, results, strict=True):
         found.update(done.records)
         if done.fresh:
             outcome.trained.append(done.key)
-        for encoding, seed in group:
+        if done.measured is not None:
+            measured[done.key] = done.measured
+            outcome.probed.append(config.probe_key(*training.first))
+        for encoding, seed in training.jobs:
             outcome.losses[f"{encoding}/{seed}"] = done.losses
     for encoding, seed in jobs:
         if (encoding, seed) in found:
@@ -784,9 +850,24 @@ def run(
         path = directory / f"{config.eval_key(encoding, seed)}.json"
         outcome.reused.append(path.stem)
         outcome.records += [Record(**r) for r in json.loads(path.read_text())]
+    for key, (encoding, seed) in models.items():
+        if key not in measured:
+            path = directory / f"{config.probe_key(encoding, seed)}.json"
+            measured[key] = json.loads(path.read_text())
+        outcome.probes += [Probe(**p) for p in measured[key]["probes"]]
+        if measured[key]["bias_parameters"] is not None:
+            outcome.bias_parameters.append({
+                "encoding": training_encoding(encoding), "seed": seed,
+                "parameters": measured[key]["bias_parameters"],
+            })  # fmt: skip
     if world.main:
         _save(
-            {"config": asdict(config), "records": [asdict(r) for r in outcome.records]},
+            {
+                "config": asdict(config),
+                "records": [asdict(r) for r in outcome.records],
+                "probes": [asdict(p) for p in outcome.probes],
+                "bias_parameters": outcome.bias_parameters,
+            },
             out / "results.json",
         )
     _barrier(world)
