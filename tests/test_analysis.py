@@ -15,6 +15,7 @@ import mpmath
 import numpy as np
 import pytest
 
+import posenc
 from posenc import analysis, sinusoidal
 from posenc.families.absolute.sinusoidal import resolve
 
@@ -551,3 +552,38 @@ def test_add_concat_arguments():
         analysis.add_concat(16, 1)
     with pytest.raises(TypeError, match="vocab"):
         analysis.add_concat(16, 8, vocab=2.5)
+
+
+# ------------------------------------------------------------- timesteps and the index
+
+
+def test_timestep_presets_compare_one_t_under_three_conventions():
+    got = analysis.timestep_presets(64, timesteps=np.arange(0, 1000, 7.5))
+    mean, low, high = got.mismatch("ddpm", "ldm")
+    assert low <= mean <= high < 0.5  # [sin | cos] against [cos | sin]: far apart
+    assert got.cosine[0, 1, 0] == 0.0  # t = 0: [0 | 1] against [1 | 0]
+    _, same_low, _ = got.mismatch("ddpm", "annotated-diffusion")
+    assert 1 - same_low <= got.tolerance
+    assert got.neighbour_spread <= got.tolerance  # e(t) . e(t + k) depends on k alone
+    for p, name in enumerate(got.presets):  # and equals the mean of cos(k omega) over pairs
+        omega = resolve(name).inv_freq(64)
+        for k, v in zip(got.offsets, got.neighbour[p], strict=True):
+            assert v == pytest.approx(np.cos(k * omega).mean(), abs=got.tolerance)
+    with pytest.raises(ValueError, match="preset"):
+        analysis.timestep_presets(64, presets=("ddpm", "wrong"))
+    with pytest.raises(ValueError, match="presets"):
+        analysis.timestep_presets(64, presets=())
+
+
+def test_index_features_by_brute_force():
+    got = analysis.index_features(position=5, lengths=(11, 101), dim=16)
+    assert got.normalised == (0.5, 0.05) and got.largest_index == (10, 100)
+    table = posenc.sinusoidal(101, 16, dtype="float64")
+    dist = np.linalg.norm(table[:, None] - table[None], axis=-1)
+    dist[np.diag_indices(101)] = np.inf
+    assert got.nearest == pytest.approx(dist.min(), rel=1e-9)
+    assert got.sinusoidal_bound <= 1.0 and got.row_norm == pytest.approx(np.sqrt(8), rel=1e-15)
+    with pytest.raises(ValueError, match="position"):
+        analysis.index_features(position=20, lengths=(11,))
+    with pytest.raises(ValueError, match="lengths"):
+        analysis.index_features(lengths=(1,))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -20,7 +21,19 @@ from posenc.integration.analysis import explorer as ex
 
 def decode(blob):
     dtype = {"float64": "<f8", "float32": "<f4", "uint8": "u1"}[blob["dtype"]]
-    return np.frombuffer(base64.b64decode(blob["b64"]), dtype=dtype).reshape(blob["shape"])
+    raw = base64.b64decode(blob["b64"])
+    if blob.get("deflate"):
+        raw = zlib.decompress(raw)
+    return np.frombuffer(raw, dtype=dtype).reshape(blob["shape"])
+
+
+def test_arrays_are_stored_compressed_when_that_is_shorter():
+    slow = explorers.encode(np.zeros((64, 64)))
+    assert slow["deflate"] is True and len(slow["b64"]) < 64 * 64 * 8 / 10
+    assert np.array_equal(decode(slow), np.zeros((64, 64)))
+    noise = np.random.default_rng(0).integers(0, 256, 200).astype(np.uint8)
+    short = explorers.encode(noise, "uint8")  # random bytes do not compress
+    assert "deflate" not in short and np.array_equal(decode(short), noise)
 
 
 def test_hand_pairs_at_d_512():
@@ -223,3 +236,85 @@ def test_rope_explorer_equals_an_independent_rotation(head_dim, base, positions)
         np.abs(dots) + np.abs(cross)
     ).sum()
     assert np.all(np.abs(r["score"] - closed) <= tol + 2 * tol_closed)
+
+
+# ------------------------------------------------------------- timesteps and biases
+
+
+@pytest.fixture(scope="module")
+def timesteps():
+    return ex.timestep_explorer(dims=(16, 32), last=99.5, step=0.5)
+
+
+@given(st.integers(0, 199), st.integers(0, 199), st.sampled_from([16, 32]))
+def test_timestep_similarity_is_the_cosine_of_the_two_embeddings(timesteps, i, j, dim):
+    t = timesteps["timesteps"]
+    for name in timesteps["presets"]:
+        c = timesteps["combos"][name, dim]
+        a, b = (posenc.sinusoidal(t[[k]], dim, preset=name, dtype="float64")[0] for k in (i, j))
+        want = a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
+        # the curve is indexed by the offset t_j - t_i, from -(T - 1) steps
+        got = c["similarity"][j - i + len(t) - 1]
+        assert got == pytest.approx(want, abs=64 * dim * 2**-52)
+
+
+def test_timestep_cross_cosines(timesteps):
+    t = timesteps["timesteps"]
+    ddpm = posenc.sinusoidal(t, 32, preset="ddpm", dtype="float64")
+    ldm = posenc.sinusoidal(t, 32, preset="ldm", dtype="float64")
+    want = (ddpm * ldm).sum(1) / (np.linalg.norm(ddpm, axis=1) * np.linalg.norm(ldm, axis=1))
+    assert np.allclose(timesteps["cross"]["ddpm", "ldm", 32], want, rtol=0, atol=1e-14)
+    assert timesteps["cross"]["ddpm", "ldm", 32][0] == 0.0  # [0 | 1] against [1 | 0]
+    same = timesteps["cross"]["ddpm", "annotated-diffusion", 32]
+    assert np.abs(same - 1).max() < 1e-14  # one convention under two names at even d
+
+
+def test_timestep_explorer_refuses_bad_settings():
+    with pytest.raises(ValueError, match="dims"):
+        ex.timestep_explorer(dims=(33,))
+    with pytest.raises(ValueError, match="preset"):
+        ex.timestep_explorer(presets=("ddpm", "nope"))
+    with pytest.raises(ValueError, match="step"):
+        ex.timestep_explorer(step=0.0)
+
+
+def test_timestep_payload_stores_equal_tables_once():
+    got = explorers.payload(length=8, dim=16)["timestep"]
+    names = got["presets"]
+    ddpm, annotated = names.index("ddpm"), names.index("annotated-diffusion")
+    for d in range(len(got["dims"])):
+        assert got["combos"][f"{annotated}|{d}"] == {"same": f"{ddpm}|{d}"}
+        levels = decode(got["combos"][f"{ddpm}|{d}"]["levels"])  # (d, T): channel by channel
+        table = posenc.sinusoidal(
+            np.arange(got["timesteps"]["count"]) * got["timesteps"]["step"],
+            got["dims"][d],
+            preset="ddpm",
+            dtype="float64",
+        )
+        assert np.abs(levels.T / 127.5 - 1 - table).max() <= 0.5 / 127.5 + 1e-12
+
+
+def test_bias_explorer_weights_are_the_softmax_of_the_bias():
+    alibi, t5 = posenc.ALiBi(4), posenc.T5Bias(4, bidirectional=False)
+    got = ex.bias_explorer({"alibi": alibi, "t5": t5}, 40)
+    for entry in got.values():
+        w = entry["weights"]
+        assert np.allclose(w.sum(-1), 1, atol=1e-12)
+        assert (np.triu(w, 1) == 0).all() and (np.triu(entry["bias"], 1) == 0).all()
+    # ALiBi: weights exp(-m d) over d = 0..i, so the mean distance has a closed form
+    m = posenc.alibi_slopes(4)
+    d = np.arange(40)
+    for h in range(4):
+        e = np.exp(-m[h] * d)
+        want = (d * e).sum() / e.sum()
+        assert got["alibi"]["mean_distance"][h, 39] == pytest.approx(want, rel=1e-12)
+        assert got["alibi"]["self_weight"][h, 39] == pytest.approx(1 / e.sum(), rel=1e-12)
+    assert "buckets" not in got["alibi"]
+    assert (
+        got["t5"]["buckets"].tolist()
+        == posenc.t5_bucket(-np.arange(40), bidirectional=False).tolist()
+    )
+    with pytest.raises(ValueError, match="modules"):
+        ex.bias_explorer({}, 10)
+    with pytest.raises(ValueError, match="length"):
+        ex.bias_explorer({"alibi": alibi}, 1)

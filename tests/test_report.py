@@ -20,8 +20,8 @@ from posenc.faces import files
 from posenc.faces.cli import main
 
 SECTIONS = [
-    "why", "sinusoidal", "exp-log", "shift", "add-concat", "geometry", "precision", "learned",
-    "rope", "extension", "biases", "grid",
+    "why", "index", "sinusoidal", "exp-log", "timesteps", "shift", "add-concat", "geometry",
+    "precision", "learned", "layers", "rope", "extension", "nope", "biases", "grid",
 ]  # fmt: skip
 # the formulas the page must render, by section: the definition, the shift rotation, the
 # norm, RoPE's rotation and the ALiBi bias
@@ -55,7 +55,7 @@ def test_every_section_answers_with_numbers_and_a_figure_or_explorer(small):
     page = small.index.read_text()
     for key in SECTIONS:
         assert f'id="{key}"' in page
-    for name in ("sinusoidal", "rope", "extension"):
+    for name in ("sinusoidal", "timestep", "rope", "extension", "bias"):
         assert f'id="{name}-explorer"' in page
     assert 'id="posenc-data"' in page
 
@@ -108,6 +108,62 @@ def test_numbers_are_the_measured_properties(small):
     assert "within float64 rounding" in next(iter(why.values()))
     assert first_float(why["largest change of an output row once positions are added"]) > 1e-3
     assert "within float64 rounding" in next(iter(numbers(small, "rope").values()))
+
+
+def test_the_index_question_is_answered_with_numbers(small):
+    rows = numbers(small, "index")
+    assert rows["position 5 as p / (L \u2212 1), for L = 11, 101, 4096"].startswith("0.5, 0.05, ")
+    assert rows["the raw index at the end of those sequences"] == "10, 100, 4095"
+    (nearest,) = [v for k, v in rows.items() if k.startswith("smallest distance")]
+    assert first_float(nearest) > 0.1 and "every code distinct" in nearest
+
+
+def test_the_frequencies_are_fixed_and_said_to_be(small):
+    (section,) = [s for s in small.sections if s.key == "sinusoidal"]
+    assert "Nothing here is learned" in section.text
+    rows = numbers(small, "sinusoidal")
+    (params,) = [v for k, v in rows.items() if k.startswith("trainable parameters")]
+    assert params == f"0 / {8 * 16:,}"  # a learned table of 8 positions x 16 channels
+
+
+def test_timesteps_section_measures_the_presets(small):
+    rows = numbers(small, "timesteps")
+    (mismatch,) = [v for k, v in rows.items() if k.startswith("cosine of the ddpm and ldm")]
+    mean, low, high = (float(x) for x in re.findall(r"-?\d+\.\d+", mismatch))
+    assert mismatch.startswith("mean ")
+    assert low <= mean <= high < 0.5  # far from the same vector
+    assert (
+        "within float64 rounding"
+        in rows["ddpm and annotated-diffusion, the same t: identical at even d"]
+    )
+    near = [first_float(v) for k, v in rows.items() if k.startswith("cos(e(t), e(t + ")]
+    assert 1 > near[0] > near[1] > near[2] > 0  # neighbours alike, far ones less
+    (odd,) = [v for k, v in rows.items() if k.startswith("d = 33")]
+    assert odd == "32 / 33 (zero)"
+    (section,) = [s for s in small.sections if s.key == "timesteps"]
+    assert "timestep" in section.text and section.explorer == "timestep"
+    order = [s.key for s in small.sections]
+    assert order.index("sinusoidal") < order.index("timesteps")
+
+
+def test_layers_section_reads_the_bundled_probes(small):
+    rows = numbers(small, "layers")
+    chance = first_float(rows["chance accuracy (1 / positions)"])
+    accuracy = {k.split(":")[0]: v for k, v in rows.items() if "probe accuracy" in k}
+    assert {"nope", "rope", "sinusoidal", "learned", "alibi", "t5"} <= set(accuracy)
+    for encoding in ("sinusoidal", "learned"):  # an absolute table: read at the embedding
+        assert first_float(accuracy[encoding]) > 0.9
+    for encoding in ("nope", "rope", "alibi"):  # nothing added to the vectors
+        assert first_float(accuracy[encoding]) < 10 * chance
+
+
+def test_nope_section_has_the_labs_numbers(small):
+    rows = numbers(small, "nope")
+    assert {"rope", "nope", "hybrid-nope"} == {k.split(":")[0] for k in rows if "exact match" in k}
+    (layers,) = [v for k, v in rows.items() if k.startswith("NoPE layers of a 12-layer")]
+    assert layers == "3, 7, 11"
+    order = [s.key for s in small.sections]
+    assert order.index("extension") < order.index("nope") < order.index("biases")
 
 
 def test_extension_table_tells_the_schedules_apart(small):
@@ -309,3 +365,23 @@ def test_report_write_failing_part_way_keeps_the_previous_files(tmp_path, monkey
     built = report.build(out, dim=8, length=4)
     assert "The table" in built.index.read_text()
     assert sorted(p.name for p in out.rglob("*")) == sorted(["figures", *previous])
+
+
+def test_a_lab_run_without_probes_leaves_them_to_the_bundled_copy_run(tmp_path):
+    from importlib import resources
+
+    from posenc.faces.lab import results
+
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    text = (resources.files("posenc.faces") / "data" / "lab-text.json").read_text()
+    (lab / "results.json").write_text(text)
+    assert results.read(json.loads(text)).probes == []  # the bundled text run has none
+    built = report.build(tmp_path / "r", dim=8, length=4, train_steps=2, lab=lab)
+    by_key = {s.key: s for s in built.sections}
+    assert "the lab's copy run" in by_key["layers"].text  # the bundled copy run's probes
+    assert "the lab's copy run" in by_key["nope"].text
+    page = built.index.read_text()
+    assert 'id="lab-text"' in page and 'id="lab-copy"' not in page  # the run asked for
+    with pytest.raises(ValueError, match="no position probes"):
+        results.probe_figure([])

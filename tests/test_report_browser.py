@@ -114,6 +114,8 @@ def opened(browser: Any, built: report.Report) -> Iterator[Opened]:
     got.page.on("pageerror", lambda e: got.messages.append(f"pageerror: {e}"))
     got.page.goto(built.index.resolve().as_uri())
     got.page.wait_for_load_state("load")
+    # the explorers draw once their compressed data is inflated (asynchronously)
+    got.page.wait_for_selector("html[data-explorers=ready]", timeout=20_000)
     yield got
     context.close()
 
@@ -125,7 +127,7 @@ def test_report_renders_offline(opened: Opened) -> None:
     )
     assert images
     assert all(complete and width > 0 for _, complete, width in images), images
-    for name in ("sinusoidal", "rope", "extension"):
+    for name in ("sinusoidal", "timestep", "rope", "extension", "bias"):
         text = opened.text(f"#{name}-explorer")
         assert text.strip(), name
         assert "seed" not in text.lower()
@@ -266,4 +268,72 @@ def test_extension_explorer_matches_the_schedules(opened: Opened) -> None:
         opened.page.select_option(selector, index=index)
         assert opened.html("#ext-svg") != chart, selector
         check()
+    opened.clean()
+
+
+def test_timestep_explorer_shows_posencs_similarities(opened: Opened) -> None:
+    page = opened.page
+    got = data.timestep_explorer(dims=(16, 32, 64))
+    t = got["timesteps"]
+    assert int(page.get_attribute("#ts-t", "max")) == len(t) - 1
+
+    def check(i: int, dim: int) -> None:
+        assert opened.text("#ts-t-value") == f"{t[i]:.1f}"
+        ddpm = posenc.sinusoidal(t[i : i + 1], dim, preset="ddpm", dtype="float64")[0]
+        ldm = posenc.sinusoidal(t[i : i + 1], dim, preset="ldm", dtype="float64")[0]
+        cosine = ddpm @ ldm / (np.linalg.norm(ddpm) * np.linalg.norm(ldm))
+        assert opened.text("#ts-cross-0-1").strip() == f"{cosine:.4f}"
+        assert opened.text("#ts-cross-0-2").strip() == "1.0000"  # ddpm = annotated at even d
+        first = posenc.sinusoidal(np.array([0.0, 1.0]), dim, preset="ddpm", dtype="float64")
+        near = first[0] @ first[1] / (np.linalg.norm(first[0]) * np.linalg.norm(first[1]))
+        assert opened.text("#ts-next") == f"{near:.4f}"
+
+    assert opened.selected("#ts-dim") == "64"
+    strips, lines = opened.html("#ts-strip-svg"), opened.html("#ts-line-svg")
+    for i in (0, 3, 1501):  # t = 0, 1.5 (between integers), 750.5
+        opened.slide("#ts-t", i)
+        check(i, 64)
+    assert opened.html("#ts-strip-svg") != strips and opened.html("#ts-line-svg") != lines
+    strips = opened.html("#ts-strip-svg")
+    page.select_option("#ts-dim", label="32")
+    check(1501, 32)
+    assert opened.html("#ts-strip-svg") != strips
+    lines = opened.html("#ts-line-svg")
+    page.select_option("#ts-preset", label="ldm")
+    assert opened.html("#ts-line-svg") != lines
+    opened.clean()
+
+
+def test_bias_explorer_shows_each_heads_weights(opened: Opened) -> None:
+    page = opened.page
+    modules, length, trained = explorers.bias_modules()
+    assert int(page.get_attribute("#bias-query", "max")) == length - 1
+    labels = [label for label, _ in modules.values()]
+    assert "learned by the lab" in labels[1]  # the bundled run's T5 table, not a random one
+
+    def check(which: int, head: int, query: int) -> None:
+        module = list(modules.values())[which][1]
+        bias = module.bias(length, length).detach().double().numpy()[head, query, : query + 1]
+        weights = np.exp(bias - bias.max())
+        weights /= weights.sum()
+        distance = float((weights * (query - np.arange(query + 1))).sum())
+        assert opened.text("#bias-self") == f"{weights[-1]:.4f}"
+        assert opened.text("#bias-distance") == f"{distance:.2f}"
+
+    assert opened.selected("#bias-module") == labels[1]
+    check(1, 0, trained - 1)
+    chart = opened.html("#bias-svg")
+    opened.slide("#bias-query", 50)
+    check(1, 0, 50)
+    assert opened.html("#bias-svg") != chart
+    chart = opened.html("#bias-svg")
+    page.select_option("#bias-head", index=2)
+    check(1, 2, 50)
+    assert opened.html("#bias-svg") != chart
+    chart = opened.html("#bias-svg")
+    page.select_option("#bias-module", index=0)  # ALiBi: the steepest head looks nearby
+    check(0, 2, 50)
+    assert opened.html("#bias-svg") != chart
+    page.select_option("#bias-head", index=0)
+    check(0, 0, 50)
     opened.clean()

@@ -680,13 +680,76 @@ def grid(*, size: int = 14, dim: int = 64, preset: str = "mae", **_: Any) -> Any
     return fig
 
 
+def index(*, dim: int = 512, **_: Any) -> Any:
+    """The index p and p / (L - 1) as features, against the bounded sinusoidal table."""
+    from posenc.integration.analysis import index_features
+
+    feats = index_features(dim=dim)
+    fig, (left, right) = new_figure(10.5, 4.0, ncols=2)
+    for n, colour in zip(feats.lengths[:2], ("C0", "C1"), strict=True):
+        p = np.arange(n)
+        left.plot(p, p / (n - 1), color=colour, lw=1.6, label=f"p / (L \u2212 1), L = {n}")
+        value = feats.position / (n - 1)
+        left.plot([feats.position], [value], "o", color=colour)
+        left.annotate(
+            f"position {feats.position}: {value:g}", (feats.position, value),
+            xytext=(12, 6 if n < 50 else -14), textcoords="offset points", color=colour,
+        )  # fmt: skip
+    left.set_xlabel("position p")
+    left.set_ylabel("feature value")
+    left.set_title("the index over the length: one position, two values")
+    left.legend(fontsize=SMALL, loc="lower right")
+    lengths = np.geomspace(10, 10**6, 60)
+    right.loglog(lengths, lengths - 1, color="C3", lw=1.8, label="raw index at the end, L \u2212 1")
+    right.axhline(feats.sinusoidal_bound, color="C2", lw=1.8,
+                  label="largest sinusoidal value, any L")  # fmt: skip
+    right.axhline(0.02, color="0.4", lw=1.2, ls="--",
+                  label="token-embedding entries, std 0.02 (GPT-2's initialisation)")  # fmt: skip
+    right.set_xlabel("sequence length L")
+    right.set_ylabel("magnitude")
+    right.set_title("the raw index outgrows everything it is added to")
+    right.legend(fontsize=SMALL, loc="upper left")
+    return fig
+
+
+def timesteps(*, dim: int = 64, **_: Any) -> Any:
+    """Diffusion timesteps 0..999 through the ddpm, ldm and annotated-diffusion presets."""
+    import posenc
+    from posenc.integration.analysis import TIMESTEP_PRESETS, timestep_presets
+
+    t = np.arange(1000, dtype=np.float64)
+    fig, axes = new_figure(13, 4.2, ncols=4)
+    # every 4th timestep: the rows of a figure, and a quarter of the bytes of every row
+    rows = t[::4]
+    tables = [posenc.sinusoidal(rows, dim, preset=p, dtype="float64") for p in TIMESTEP_PRESETS]
+    scale = colour_scale(*tables)
+    for ax, name, table in zip(axes[:3], TIMESTEP_PRESETS, tables, strict=True):
+        _image(fig, ax, table, name, "channel", "timestep t", "value", scale=scale,
+               colorbar=name == TIMESTEP_PRESETS[-1], aspect="auto",
+               extent=(-0.5, dim - 0.5, rows[-1] + 2, -2))  # fmt: skip
+        ax.axvline(dim / 2 - 0.5, color="k", lw=0.8)
+    got = timestep_presets(dim, timesteps=t, offsets=np.arange(1, 301))
+    ax = axes[3]
+    ax.plot(got.offsets, got.neighbour[0], color="C0", lw=1.4, label="e(t) and e(t + k), ddpm")
+    mismatch = got.cosine[0, 1]
+    ax.plot(t[:301], mismatch[:301], color="C1", lw=1.2, ls="--",
+            label="ddpm(t) and ldm(t), the same t")  # fmt: skip
+    ax.set_xlabel("offset k / timestep t")
+    ax.set_ylabel("cosine similarity")
+    ax.set_title(f"similarity (d = {dim})")
+    ax.legend(fontsize=SMALL)
+    return fig
+
+
 KINDS: dict[str, Callable[..., Any]] = {
     "permutation": permutation,
+    "index": index,
     "heatmap": heatmap,
     "wavelengths": wavelengths,
     "shift": shift,
     "regression": regression,
     "exp-log": exp_log,
+    "timesteps": timesteps,
     "add-concat": add_concat,
     "clocks": clocks,
     "similarity": similarity,

@@ -4,16 +4,24 @@
 offline from ``file://``: each section asks a question, answers it in a few
 sentences, gives the formula (MathML, converted from LaTeX by latex2mathml),
 a few lines of posenc code, a figure, and the numbers measured in this run
-(:mod:`posenc.analysis`). Three explorers let the reader move the position,
-the size and the base, the positions of a query and a key under RoPE, and
-the trained and target lengths of a context-extension schedule
+(:mod:`posenc.analysis`). Five explorers let the reader move the position,
+the size and the base; a continuous diffusion timestep through the three
+timestep conventions; the positions of a query and a key under RoPE; the
+trained and target lengths of a context-extension schedule; and a query
+position under each head of ALiBi and of a trained T5 table
 (:mod:`posenc.faces.explorers`: their data computed by posenc, drawn with d3).
+The sections follow a learner's order: why positions, why not the index, the
+sinusoid and its timestep use, its properties, learned tables and what the
+layers keep of a position (the lab's linear probes), RoPE and long contexts,
+NoPE layers, biases, grids.
 Static figures (:mod:`posenc.plot`) are embedded as SVG and also written to
 ``out/figures/*.{png,svg}``.
 
 By default the page also shows the lab's bundled results (a copy task and a
-byte-level language model, trained at one length and tested beyond it);
-``lab=DIR`` shows a fresh ``posenc lab run`` instead.
+byte-level language model, trained at one length and tested beyond it, and
+the copy run's position probes and trained T5 table); ``lab=DIR`` shows a
+fresh ``posenc lab run`` instead (a section whose data that run lacks, such
+as probes, falls back to the bundled copy run).
 """
 
 from __future__ import annotations
@@ -25,7 +33,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +116,25 @@ def _holds(error: float, bound: float) -> str:
     return f"NO: error {_fmt(error)} above the float64 bound {_fmt(bound, 2)}"
 
 
+def _odd_timestep_channels(dim: int) -> tuple[int, int, float]:
+    """Channels The Annotated Diffusion Model's code and posenc's preset give at odd ``dim``."""
+    import torch
+
+    import posenc
+    from posenc.faces.bench.sinusoidal import annotated_diffusion_embedding
+
+    theirs = annotated_diffusion_embedding(torch.tensor([10.0]), dim)
+    ours = posenc.sinusoidal(torch.tensor([10.0]), dim, preset="annotated-diffusion")
+    return int(theirs.shape[-1]), int(ours.shape[-1]), float(ours[0, -1])
+
+
 def _sections(
     dim: int,
     length: int,
     preset: str,
     rope: dict[str, Any],
     learned: analysis.Learned,
+    labs: Sequence[Any] = (),
 ) -> list[Section]:
     import posenc
 
@@ -124,6 +144,10 @@ def _sections(
     table = posenc.sinusoidal(length, dim, preset=preset, dtype="float64")
     wl = 2 * np.pi / omega
 
+    fixed_params = sum(p.numel() for p in posenc.SinusoidalEmbedding(dim).parameters())
+    learned_params = sum(
+        p.numel() for p in posenc.LearnedPositionalEmbedding(length, dim).parameters()
+    )
     perm = analysis.permutation_check()
     sections.append(
         Section(
@@ -162,6 +186,69 @@ def _sections(
         )
     )
 
+    idx = analysis.index_features(dim=dim)
+    sections.append(
+        Section(
+            "index",
+            "Why not the index itself, or the index over the length?",
+            "The simplest position feature is the index p itself, added to each token's "
+            "vector (or as one more channel). It grows without bound: the last token of a "
+            "4096-token sequence would carry 4095, while the token embeddings it is added "
+            "to have entries of a few hundredths (GPT-2 draws them with standard deviation "
+            "0.02). The position would drown the token, and a model trained on short "
+            "sequences would meet values it never saw on long ones.\n\n"
+            "Dividing by the length, p / (L \u2212 1), keeps every value in [0, 1] but "
+            "gives one position a different code in every sequence: position 5 is 0.5 in a "
+            "sequence of 11 tokens and 0.05 in one of 101, so \u201cthe token five places "
+            "in\u201d has no fixed meaning, and the length must be known before the first "
+            "token is encoded (not so when generating).\n\n"
+            "Bounded, periodic features fix both. Every sinusoidal value lies in "
+            "[\u22121, 1] and every row has the same norm \u221a(d/2) at any length; a "
+            "position's code does not depend on the sequence around it; the pairs turn at "
+            "geometrically spaced speeds, so the codes stay distinct up to the slowest "
+            "pair's wavelength and far beyond; and an offset k acts on every code as the "
+            "same rotation (the shift section below), which is what lets a model learn "
+            "\u201cthe token k places back\u201d once for all positions.",
+            [
+                (
+                    f"position {idx.position} as p / (L \u2212 1), for L = "
+                    + ", ".join(map(str, idx.lengths)),
+                    ", ".join(f"{v:.4g}" for v in idx.normalised),
+                ),
+                (
+                    "the raw index at the end of those sequences",
+                    ", ".join(map(str, idx.largest_index)),
+                ),
+                (
+                    f"largest |value| of the sinusoidal table over {max(idx.lengths)} "
+                    f"positions; norm of every row (d = {dim})",
+                    f"{idx.sinusoidal_bound:.6g}; {idx.row_norm:.6g} = \u221a({dim}/2)",
+                ),
+                (
+                    f"smallest distance between the codes of two different positions below "
+                    f"{max(idx.lengths)} (offset where it occurs)",
+                    f"{idx.nearest:.4g} (offset {idx.nearest_offset}): every code distinct",
+                ),
+                (
+                    "wavelength of the slowest pair, positions per turn",
+                    f"{idx.longest_wavelength:.6g}",
+                ),
+            ],
+            ["index"],
+            [
+                r"x_p = e_{\text{token}} + p \quad\text{or}\quad "
+                r"x_p = e_{\text{token}} + \frac{p}{L - 1}",
+                r"\lVert \mathrm{PE}(p) - \mathrm{PE}(p + k) \rVert^2 = "
+                r"2 \sum_{i} \big(1 - \cos(k\,\omega_i)\big)"
+                r"\quad\text{(the same for every } p\text{)}",
+            ],
+            "import numpy as np, posenc\n"
+            "print(5 / (11 - 1), 5 / (101 - 1))  # 0.5 and 0.05: one position, two codes\n"
+            f"pe = posenc.sinusoidal(4096, {dim}, dtype='float64')\n"
+            "print(np.abs(pe).max(), np.linalg.norm(pe, axis=1).max())  # 1.0 and sqrt(d/2)",
+        )
+    )
+
     sections.append(
         Section(
             "sinusoidal",
@@ -179,9 +266,22 @@ def _sections(
             "together. Move the slider: the marked row of the table is the hands' "
             "reading, and the first values are printed exactly (posenc computes every "
             "angle exactly and rounds once). The hands shown are spread "
-            "log-uniformly over the pairs, so fast, middle and slow ones all appear.",
+            "log-uniformly over the pairs, so fast, middle and slow ones all appear.\n\n"
+            "Nothing here is learned. The frequencies are set by the formula, one per pair, "
+            "and the table is a fixed function of the position: a model that uses it trains "
+            "no parameter for it (posenc keeps it as a buffer, not a parameter). \u201cThe "
+            "model learns a different frequency for each dimension\u201d is a common "
+            "misreading: what the model learns is how to read the hands, in the weights of "
+            "the layers after it. Only a learned table (a free vector per position, the "
+            "learned section below) or a variant that trains its frequencies (such as "
+            "FoPE's coefficients) learns positions.",
             [
                 ("shape of the table shown (positions x channels)", f"{length} x {dim}"),
+                (
+                    f"trainable parameters: posenc.SinusoidalEmbedding({dim}) / "
+                    f"posenc.LearnedPositionalEmbedding({length}, {dim})",
+                    f"{fixed_params} / {learned_params:,}",
+                ),
                 (
                     "shortest and longest wavelength (positions per turn)",
                     f"{wl.min():.4f}, {wl.max():.5g}",
@@ -252,6 +352,81 @@ def _sections(
             "power = 1 / 10000 ** (i2 / 512)\n"
             "explog = torch.exp(i2 * -(math.log(10000.0) / 512))\n"
             "print((power - explog).abs().max())  # a few float32 ulp",
+        )
+    )
+
+    ts = analysis.timestep_presets(320)
+    ldm_mean, ldm_lo, ldm_hi = ts.mismatch("ddpm", "ldm")
+    _, same_lo, _ = ts.mismatch("ddpm", "annotated-diffusion")
+    odd = _odd_timestep_channels(33)
+    sections.append(
+        Section(
+            "timesteps",
+            "Diffusion timesteps: the same sinusoid, fed a noise level",
+            "Diffusion models run one network at every step of a noising process and must "
+            "tell it which step it is at. DDPM (Ho et al. 2020) reuses the Transformer's "
+            "sinusoid for that: the timestep t (0 to 999 for 1000 steps, or a float in "
+            "continuous-time and flow models) goes where the position p went, and an MLP "
+            "(linear, SiLU, linear) turns the result into the vector every residual block "
+            "adds (DDPM, latent diffusion's UNet) or that scales and shifts the layer norms "
+            "(DiT's adaLN). The SinusoidalPositionEmbeddings of The Annotated Diffusion Model "
+            "is exactly this: \u201cposition\u201d in its name, a timestep in its input. Nothing "
+            "about sequences is left: there is one t per image, not one per token, and the "
+            "sinusoid is chosen because nearby noise levels should get similar vectors and "
+            "far ones different vectors, at every scale.\n\n"
+            "Three conventions are in use, and they disagree on the layout: diffusers' "
+            "get_timestep_embedding defaults and DDPM put [sin | cos] with h \u2212 1 in the "
+            "exponent (posenc's ddpm preset); latent diffusion, Stable Diffusion and DiT put "
+            "[cos | sin] with h (flip_sin_to_cos=True, downscale_freq_shift=0: the ldm "
+            "preset); The Annotated Diffusion Model is ddpm's layout (annotated-diffusion). "
+            "A network trained with one and fed another sees vectors at a cosine of about "
+            f"{ldm_mean:.2f} from those it learned: a different input, not a small error.\n\n"
+            "The odd-d pitfall: with an odd number of channels, the annotated code builds "
+            "two halves of d // 2 and returns d \u2212 1 channels, so the next layer's "
+            "input size is wrong; diffusers pads a zero channel, and so do posenc's presets. "
+            "Move t, d and the preset below: the vectors of the three presets side by side, "
+            "and the similarity of t to every other timestep.",
+            [
+                (
+                    "cosine of the ddpm and ldm embeddings of the same t, over t = 0..999, d = 320",
+                    f"mean {ldm_mean:.3f}, min {ldm_lo:.3f}, max {ldm_hi:.3f}",
+                ),
+                (
+                    "ddpm and annotated-diffusion, the same t: identical at even d",
+                    _holds(1.0 - same_lo, ts.tolerance),
+                ),
+            ]
+            + [
+                (f"cos(e(t), e(t + {k:g})), ddpm, d = 320", f"{v:.4f}")
+                for k, v in zip(ts.offsets, ts.neighbour[0], strict=True)
+            ]
+            + [
+                (
+                    "those cosines are the same at every t",
+                    _holds(ts.neighbour_spread, ts.tolerance),
+                ),
+                (
+                    "d = 33: channels from The Annotated Diffusion Model's code / from posenc "
+                    "(last channel)",
+                    f"{odd[0]} / {odd[1]} (zero)",
+                ),
+            ],
+            ["timesteps"],
+            [
+                r"e(t) = \big[\sin(t\,\omega_0), \ldots, \sin(t\,\omega_{h-1}),\ "
+                r"\cos(t\,\omega_0), \ldots, \cos(t\,\omega_{h-1})\big],\quad "
+                r"\omega_k = \exp\!\left(-\frac{k\,\ln 10000}{h - s}\right),\quad "
+                r"s = 1\ \text{(ddpm, annotated-diffusion)};\ \text{ldm: } s = 0"
+                r"\text{, the halves swapped}",
+                r"\mathrm{emb}(t) = W_2\, \mathrm{SiLU}\big(W_1\, e(t) + b_1\big) + b_2",
+            ],
+            "import torch, posenc\n"
+            "t = torch.tensor([999.5, 10.0])  # float timesteps\n"
+            "e = posenc.sinusoidal(t, 320, preset='ldm')  # (2, 320): [cos | sin], exact\n"
+            "mlp = torch.nn.Sequential(torch.nn.Linear(320, 1280), torch.nn.SiLU(),\n"
+            "                          torch.nn.Linear(1280, 1280))\n"
+            "print(mlp(e).shape)  # the vector each block adds",
+            explorer="timestep",
         )
     )
 
@@ -448,6 +623,9 @@ def _sections(
         )
     )
 
+    probed = _first(labs, lambda run: bool(run.probes))
+    sections.append(_layers_section(probed))
+
     rel = analysis.rope_relative()
     _, bound, _ = analysis.rope_decay(rope["head_dim"], rope["base"], 2000)
     sections.append(
@@ -547,6 +725,9 @@ def _sections(
         )
     )
 
+    hybrid = _first(labs, lambda run: {"rope", "nope", "hybrid-nope"} <= _encodings(run))
+    sections.append(_nope_section(hybrid))
+
     slopes = posenc.alibi_slopes(8)
     boundaries = posenc.t5_bucket(-np.arange(200))
     starts = [int(d) for d in np.arange(1, 200)[np.diff(boundaries) != 0]]
@@ -561,7 +742,13 @@ def _sections(
             "the trained length, which is why it extrapolates (the lab section). T5 "
             "(Raffel et al. 2020) learns one number per head for each bucket of the "
             "relative position: exact for small distances, logarithmic beyond, and the "
-            "same bucket for everything past max_distance.",
+            "same bucket for everything past max_distance.\n\n"
+            "Pick a bias, a head and a query position below: the bias over the keys, and "
+            "the attention weights the bias alone gives when every content score is the "
+            "same. ALiBi's steep heads look at the last few tokens, its flat heads spread "
+            "over the whole context. The T5 table is the one the lab's copy run learned: "
+            "each band of keys is one bucket, and past the trained lengths every key falls "
+            "in buckets the model saw only at their near edge.",
             [
                 ("ALiBi slopes, 8 heads", ", ".join(f"2^{math.log2(s):g}" for s in slopes)),
                 (
@@ -578,6 +765,7 @@ def _sections(
             "import torch, posenc\n"
             "alibi = posenc.ALiBi(8)\n"
             "bias = alibi.bias(16, 16)  # (heads, queries, keys), add to the scores",
+            explorer="bias",
         )
     )
 
@@ -606,15 +794,297 @@ def _sections(
     return sections
 
 
+def _first(labs: Sequence[Any], want: Callable[[Any], bool]) -> Any:
+    """The first lab run that has what a section needs, else the bundled copy run's."""
+    from posenc.faces.lab import results
+
+    for run in labs:
+        if want(run):
+            return run
+    return results.bundled()[0]
+
+
+def _encodings(run: Any) -> set[str]:
+    return {r.encoding for r in run.records}
+
+
+def _lab_note(run: Any) -> str:
+    c = run.config
+    seeds = "seed 0" if c.seeds == 1 else f"seeds 0-{c.seeds - 1}"
+    return (
+        f"the lab's {c.task} run ({c.layers} layers, {c.heads} heads, width {c.d_model}, "
+        f"{c.steps} steps, trained on lengths 1-{c.train_len}, {seeds})"
+    )
+
+
+def _spread(values: tuple[float, float, float], digits: int = 2) -> str:
+    mean, lo, hi = values
+    return f"{mean:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def _layers_section(run: Any) -> Section:
+    """How positions survive through the layers: the lab's linear probes, layer by layer."""
+    from posenc.faces.lab import results
+
+    rows = results.probe_summary(run.probes)
+    by: dict[str, dict[str, dict[int, tuple[float, float, float]]]] = {}
+    positions = 2
+    for row in rows:
+        by.setdefault(row["encoding"], {})[row["metric"]] = row["layers"]
+        positions = row["positions"]
+    chance = 1 / positions
+    numbers = []
+    for encoding, metrics in by.items():
+        acc, r2 = metrics.get("accuracy", {}), metrics.get("r2", {})
+        layers = sorted(acc)
+        numbers.append(
+            (
+                f"{encoding}: probe accuracy, embedding \u2192 "
+                + " \u2192 ".join(f"block {v}" for v in layers[1:]),
+                " \u2192 ".join(_spread(acc[v]) for v in layers)
+                + (f"; R\u00b2 {_spread(r2[layers[-1]])} after the last" if r2 else ""),
+            )
+        )
+    numbers.append(("chance accuracy (1 / positions)", f"{chance:.3f} (1/{positions})"))
+    finding = _probe_finding(by, chance)
+    text = (
+        "A transformer block never replaces its input: it adds to it. Each block reads "
+        "the residual stream x, computes attention and an MLP from a normalised copy, and "
+        "adds their outputs back, so what the embedding put in (the token, and an absolute "
+        "position if one was added) stays in x unless a later block writes over it. "
+        "Whether it does is a question of measurement, not of diagrams: fit a linear probe "
+        "from each layer's residual stream to the token's absolute position, on sequences "
+        "the probe was not fitted on, and see how much of the position it reads back.\n\n"
+        f"The probes here were fitted on the models of {_lab_note(run)}: a classifier over "
+        f"the {positions} positions (accuracy) and a least-squares read-out of the index "
+        "(R\u00b2), per layer. The absolute encodings (sinusoidal, learned) put the "
+        "position into the stream at the embedding, where a linear read-out finds it "
+        "almost whole. RoPE, ALiBi and T5 put nothing into the vectors: they act on the "
+        "attention scores, so their embedding output carries no position, and whatever a "
+        "probe reads after a block, attention wrote there. Causal attention can count: a "
+        "query at position i averages over i + 1 keys, and how spread its weights are "
+        "tells the position. " + finding
+    )
+    return Section(
+        "layers",
+        "How do positions survive through the layers?",
+        text,
+        numbers,
+        ["probes"],
+        [
+            r"x_{l} = x_{l-1} + \mathrm{Attn}_l\big(\mathrm{LN}(x_{l-1})\big),\quad "
+            r"x_{l} \leftarrow x_{l} + \mathrm{MLP}_l\big(\mathrm{LN}(x_{l})\big)",
+            r"\hat{p} = \mathrm{argmax}_c\, (W x_l + b)_c,\quad "
+            r"R^2 = 1 - \frac{\sum (p - \tilde{p})^2}{\sum (p - \bar{p})^2}",
+        ],
+        "import torch\n"
+        "from posenc.lab.model import LabModel, ModelConfig\n"
+        "from posenc.lab.probes import linear_accuracy\n"
+        "model = LabModel(ModelConfig(vocab=16, d_model=32, layers=2, heads=4), 'nope')\n"
+        "tokens = torch.randint(0, 16, (48, 12))\n"
+        "y = torch.arange(12).repeat(48)\n"
+        "for h in model.residuals(tokens):  # embedding output, then after each block\n"
+        "    x = h.detach().reshape(-1, 32).double()\n"
+        "    print(linear_accuracy(x[:384], y[:384], x[384:], y[384:], 12, steps=20))",
+    )
+
+
+def _probe_finding(
+    by: dict[str, dict[str, dict[int, tuple[float, float, float]]]], chance: float
+) -> str:
+    """What the probes of one run show, in sentences whose numbers are that run's."""
+
+    def acc(encoding: str) -> list[float]:
+        layers = by.get(encoding, {}).get("accuracy", {})
+        return [layers[v][0] for v in sorted(layers)]
+
+    parts = []
+    tables = [e for e in ("sinusoidal", "learned") if acc(e)]
+    if tables:
+        kept = ", ".join(f"{e} {acc(e)[-1]:.2f}" for e in tables)
+        parts.append(
+            "The absolute tables' position is still read after the last block "
+            f"({kept}): the residual stream kept what the embedding put in."
+        )
+    written = [e for e in ("rope", "alibi", "t5", "nope", "hybrid-nope") if acc(e)]
+    if written:
+        embedding = max(acc(e)[0] for e in written)
+        peak = [max(acc(e)[1:]) for e in written if len(acc(e)) > 1]
+        last = [acc(e)[-1] for e in written]
+        r2 = [by[e]["r2"][max(by[e]["r2"])][0] for e in written if by[e].get("r2")]
+        parts.append(
+            f"Without a table ({', '.join(written)}) the embedding output is read at "
+            f"{embedding:.2f} at most (chance {chance:.2f}; what a probe finds there the "
+            "tokens told it: a task's start token and separator sit at fixed places). After "
+            f"the blocks a probe reads {min(peak):.2f}-{max(peak):.2f} at best and "
+            f"{min(last):.2f}-{max(last):.2f} after the last"
+            + (f", with R\u00b2 {min(r2):.2f}-{max(r2):.2f}" if r2 else "")
+            + ": attention wrote the position into the stream"
+            + (
+                ", and the last block, turning to the answer, blurs the exact position "
+                "while keeping the coarse one."
+                if max(last) < max(peak) - 0.02
+                else "."
+            )
+        )
+    nope = acc("nope")
+    if len(nope) > 1 and max(nope[1:]) > nope[0] + 0.05:
+        parts.append(
+            f"NoPE too (from {nope[0]:.2f} to {max(nope[1:]):.2f}): with no encoding at all, "
+            "the causal mask put the position there, as Haviv et al. (2022) found in causal "
+            "language models without positional encodings."
+        )
+    elif nope:
+        parts.append(
+            "NoPE's stream gained no position in this run; Haviv et al. (2022) found it in "
+            "causal language models without positional encodings."
+        )
+    return " ".join(parts) or "This run has no probes of these encodings."
+
+
+def _nope_section(run: Any) -> Section:
+    """NoPE and layers without RoPE (Llama 4, SmolLM3, Cohere 2): the lab's numbers."""
+    from posenc.faces.lab import results
+
+    rows = {r["encoding"]: r for r in results.summary(run.records, run.config.train_len)}
+
+    def cell(encoding: str, key: str) -> str:
+        row = rows.get(encoding, {})
+        return _spread(row[key], 3) if key in row else "-"
+
+    numbers = [
+        (
+            f"{e}: exact match, lengths 1-{run.config.train_len} / "
+            f"{run.config.train_len + 1}-{run.config.test_len}",
+            f"{cell(e, 'within')} / {cell(e, 'beyond')}",
+        )
+        for e in ("rope", "nope", "hybrid-nope")
+        if e in rows
+    ]
+    from posenc.integration.analysis.rope_reading import nope_layers
+
+    llama4 = nope_layers(
+        {"model_type": "llama4_text", "num_hidden_layers": 12, "no_rope_layer_interval": 4}
+    )
+    if llama4 is not None:
+        numbers.append(
+            (
+                "NoPE layers of a 12-layer config with no_rope_layer_interval = 4, as "
+                "posenc rope reads it",
+                ", ".join(map(str, llama4["layers"])),
+            )
+        )
+    return Section(
+        "nope",
+        "No positional encoding at all, and layers without RoPE",
+        "A causal decoder can work with no positional encoding (NoPE): the mask already "
+        "tells each query how many tokens came before it, and the layers can turn that "
+        "into positions (the previous section measured it). Kazemnejad et al. (2023) "
+        "found NoPE generalising to longer inputs better than RoPE, ALiBi or T5 on small "
+        "synthetic tasks; trained on real text at scale, models still use RoPE in most "
+        "layers.\n\n"
+        "Recent long-context models mix the two. Llama 4 leaves every fourth layer without "
+        "RoPE (its config's no_rope_layers: layers 3, 7, 11, ... attend to the whole "
+        "context with no rotation, the others rotate and attend within chunks), SmolLM3 "
+        "does the same with its own no_rope_layers, and Cohere 2 has three "
+        "sliding-window RoPE layers for each global layer without positions. The RoPE "
+        "layers keep the local order exact; the NoPE layers look across the whole "
+        "context without the rotation angles that were never met in training (the "
+        "extension section).\n\n"
+        f"The numbers are from {_lab_note(run)}: RoPE in every layer, in none (nope), and "
+        "in the first layer only (hybrid-nope: every second layer without RoPE, since "
+        "the lab's models have two; Llama 4 and SmolLM3 use every fourth). "
+        + _nope_finding(rows, run.config.train_len),
+        numbers,
+        ["nope-layers"],
+        [
+            r"\text{layer } i \text{ uses RoPE} \iff (i + 1) \bmod k \neq 0"
+            r"\quad (k = 4 \text{ in Llama 4 and SmolLM3})",
+        ],
+        "import torch, posenc\n"
+        "rope = posenc.Rotary(64)\n"
+        "q = k = v = torch.randn(1, 4, 16, 64)\n"
+        "for i in range(4):  # every 4th layer without RoPE, as Llama 4's no_rope_layers\n"
+        "    uses_rope = (i + 1) % 4 != 0\n"
+        "    out = posenc.attention(q, k, v, rotary=rope if uses_rope else None, causal=True)",
+    )
+
+
+def _nope_finding(rows: dict[str, dict[str, Any]], train_len: int) -> str:
+    """What the lab's RoPE, NoPE and hybrid models did, in sentences with that run's numbers."""
+
+    def mean(encoding: str, key: str) -> float | None:
+        row = rows.get(encoding, {})
+        return row[key][0] if key in row else None
+
+    parts = []
+    nope_in, nope_out = mean("nope", "within"), mean("nope", "beyond")
+    rope_in, rope_out = mean("rope", "within"), mean("rope", "beyond")
+    if nope_in is not None and rope_in is not None:
+        if nope_in < rope_in - 0.1:
+            parts.append(
+                f"Here NoPE learned copy only in part: {nope_in:.2f} exact match within the "
+                f"trained lengths (RoPE {rope_in:.2f})"
+                + (f" and {nope_out:.2f} beyond" if nope_out is not None else "")
+                + ". That disagrees with Kazemnejad et al.'s ranking, whose models were far "
+                "larger than the lab's two layers of width 64; it is the measured result "
+                "of these small models, seeds and spread as in the table."
+            )
+        else:
+            parts.append(
+                f"Here NoPE reached {nope_in:.2f} within the trained lengths "
+                f"(RoPE {rope_in:.2f})"
+                + (
+                    f" and {nope_out:.2f} beyond (RoPE {rope_out:.2f})."
+                    if nope_out is not None and rope_out is not None
+                    else "."
+                )
+            )
+    hyb_in, hyb_out = mean("hybrid-nope", "within"), mean("hybrid-nope", "beyond")
+    if hyb_in is not None and hyb_out is not None and rope_out is not None:
+        better = "above" if hyb_out > rope_out else "not above"
+        parts.append(
+            f"The hybrid reached {hyb_in:.2f} within and {hyb_out:.2f} beyond length "
+            f"{train_len}, {better} RoPE in every layer ({rope_out:.2f} beyond)."
+        )
+    return " ".join(parts)
+
+
+def _lab_figures(labs: Sequence[Any]) -> dict[str, Callable[[], Any]]:
+    """The figures drawn from a lab run (the lab's own figures), by name."""
+    from posenc.faces.lab import results
+
+    def probes() -> Any:
+        return results.probe_figure(_first(labs, lambda run: bool(run.probes)).probes)
+
+    def nope_layers() -> Any:
+        run = _first(labs, lambda run: {"rope", "nope", "hybrid-nope"} <= _encodings(run))
+        keep = ("rope", "nope", "hybrid-nope")
+        return results.figure(
+            [r for r in run.records if r.encoding in keep],
+            run.config.train_len,
+            f"lab {run.config.task}: RoPE in every layer, in none, or in every other",
+        )
+
+    return {"probes": probes, "nope-layers": nope_layers}
+
+
 def _figure_options(
-    dim: int, length: int, preset: str, rope: dict[str, Any], learned: analysis.Learned
+    dim: int,
+    length: int,
+    preset: str,
+    rope: dict[str, Any],
+    learned: analysis.Learned,
+    labs: Sequence[Any] = (),
 ) -> dict[str, dict[str, Any]]:
     base = {"dim": dim, "length": length, "preset": preset}
     options: dict[str, dict[str, Any]] = {name: base for name in ("heatmap", "clocks")}
     options.update(
         {
             "permutation": {},
+            "index": {"dim": dim},
             "exp-log": {"dim": dim},
+            "timesteps": {},
             "shift": {**base, "offset": 10},
             "regression": {**base, "offset": 10},
             "add-concat": {"dim": dim, "length": length},
@@ -631,27 +1101,27 @@ def _figure_options(
     return options
 
 
-def _lab_sections(directory: Path | None) -> str:
-    """The lab's results as HTML: a fresh run's directory, or the bundled copy and text runs."""
+def _lab_runs(directory: Path | None) -> list[Any]:
+    """The lab runs the page shows: a fresh run's directory, or the bundled copy and text runs."""
     from posenc.faces.lab import results
-    from posenc.faces.lab.run import LabConfig, Record
 
     if directory is None:
-        where = resources.files("posenc.faces") / "data"
-        docs = [json.loads((where / name).read_text()) for name in BUNDLED_LAB]
-    else:
-        path = directory / "results.json"
-        try:
-            docs = [json.loads(path.read_text())]
-        except OSError as exc:
-            raise ValueError(f"--lab: cannot read {str(path)!r}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--lab: {str(path)!r} is not JSON: {exc.msg}") from None
-    parts = []
-    for doc in docs:
-        config = LabConfig(**{**doc["config"], "encodings": tuple(doc["config"]["encodings"])})
-        parts.append(results.section([Record(**r) for r in doc["records"]], config))
-    return "\n".join(parts)
+        return results.bundled()
+    path = directory / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"--lab: cannot read {str(path)!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--lab: {str(path)!r} is not JSON: {exc.msg}") from None
+    return [results.read(doc)]
+
+
+def _lab_html(runs: Sequence[Any]) -> str:
+    """The lab runs' results as HTML sections."""
+    from posenc.faces.lab import results
+
+    return "\n".join(results.section(run.records, run.config, probes=run.probes) for run in runs)
 
 
 def _img(svg: Path, alt: str) -> str:
@@ -777,7 +1247,8 @@ def build(
     checks.check_choice(preset, "preset", tuple(PRESETS))
     train_steps = checks.check_int(train_steps, "train_steps", minimum=1)
     rope = rope_settings(rope_config)
-    lab_html = _lab_sections(None if lab is None else Path(lab))
+    labs = _lab_runs(None if lab is None else Path(lab))
+    lab_html = _lab_html(labs)
     out = Path(out)
     figures_dir = out / "figures"
     try:
@@ -792,19 +1263,24 @@ def build(
     say("training a learned table")
     learned = analysis.train_learned(steps=train_steps)
     say("measuring")
-    sections = _sections(dim, length, preset, rope, learned)
+    sections = _sections(dim, length, preset, rope, learned, labs)
     for s in sections:
         if s.key == "learned":
             s.extra = lab_html
     say("explorers")
-    data = explorers.payload(length=length, preset=preset, dim=dim, rope=rope)
-    options = _figure_options(dim, length, preset, rope, learned)
+    t5_run = _first(labs, lambda run: any(b.encoding == "t5" for b in run.bias_parameters))
+    data = explorers.payload(length=length, preset=preset, dim=dim, rope=rope, lab=t5_run)
+    options = _figure_options(dim, length, preset, rope, learned, labs)
+    lab_figures = _lab_figures(labs)
     files: dict[str, tuple[Path, Path]] = {}
     for s in sections:
         for name in s.figures:
             say(f"figure {name}")
             png, svg = figures_dir / f"{name}.png", figures_dir / f"{name}.svg"
-            plot.save(plot.figure(name, **options[name]), svg, png)
+            made = (
+                lab_figures[name]() if name in lab_figures else plot.figure(name, **options[name])
+            )
+            plot.save(made, svg, png)
             files[name] = (png, svg)
     note = (
         "Positional encodings explained with numbers that posenc computed on this "

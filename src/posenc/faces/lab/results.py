@@ -41,6 +41,7 @@ __all__ = [
     "bias_module",
     "bundled",
     "figure",
+    "probe_figure",
     "probe_summary",
     "read",
     "section",
@@ -277,6 +278,43 @@ def _probe_table(probes: Sequence[Any]) -> list[str]:
                      f"{''.join(cells)}<td>{chance}</td></tr>")  # fmt: skip
     lines.append("</table>")
     return lines
+
+
+def probe_figure(probes: Sequence[Any], title: str = "") -> Any:
+    """Probe accuracy and R^2 per layer (columns) and encoding (rows): mean over seeds.
+
+    Raises:
+        ValueError: no probes (a run from before the lab probed its models).
+    """
+    from posenc.faces.plot import new_figure
+
+    table: dict[str, dict[str, dict[int, tuple[float, float, float]]]] = {}
+    for row in probe_summary(probes):
+        table.setdefault(row["encoding"], {})[row["metric"]] = row["layers"]
+    if not table:
+        raise ValueError("this lab run has no position probes (rerun posenc lab run)")
+    encodings = list(table)
+    layers = sorted({v for by in table.values() for m in by.values() for v in m})
+    chance = 1 / probes[0].positions
+    fig, axes = new_figure(10.5, 1.7 + 0.42 * len(encodings), ncols=2)
+    for ax, metric, name in (
+        (axes[0], "accuracy", f"probe accuracy (chance {chance:.3f})"),
+        (axes[1], "r2", "probe R\u00b2"),
+    ):
+        grid = np.array([[table[e][metric][v][0] for v in layers] for e in encodings])
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
+                          interpolation="none")  # fmt: skip
+        fig.colorbar(image, ax=ax, shrink=0.85, label=metric)
+        ax.set_title(name)
+        ax.set_xlabel("residual stream after")
+        ax.set_xticks(range(len(layers)), ["embedding" if v == 0 else f"block {v}" for v in layers])
+        ax.set_yticks(range(len(encodings)), encodings)
+        for (r, c), v in np.ndenumerate(grid):
+            ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if v < 0.55 else "black")  # fmt: skip
+    if title:
+        fig.suptitle(title)
+    return fig
 
 
 def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:

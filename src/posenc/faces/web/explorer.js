@@ -10,13 +10,40 @@
 
   // ---- shared helpers ------------------------------------------------------
 
-  // {dtype, shape, b64} -> typed array (row-major) with .shape; decoded once.
+  // {dtype, shape, b64[, deflate]} -> typed array (row-major) with .shape; decoded once.
+  // Compressed arrays ("deflate": zlib) are inflated up front by `inflateAll`, with the
+  // browser's own DecompressionStream.
   const decoded = new WeakMap();
-  function decode(a) {
-    if (decoded.has(a)) return decoded.get(a);
-    const text = atob(a.b64);
+  const inflated = new WeakMap();
+  function base64Bytes(b64) {
+    const text = atob(b64);
     const bytes = new Uint8Array(new ArrayBuffer(text.length));
     for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    return bytes;
+  }
+  function inflateAll(root) {
+    const found = [];
+    (function walk(o) {
+      if (Array.isArray(o)) o.forEach(walk);
+      else if (o && typeof o === "object") {
+        if (typeof o.b64 === "string") {
+          if (o.deflate) found.push(o);
+        } else Object.values(o).forEach(walk);
+      }
+    })(root);
+    return Promise.all(
+      found.map((a) =>
+        new Response(
+          new Blob([base64Bytes(a.b64)]).stream().pipeThrough(new DecompressionStream("deflate")),
+        )
+          .arrayBuffer()
+          .then((buffer) => inflated.set(a, new Uint8Array(buffer))),
+      ),
+    );
+  }
+  function decode(a) {
+    if (decoded.has(a)) return decoded.get(a);
+    const bytes = a.deflate ? inflated.get(a) : base64Bytes(a.b64);
     const out =
       a.dtype === "uint8"
         ? bytes
@@ -66,7 +93,8 @@
       .text((d) => d);
     return s.property("value", selected).on("change", () => onChange(+s.property("value")));
   }
-  function range(bar, id, label, max, value, onInput) {
+  // A slider over the integers 0 .. max; `shown(i)` is what its output prints for i.
+  function range(bar, id, label, max, value, onInput, shown = (i) => i) {
     const wrap = control(bar, id, label);
     const input = wrap
       .append("input")
@@ -76,12 +104,12 @@
       .attr("max", max)
       .attr("step", 1)
       .property("value", value);
-    const out = wrap.append("output").attr("id", `${id}-value`).attr("for", id).text(value);
+    const out = wrap.append("output").attr("id", `${id}-value`).attr("for", id).text(shown(value));
     input.on("input", () => onInput(+input.property("value")));
     return {
       set(v) {
         input.property("value", v);
-        out.text(v);
+        out.text(shown(v));
       },
     };
   }
@@ -791,23 +819,356 @@
     return render;
   }
 
+
+  // ---- 4. diffusion timesteps: three conventions, similarity over t ----------
+
+  function timestep(root, S) {
+    const T = S.timesteps.count;
+    const tAt = (i) => S.timesteps.first + i * S.timesteps.step;
+    const state = {
+      i: Math.round(T / 4),
+      d: Math.max(0, S.dims.indexOf(S.dim)),
+      p: 0,
+    };
+    const combo = (p, d) => {
+      const c = S.combos[`${p}|${d}`];
+      return c.same ? S.combos[c.same] : c;
+    };
+    const crossOf = (a, b) => {
+      const c = S.cross[`${a}|${b}|${state.d}`];
+      return c.same ? S.cross[c.same] : c;
+    };
+    const rdbu = (v) => d3.interpolateRdBu(1 - v / 255); // positive red, as the RoPE scores
+
+    title(root, "Explore: one diffusion timestep through three conventions");
+    const bar = controls(root);
+    const tIn = range(bar, "ts-t", "timestep t", T - 1, state.i, (v) => update({ i: v }), (i) =>
+      d3.format(".1f")(tAt(i)),
+    );
+    select(bar, "ts-dim", "d (channels)", S.dims, state.d, (v) => update({ d: v }));
+    select(bar, "ts-preset", "similarity under", S.presets, state.p, (v) => update({ p: v }));
+
+    const stripBody = figure(
+      root,
+      "ts-strips",
+      "The embedding of t under each preset, one cell per channel (red +1, blue −1). The " +
+        "same t gives different vectors: the halves are swapped ([sin | cos] or [cos | sin]) " +
+        "and the frequencies differ slightly (h − 1 or h in the exponent). The line marks the " +
+        "middle, where the second half starts.",
+    );
+    const strips = stripBody.append("svg").attr("id", "ts-strip-svg");
+    const readout = root.append("div").attr("class", "readout");
+    const first = readout.append("p");
+    first.append("span").text("cos(e(t), e(t + 1)) = ");
+    const nextOut = first.append("output").attr("id", "ts-next");
+    first.append("span").attr("class", "muted").text("the same at every t, under the preset chosen");
+    const second = readout.append("p");
+    second.append("span").text("the same t under two presets: ");
+    const crossOuts = [];
+    for (let a = 0; a < S.presets.length; a++)
+      for (let b = a + 1; b < S.presets.length; b++) {
+        second.append("span").text(`cos(${S.presets[a]}, ${S.presets[b]}) = `);
+        crossOuts.push([a, b, second.append("output").attr("id", `ts-cross-${a}-${b}`)]);
+      }
+    const lineBody = figure(
+      root,
+      "ts-lines",
+      "Solid: the cosine similarity of e(t) with e(t′) for every timestep t′, under the " +
+        "preset chosen above; it depends on t′ − t alone and falls off, with ripples, as " +
+        "the timesteps move apart. Dashed: the cosine of two presets' embeddings of the same " +
+        "t′ (a model trained with one and fed the other sees these).",
+    );
+    const lines = lineBody.append("svg").attr("id", "ts-line-svg");
+
+    function update(change) {
+      Object.assign(state, change);
+      tIn.set(state.i);
+      render();
+    }
+
+    function render() {
+      const d = S.dims[state.d];
+      const width = widthOf(stripBody);
+      // strips
+      const m = { top: 6, right: 16, bottom: 22, left: 150 };
+      const rowH = 26;
+      const w = width - m.left - m.right;
+      strips.attr("width", width).attr("height", m.top + m.bottom + rowH * S.presets.length);
+      strips.selectAll("*").remove();
+      const x = d3.scaleLinear([0, d], [0, w]);
+      const g = strips.append("g").attr("transform", `translate(${m.left},${m.top})`);
+      S.presets.forEach((name, p) => {
+        const levels = decode(combo(p, state.d).levels);
+        const cells = d3.range(d).map((ch) => levels[ch * T + state.i]); // stored (d, T)
+        const y = p * rowH;
+        g.append("text")
+          .attr("class", "axis-label")
+          .attr("x", -8)
+          .attr("y", y + rowH / 2 + 4)
+          .attr("text-anchor", "end")
+          .text(name)
+          .append("title")
+          .text(S.forms[p]);
+        g.append("g")
+          .selectAll("rect")
+          .data(cells)
+          .join("rect")
+          .attr("x", (_, c) => x(c))
+          .attr("y", y + 2)
+          .attr("width", Math.max(0.5, x(1) - x(0)))
+          .attr("height", rowH - 4)
+          .attr("fill", (v) => rdbu(v));
+      });
+      g.append("line")
+        .attr("class", "diagonal")
+        .attr("x1", x(d / 2))
+        .attr("x2", x(d / 2))
+        .attr("y1", 0)
+        .attr("y2", rowH * S.presets.length);
+      g.append("g")
+        .attr("class", "axis")
+        .attr("transform", `translate(0,${rowH * S.presets.length})`)
+        .call(d3.axisBottom(x).ticks(8).tickFormat(d3.format("d")));
+
+      // readouts
+      const c = combo(state.p, state.d);
+      nextOut.text(c.next.toFixed(4));
+      for (const [a, b, out] of crossOuts) {
+        const v = decode(crossOf(a, b))[state.i];
+        out.text(v.toFixed(4));
+      }
+
+      // lines
+      const lm = { top: 10, right: 16, bottom: 42, left: 50 };
+      const lw = width - lm.left - lm.right;
+      const lh = 190;
+      lines.attr("width", width).attr("height", lh + lm.top + lm.bottom);
+      lines.selectAll("*").remove();
+      const lg = lines.append("g").attr("transform", `translate(${lm.left},${lm.top})`);
+      const tx = d3.scaleLinear([tAt(0), tAt(T - 1)], [0, lw]);
+      const ty = d3.scaleLinear([-0.4, 1], [lh, 0]);
+      axes(lg, lw, lh, d3.axisBottom(tx), d3.axisLeft(ty).ticks(5), "timestep t′", "cosine");
+      const sim = decode(c.similarity); // offsets -(T-1) .. T-1 steps
+      const idx = d3.range(T);
+      lg.append("path")
+        .attr("class", "ts-self")
+        .attr(
+          "d",
+          d3.line(
+            (j) => tx(tAt(j)),
+            (j) => ty(sim[j - state.i + T - 1]),
+          )(idx),
+        );
+      const other = crossOuts.find(([a, b]) => a === state.p || b === state.p) || crossOuts[0];
+      if (other) {
+        const cross = decode(crossOf(other[0], other[1]));
+        lg.append("path")
+          .attr("class", "ts-cross")
+          .attr(
+            "d",
+            d3.line(
+              (j) => tx(tAt(j)),
+              (j) => ty(cross[j]),
+            )(idx),
+          );
+        lg.append("text")
+          .attr("class", "axis-label")
+          .attr("x", lw - 4)
+          .attr("y", ty(-0.3))
+          .attr("text-anchor", "end")
+          .text(`dashed: ${S.presets[other[0]]} against ${S.presets[other[1]]}`);
+      }
+      lg.append("line")
+        .attr("class", "level target")
+        .attr("x1", tx(tAt(state.i)))
+        .attr("x2", tx(tAt(state.i)))
+        .attr("y1", 0)
+        .attr("y2", lh);
+    }
+    return render;
+  }
+
+  // ---- 5. ALiBi and T5: each head's bias over the keys, and its weights --------
+
+  function bias(root, B) {
+    const L = B.length;
+    const state = { m: B.modules.length > 1 ? 1 : 0, h: 0, i: Math.min(L - 1, B.trained - 1) };
+    title(root, "Explore: what a bias alone makes a query attend to");
+    const bar = controls(root);
+    select(
+      bar,
+      "bias-module",
+      "bias",
+      B.modules.map((m) => m.label),
+      state.m,
+      (v) => update({ m: v, h: Math.min(state.h, B.modules[v].heads - 1) }),
+    );
+    const headSel = select(
+      bar,
+      "bias-head",
+      "head",
+      d3.range(B.modules[state.m].heads).map((h) => h + 1),
+      state.h,
+      (v) => update({ h: v }),
+    );
+    const qIn = range(bar, "bias-query", "query position i", L - 1, state.i, (v) =>
+      update({ i: v }),
+    );
+    const readout = root.append("p").attr("class", "readout");
+    readout.append("span").text("weight on its own position: ");
+    const selfOut = readout.append("output").attr("id", "bias-self");
+    readout.append("span").text(" mean distance attended, Σ w·(i − j): ");
+    const distOut = readout.append("output").attr("id", "bias-distance");
+    const reach = readout.append("span").attr("class", "muted");
+    const body = figure(
+      root,
+      "bias-chart",
+      "Top: the bias the chosen head adds to the score of query i and each key j ≤ i (keys " +
+        "after i are masked); the other heads faint. Bottom: the attention weights when every " +
+        "content score q·k is the same, softmax of the bias alone. The shaded band is beyond " +
+        `the lengths the lab trained on (${B.trained} positions). T5 shows its buckets as ` +
+        "alternating bands: every key in one band gets the same learned number.",
+    );
+    const svg = body.append("svg").attr("id", "bias-svg");
+
+    function update(change) {
+      Object.assign(state, change);
+      const heads = B.modules[state.m].heads;
+      headSel
+        .selectAll("option")
+        .data(d3.range(heads).map((h) => h + 1))
+        .join("option")
+        .attr("value", (_, k) => k)
+        .text((v) => v);
+      headSel.property("value", state.h);
+      qIn.set(state.i);
+      render();
+    }
+
+    function render() {
+      const M = B.modules[state.m];
+      const biasAll = decode(M.bias);
+      const weightsAll = decode(M.weights);
+      const at = (a, h, i, j) => a[(h * L + i) * L + j];
+      const { h, i } = state;
+      selfOut.text(decode(M.self_weight)[h * L + i].toFixed(4));
+      distOut.text(decode(M.mean_distance)[h * L + i].toFixed(2));
+      reach.text(`(at most ${i})`);
+
+      const width = widthOf(body);
+      const m = { top: 12, right: 16, bottom: 42, left: 58 };
+      const w = width - m.left - m.right;
+      const h1 = 150;
+      const h2 = 130;
+      const gap = 26;
+      svg.attr("width", width).attr("height", m.top + h1 + gap + h2 + m.bottom);
+      svg.selectAll("*").remove();
+      const g = svg.append("g").attr("transform", `translate(${m.left},${m.top})`);
+      const x = d3.scaleLinear([-0.5, L - 0.5], [0, w]);
+      const keys = d3.range(i + 1);
+      let lo = 0;
+      let hi = 0;
+      for (let hh = 0; hh < M.heads; hh++)
+        for (const j of keys) {
+          lo = Math.min(lo, at(biasAll, hh, i, j));
+          hi = Math.max(hi, at(biasAll, hh, i, j));
+        }
+      if (hi - lo < 1e-9) hi = lo + 1;
+      const y1 = d3.scaleLinear([lo, hi], [h1, 0]).nice();
+      // beyond the trained lengths, and T5's buckets
+      for (const [gy, gh] of [
+        [0, h1],
+        [h1 + gap, h2],
+      ]) {
+        if (B.trained < L)
+          g.append("rect")
+            .attr("class", "untrained")
+            .attr("x", x(B.trained - 0.5))
+            .attr("y", gy)
+            .attr("width", w - x(B.trained - 0.5))
+            .attr("height", gh);
+        g.append("rect")
+          .attr("class", "masked")
+          .attr("x", x(i + 0.5))
+          .attr("y", gy)
+          .attr("width", Math.max(0, w - x(i + 0.5)))
+          .attr("height", gh);
+      }
+      if (M.buckets) {
+        for (const j of keys) {
+          if (M.buckets[i - j] % 2)
+            g.append("rect")
+              .attr("class", "bucket")
+              .attr("x", x(j - 0.5))
+              .attr("width", x(1) - x(0))
+              .attr("y", 0)
+              .attr("height", h1);
+        }
+      }
+      g.append("g").attr("class", "axis").call(d3.axisLeft(y1).ticks(5));
+      g.append("text")
+        .attr("class", "axis-label")
+        .attr("transform", `translate(-44,${h1 / 2}) rotate(-90)`)
+        .attr("text-anchor", "middle")
+        .text("bias");
+      const line = (a, hh, y) =>
+        d3.line(
+          (j) => x(j),
+          (j) => y(at(a, hh, i, j)),
+        )(keys);
+      for (let hh = 0; hh < M.heads; hh++)
+        if (hh !== h) g.append("path").attr("class", "head-faint").attr("d", line(biasAll, hh, y1));
+      g.append("path").attr("class", "head-line").attr("d", line(biasAll, h, y1));
+
+      const g2 = g.append("g").attr("transform", `translate(0,${h1 + gap})`);
+      let top = 0;
+      for (const j of keys) top = Math.max(top, at(weightsAll, h, i, j));
+      const y2 = d3.scaleLinear([0, top || 1], [h2, 0]).nice();
+      axes(g2, w, h2, d3.axisBottom(x).ticks(10), d3.axisLeft(y2).ticks(4), "key position j", "weight");
+      g2.append("g")
+        .selectAll("rect")
+        .data(keys)
+        .join("rect")
+        .attr("class", "weight-bar")
+        .attr("x", (j) => x(j - 0.4))
+        .attr("width", Math.max(0.5, x(0.8) - x(0)))
+        .attr("y", (j) => y2(at(weightsAll, h, i, j)))
+        .attr("height", (j) => h2 - y2(at(weightsAll, h, i, j)));
+      g.append("line")
+        .attr("class", "level target")
+        .attr("x1", x(i))
+        .attr("x2", x(i))
+        .attr("y1", 0)
+        .attr("y2", h1 + gap + h2);
+    }
+    return render;
+  }
+
   // ---- wiring ----------------------------------------------------------------
 
   const parts = [
     ["sinusoidal-explorer", "sinusoidal", sinusoidal],
+    ["timestep-explorer", "timestep", timestep],
     ["rope-explorer", "rope", rope],
     ["extension-explorer", "extension", extension],
+    ["bias-explorer", "bias", bias],
   ];
-  for (const [id, key, build] of parts) {
-    const node = document.getElementById(id);
-    if (node && DATA[key]) {
-      const root = d3.select(node);
-      root.selectAll("*").remove();
-      const render = build(root, DATA[key]);
-      render();
-      renders.push(render);
+  function buildAll() {
+    for (const [id, key, build] of parts) {
+      const node = document.getElementById(id);
+      if (node && DATA[key]) {
+        const root = d3.select(node);
+        root.selectAll("*").remove();
+        const render = build(root, DATA[key]);
+        render();
+        renders.push(render);
+      }
     }
+    document.documentElement.dataset.explorers = "ready";
   }
+  inflateAll(DATA).then(buildAll, (error) => {
+    console.error(`posenc explorers: cannot inflate the embedded data: ${error}`);
+  });
   let pending = 0;
   let lastWidth = window.innerWidth;
   window.addEventListener("resize", () => {

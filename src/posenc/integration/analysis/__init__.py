@@ -15,6 +15,10 @@ the measurements that use them).
   (the two frequency forms pair by pair, and the ``h - 1`` denominator).
 - :mod:`.rotary`: :func:`rope_relative`, :func:`rope_decay`, :func:`scaling_curves`.
 - :mod:`.learned`: :func:`train_learned`, a learned table from a tiny training run.
+- :mod:`.timesteps`: :func:`timestep_presets` (one diffusion timestep through
+  the ``ddpm``, ``ldm`` and ``annotated-diffusion`` conventions, and how alike
+  neighbouring timesteps are), :func:`index_features` (the raw index and the
+  index over the length as features, against the bounded table).
 - :mod:`.verdicts`: :func:`check`, the rows of ``posenc check`` with their PASS/FAIL.
 - :mod:`.rope_reading`: ``read`` (a model's RoPE config per layer type, every
   setting with the key it came from), ``nope_layers``, ``describe`` (what
@@ -55,13 +59,22 @@ from posenc.integration.analysis.sinusoidal import (
     regression_r2,
     shift_error,
 )
+from posenc.integration.analysis.timesteps import (
+    TIMESTEP_PRESETS,
+    IndexFeatures,
+    TimestepPresets,
+    index_features,
+    timestep_presets,
+)
 from posenc.integration.analysis.verdicts import Verdict, check
 
 __all__ = [
     "EPS",
+    "TIMESTEP_PRESETS",
     "AddConcat",
     "DotProducts",
     "ExpLogErrors",
+    "IndexFeatures",
     "Learned",
     "Norms",
     "PermutationCheck",
@@ -69,12 +82,14 @@ __all__ = [
     "PrecisionReport",
     "Regression",
     "ShiftError",
+    "TimestepPresets",
     "Verdict",
     "add_concat",
     "check",
     "exp_log_errors",
     "exp_log_forms",
     "geometry",
+    "index_features",
     "norms",
     "offset_dot_products",
     "permutation_check",
@@ -85,5 +100,6 @@ __all__ = [
     "rope_relative",
     "scaling_curves",
     "shift_error",
+    "timestep_presets",
     "train_learned",
 ]

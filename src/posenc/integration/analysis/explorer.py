@@ -12,6 +12,12 @@ functions the library exports, and embedded in the page.
 - :func:`extension_explorer`: per frequency pair, the wavelength under each
   context-extension schedule for several trained and target lengths, and
   whether the pair was kept, interpolated or blended.
+- :func:`timestep_explorer`: a grid of continuous diffusion timesteps through
+  each timestep preset, the similarity of one timestep to every other, and
+  the cosine of two presets' embeddings of the same timestep.
+- :func:`bias_explorer`: each head's bias of an attention-bias module (ALiBi,
+  a trained T5 table ...) over the keys of every query, and the attention
+  weights it alone gives.
 
 Returned arrays are numpy; the report serialises them.
 """
@@ -33,6 +39,7 @@ __all__ = [
     "EXTENSION_CLASSES",
     "ExtensionCase",
     "ExtensionSchedule",
+    "bias_explorer",
     "classify",
     "describe",
     "extension_explorer",
@@ -41,6 +48,7 @@ __all__ = [
     "model_schedule",
     "rope_explorer",
     "sinusoidal_explorer",
+    "timestep_explorer",
 ]
 
 #: What a schedule did to one pair's frequency, by index (see :func:`classify`).
@@ -400,3 +408,124 @@ def describe(case: ExtensionCase, trained: int, factor: float) -> dict[str, Any]
         "attention_scaling": case.attention_scaling,
         "target": round(trained * factor),
     }
+
+
+def timestep_explorer(
+    dims: Iterable[int] = (32, 64, 128),
+    presets: Sequence[str] = ("ddpm", "ldm", "annotated-diffusion"),
+    *,
+    last: float = 999.5,
+    step: float = 0.5,
+) -> dict[str, Any]:
+    """Continuous timesteps ``0, step, ..., last`` through each preset, for each ``dim``.
+
+    The cosine of ``e(t)`` and ``e(t')`` under one preset depends on ``t' - t``
+    alone (each (sin, cos) pair turns by ``(t' - t) omega``; every row has norm
+    ``sqrt(dim / 2)``), so one curve over the offsets ``-last .. last`` gives the
+    similarity of any grid timestep to every other: it is measured as the
+    cosine of ``e(offset)`` with ``e(0)``.
+
+    Returns:
+        ``{"timesteps", "dims", "presets", "combos"}``; ``combos`` maps
+        ``(preset, dim)`` to ``{"table"}`` (``(T, dim)`` float64),
+        ``"offsets"`` and ``"similarity"`` (the cosine at each offset), and
+        ``"cross"`` maps ``(preset a, preset b, dim)`` (each unordered pair
+        once, in the order given) to the cosine of their embeddings of each
+        grid timestep.
+
+    Raises:
+        ValueError: an odd or tiny ``dim`` (each preset lays out pairs), an
+            unknown preset, a step or last that is not positive.
+    """
+    dims = sorted({checks.check_int(d, "dims", minimum=4) for d in dims})
+    if any(d % 2 for d in dims):
+        raise ValueError(f"dims must be even (pairs of sin and cos); got {dims}")
+    names = tuple(presets)
+    for name in names:
+        resolve(name)
+    step = checks.check_number(step, "step", positive=True)
+    last = checks.check_number(last, "last", positive=True)
+    count = round(last / step) + 1
+    checks.check_elements(count * sum(dims) * len(names), "timesteps x dims x presets")
+    t = np.arange(count, dtype=np.float64) * step
+    offsets = np.arange(-(count - 1), count, dtype=np.float64) * step
+    combos: dict[tuple[str, int], dict[str, Any]] = {}
+    cross: dict[tuple[str, str, int], npt.NDArray[np.float64]] = {}
+    for dim in dims:
+        tables = {}
+        for name in names:
+            table = np.asarray(sinusoidal(t, dim, preset=name, dtype="float64"))
+            shifted = np.asarray(sinusoidal(offsets, dim, preset=name, dtype="float64"))
+            zero = np.asarray(sinusoidal([0.0], dim, preset=name, dtype="float64"))[0]
+            similarity = shifted @ zero / (np.linalg.norm(shifted, axis=1) * np.linalg.norm(zero))
+            combos[name, dim] = {"table": table, "offsets": offsets, "similarity": similarity}
+            tables[name] = table
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                ta, tb = tables[a], tables[b]
+                norms = np.linalg.norm(ta, axis=1) * np.linalg.norm(tb, axis=1)
+                cross[a, b, dim] = np.einsum("ij,ij->i", ta, tb) / norms
+    return {"timesteps": t, "dims": dims, "presets": names, "combos": combos, "cross": cross}
+
+
+def bias_explorer(modules: Mapping[str, Any], length: int) -> dict[str, Any]:
+    """Each head's bias over the keys of every query, and the weights it alone gives.
+
+    Causal attention whose content scores are all equal (``q_i . k_j`` the same
+    for every key) is ``softmax`` of the bias over the keys ``j <= i``: what the
+    position encoding alone makes a query look at.
+
+    Args:
+        modules: attention-bias modules (:class:`posenc.bias.AttentionBias`) by
+            name, all with ``heads`` heads.
+        length: positions (queries and keys ``0 .. length - 1``).
+
+    Returns:
+        per name: ``{"heads", "bias"}`` (``(heads, length, length)`` float64,
+        zero above the diagonal), ``"weights"`` (the softmax over ``j <= i``,
+        zero above), ``"mean_distance"`` (``(heads, length)``: the weighted mean
+        of ``i - j``), ``"self_weight"`` (``(heads, length)``: the weight on the
+        query's own position) and, for T5-style buckets, ``"buckets"`` (the
+        bucket of each distance ``0 .. length - 1``).
+
+    Raises:
+        ValueError: no modules, or ``length`` below 2 or too large.
+    """
+    import torch
+
+    from posenc.families.bias.functional import t5_bucket
+    from posenc.families.bias.modules import T5Bias
+
+    if not modules:
+        raise ValueError("modules must hold at least one attention-bias module")
+    length = checks.check_int(length, "length", minimum=2)
+    out: dict[str, Any] = {}
+    causal = np.tril(np.ones((length, length), dtype=bool))
+    distance = np.arange(length)[:, None] - np.arange(length)[None, :]
+    for name, module in modules.items():
+        heads = int(module.num_heads)
+        checks.check_elements(heads * length * length, f"{name}: heads x length^2")
+        with torch.no_grad():
+            bias = module.bias(length, length).to(torch.float64).cpu().numpy()
+        bias = np.where(causal, bias, 0.0)
+        logits = np.where(causal, bias, -np.inf)
+        weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        entry: dict[str, Any] = {
+            "heads": heads,
+            "bias": bias,
+            "weights": weights,
+            "mean_distance": (weights * np.where(causal, distance, 0)).sum(axis=-1),
+            "self_weight": np.diagonal(weights, axis1=1, axis2=2).copy(),
+        }
+        if isinstance(module, T5Bias):
+            entry["buckets"] = np.asarray(
+                t5_bucket(
+                    -np.arange(length),
+                    bidirectional=module.bidirectional,
+                    num_buckets=module.num_buckets,
+                    max_distance=module.max_distance,
+                )
+            )
+        out[name] = entry
+    return out
