@@ -728,6 +728,15 @@ def _sections(
     hybrid = _first(labs, lambda run: {"rope", "nope", "hybrid-nope"} <= _encodings(run))
     sections.append(_nope_section(hybrid))
 
+    from posenc.faces.lab import tasks
+
+    copy = _first(labs, lambda run: "t5" in _encodings(run)).config
+    seen = tasks.sequence_length(copy.task, copy.train_len) - 1
+    reach = copy.max_positions - 1
+    trained_buckets = sorted(set(posenc.t5_bucket(-np.arange(seen + 1), bidirectional=False)))
+    beyond_buckets = sorted(
+        set(posenc.t5_bucket(-np.arange(seen + 1, reach + 1), bidirectional=False))
+    )
     slopes = posenc.alibi_slopes(8)
     boundaries = posenc.t5_bucket(-np.arange(200))
     starts = [int(d) for d in np.arange(1, 200)[np.diff(boundaries) != 0]]
@@ -747,13 +756,22 @@ def _sections(
             "the attention weights the bias alone gives when every content score is the "
             "same. ALiBi's steep heads look at the last few tokens, its flat heads spread "
             "over the whole context. The T5 table is the one the lab's copy run learned: "
-            "each band of keys is one bucket, and past the trained lengths every key falls "
-            "in buckets the model saw only at their near edge.",
+            "each band of keys is one bucket. Move the query past the trained lengths: the "
+            "longer distances fall in buckets that training never reached: their numbers got "
+            "no gradient and are still the random ones the table started from (shrunk a "
+            "little by weight decay), one reason T5 fails beyond its trained lengths in the "
+            "lab.",
             [
                 ("ALiBi slopes, 8 heads", ", ".join(f"2^{math.log2(s):g}" for s in slopes)),
                 (
                     "T5 bucket starts (bidirectional, 32 buckets, max_distance 128)",
                     ", ".join(map(str, starts)),
+                ),
+                (
+                    f"causal T5 buckets of the distances the lab trained on (0-{seen}) / of "
+                    f"the distances beyond, up to {reach}",
+                    f"{trained_buckets[0]}-{trained_buckets[-1]} / "
+                    f"{beyond_buckets[0]}-{beyond_buckets[-1]}",
                 ),
             ],
             ["alibi", "t5"],
@@ -860,10 +878,11 @@ def _layers_section(run: Any) -> Section:
         "(R\u00b2), per layer. The absolute encodings (sinusoidal, learned) put the "
         "position into the stream at the embedding, where a linear read-out finds it "
         "almost whole. RoPE, ALiBi and T5 put nothing into the vectors: they act on the "
-        "attention scores, so their embedding output carries no position, and whatever a "
-        "probe reads after a block, attention wrote there. Causal attention can count: a "
+        "attention scores, so their embedding output carries no position beyond what the "
+        "tokens themselves tell, and whatever more a probe reads after a block, attention "
+        "wrote there. Causal attention can count: a "
         "query at position i averages over i + 1 keys, and how spread its weights are "
-        "tells the position. " + finding
+        "tells the position.\n\n" + finding
     )
     return Section(
         "layers",
@@ -998,7 +1017,7 @@ def _nope_section(run: Any) -> Section:
         numbers,
         ["nope-layers"],
         [
-            r"\text{layer } i \text{ uses RoPE} \iff (i + 1) \bmod k \neq 0"
+            r"\text{layer } i \text{ uses RoPE} \;\iff\; (i + 1) \bmod k \neq 0"
             r"\quad (k = 4 \text{ in Llama 4 and SmolLM3})",
         ],
         "import torch, posenc\n"
