@@ -45,6 +45,9 @@ EXPECTED = {
     "opt_positions",
     "shift_matrix",
     "sinusoidal",
+    "FoPE",
+    "v2pe_positions",
+    "videorope_positions",
 }
 
 

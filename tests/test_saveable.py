@@ -54,6 +54,10 @@ MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "FIRE": (lambda: posenc.FIRE(4), _attend),
     "Sandwich": (lambda: posenc.Sandwich(4, dim=32), _attend),
     "NoPE": (lambda: posenc.NoPE(4), _attend),
+    "FoPE": (
+        lambda: posenc.FoPE(32, 2, max_position_embeddings=64),
+        lambda m: m(Q, Q[:, :2], torch.arange(12) + 0.5),
+    ),
 }
 
 

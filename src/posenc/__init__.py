@@ -21,6 +21,8 @@ from posenc.core.positions import (
     packed_document_ids,
     packed_positions,
     restart_positions,
+    v2pe_positions,
+    videorope_positions,
 )
 from posenc.families.absolute.fourier import (
     fourier_features,
@@ -43,6 +45,7 @@ _LAZY = {
     "LearnedPositionalEmbedding": "posenc.families.absolute.modules",
     "SinusoidalEmbedding": "posenc.families.absolute.modules",
     "Rotary": "posenc.families.rotary.module",
+    "FoPE": "posenc.families.rotary.fope",
     "apply_rotary": "posenc.families.rotary.apply",
     "ALiBi": "posenc.families.bias.modules",
     "AttentionBias": "posenc.families.bias.modules",
@@ -63,6 +66,7 @@ __all__ = [
     "PRESETS",
     "ALiBi",
     "AttentionBias",
+    "FoPE",
     "GridSpec",
     "LearnedPositionalEmbedding",
     "NoPE",
@@ -94,6 +98,8 @@ __all__ = [
     "shift_matrix",
     "sinusoidal",
     "t5_bucket",
+    "v2pe_positions",
+    "videorope_positions",
 ]
 
 

@@ -3,7 +3,8 @@
 An absolute encoding is only as right as the positions it is given. Each helper
 reproduces one convention users already run; numpy in gives numpy out, torch
 in gives torch out on the same device (torch is imported only when a torch
-object is passed or a ``device`` is asked for). Every result is int64.
+object is passed or a ``device`` is asked for). Every result is int64, except
+the float64 positions of the two multimodal conventions below.
 
 Shapes: ``(seq,)`` or ``(batch, seq)``; cumulative sums run along the last axis.
 
@@ -29,6 +30,14 @@ Packed sequences (several documents in one row, attention kept within each):
 - :func:`restart_positions`: any position ids of a packed row (M-RoPE's
   ``(3, seq)`` ones too) made to restart per document, axis by axis.
 
+Multimodal position ids (text tokens and images or videos in one sequence), float:
+
+- :func:`videorope_positions`: VideoRoPE's ``(3, seq)`` temporal/height/width ids
+  (diagonal layout, frames ``delta`` apart), for
+  ``mrope_cos_sin(..., videorope=True)``.
+- :func:`v2pe_positions`: V2PE's ids, visual tokens ``stride / 256`` apart, for
+  :class:`posenc.Rotary` (which rotates float positions exactly).
+
 ``cu_seqlens`` is flash-attn's: ``(n + 1,)`` ints rising from 0 to the number of
 packed tokens; equal neighbours are empty documents, which flash-attn allows too.
 """
@@ -39,6 +48,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from posenc.core import checks
 
@@ -531,3 +541,195 @@ def restart_positions(
     if checks.is_torch(pos):
         return pos - torch.gather(pos, -1, start.expand(pos.shape))
     return pos - np.take_along_axis(pos, np.broadcast_to(start, pos.shape), -1)
+
+
+# ---------------------------------------------------------------------------- multimodal
+
+
+def _float_out(values: Any, device: Any) -> Any:
+    """float64 ``values`` (numpy) as a torch tensor on ``device``, or unchanged if None."""
+    if device is None:
+        return values
+    import torch
+
+    return torch.as_tensor(values, dtype=torch.float64, device=device)
+
+
+def _grid(segment: Any, index: int) -> tuple[int, int, int]:
+    if isinstance(segment, (str, bytes)) or not hasattr(segment, "__len__") or len(segment) != 3:
+        raise TypeError(
+            f"segments[{index}] must be a number of text tokens (int) or a (frames, rows, "
+            f"cols) grid of 3 ints; got {segment!r}"
+        )
+    t, h, w = (
+        checks.check_int(v, f"segments[{index}][{axis}]", minimum=1)
+        for axis, v in enumerate(segment)
+    )
+    return t, h, w
+
+
+def videorope_positions(segments: Any, delta: float = 2.0, *, device: Any = None) -> Any:
+    """VideoRoPE's ``(3, seq)`` temporal, height and width position ids.
+
+    Wei et al. 2025 (arXiv:2502.05173), Wiselnn570/VideoRoPE ``get_t_scale_rope_index``
+    (``which_rope="videorope"``, ``scale_factor=2.0``). The sequence is a list of
+    segments: text runs and vision grids (a video of ``T`` frames, or an image with
+    ``T = 1``, of ``H x W`` tokens after the vision encoder's spatial merge), in order.
+    With ``s`` the position where a segment starts:
+
+    - a text token ``i`` of a run is at ``s + i`` on all three axes;
+    - the vision token of frame ``f``, row ``r``, column ``c`` (frame-major, then
+      row-major, as the tokens come) is at ``t = s + delta f``,
+      ``h = t + r - (H - 1) // 2``, ``w = t + c - (W - 1) // 2`` (the grid centred on
+      the diagonal ``t = h = w``, so text and video positions line up);
+    - the next segment starts at ``max(t) + 1`` (text, a generated token too, follows
+      the last frame's time, not the largest height or width).
+
+    Args:
+        segments: in order, ints (a run of that many text tokens, 0 allowed) and
+            ``(T, H, W)`` grids of positive ints.
+        delta: the time step between frames (VideoRoPE's ``scale_factor``, 2.0 in
+            its training); any positive number.
+        device: a torch device: returns a float64 torch tensor there.
+
+    Returns:
+        float64 ``(3, seq)`` (numpy unless ``device``), rows temporal, height, width;
+        tokens in the order of ``segments``. Rotate with
+        ``mrope_cos_sin(positions[:, None], freqs, mrope_section, videorope=True)``.
+
+    Raises:
+        TypeError: ``segments`` not a list of ints and 3-int grids, ``delta`` not a
+            number.
+        ValueError: negative text runs, empty grids, ``delta <= 0``; more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` tokens (refused before any work).
+    """
+    delta = checks.check_number(delta, "delta", positive=True)
+    if isinstance(segments, (str, bytes)) or not hasattr(segments, "__iter__"):
+        raise TypeError(f"segments must be a list of ints and (T, H, W) grids; got {segments!r}")
+    parts: list[tuple[int, tuple[int, int, int] | None]] = []
+    total = 0
+    for i, segment in enumerate(segments):
+        if isinstance(segment, (int, np.integer)) and not isinstance(segment, bool):
+            n = checks.check_int(segment, f"segments[{i}]")
+            parts.append((n, None))
+        else:
+            frames, rows, cols = _grid(segment, i)
+            n = frames * rows * cols
+            parts.append((n, (frames, rows, cols)))
+        total += n
+    checks.check_elements(3 * total, f"the (3, seq) positions of {total} tokens")
+    out = np.empty((3, total), dtype=np.float64)
+    start, at = 0.0, 0
+    for n, grid in parts:
+        if grid is None:
+            out[:, at : at + n] = start + np.arange(n, dtype=np.float64)
+            start += n
+        else:
+            frames, rows, cols = grid
+            f, r, c = np.meshgrid(
+                np.arange(frames), np.arange(rows), np.arange(cols), indexing="ij"
+            )
+            t = start + delta * f.reshape(-1)
+            out[0, at : at + n] = t
+            out[1, at : at + n] = t + (r.reshape(-1) - (rows - 1) // 2)
+            out[2, at : at + n] = t + (c.reshape(-1) - (cols - 1) // 2)
+            start += delta * (frames - 1) + 1
+        at += n
+    checks.check_exact(float(out.min(initial=0.0)), float(out.max(initial=0.0)), "positions")
+    return _float_out(out, device)
+
+
+def v2pe_positions(
+    visual_mask: Any,
+    stride: float,
+    *,
+    tokens_per_image: int = 256,
+    attention_mask: Any = None,
+    pad_value: float = 1.0,
+) -> Any:
+    """V2PE's position ids: visual tokens a fraction of a position apart, float.
+
+    Ge et al. 2024 (arXiv:2412.09616), OpenGVLab/V2PE ``get_rope_pos_id`` (versions
+    ``v2pe_fix`` and, with a stride drawn per image in training, ``v2pe_rnd``). Every
+    visual token advances the position by ``delta = stride / tokens_per_image``;
+    every text token continues at ``ceil(previous) + 1``; the count starts at -1
+    before the first token. So a run of ``n`` visual tokens after text at ``P`` sits
+    at ``P + delta, ..., P + n delta`` and the next text token at ``ceil(P + n delta)
+    + 1``. The reference draws ``stride`` from ``{1, 2, 4, ..., 256}`` per image in
+    training and fixes it at evaluation (``rope_pos_id_stride``).
+
+    Mark as visual the image-content tokens only (InternVL's ``<IMG_CONTEXT>``); the
+    ``<img>`` and ``</img>`` tokens around them are text, as in the reference. Pads
+    (``attention_mask`` 0) do not advance the count and get ``pad_value`` (1.0, the
+    reference's ``masked_fill``).
+
+    The positions are float64 (the reference's float32 holds ``delta = 1/256``
+    steps exactly only below ``2**16``); :class:`posenc.Rotary` rotates them exactly.
+
+    Args:
+        visual_mask: ``(seq,)`` or ``(batch, seq)``, true (1) at visual tokens; bool,
+            int or float 0/1, numpy or torch.
+        stride: the positions an image of ``tokens_per_image`` tokens spans (any
+            positive number).
+        tokens_per_image: the denominator of ``delta`` (InternVL's
+            ``num_image_token``, 256 per tile).
+        attention_mask: 1 for real tokens, 0 for pads, shaped like ``visual_mask``;
+            None means all real.
+        pad_value: the position of every pad.
+
+    Returns:
+        float64 positions shaped like ``visual_mask`` (numpy, or torch on its device).
+
+    Raises:
+        TypeError: masks not numeric, ``stride`` or ``pad_value`` not numbers,
+            ``tokens_per_image`` not an int.
+        ValueError: mask values other than 0 and 1, wrong ranks, an
+            ``attention_mask`` of another shape, ``stride <= 0``,
+            ``tokens_per_image < 1``; positions beyond ``2**31``.
+    """
+    visual = _as_array(visual_mask, "visual_mask", "bif", "0/1 values")
+    stride = checks.check_number(stride, "stride", positive=True)
+    tokens = checks.check_int(tokens_per_image, "tokens_per_image", minimum=1)
+    pad_value = checks.check_number(pad_value, "pad_value")
+    device = visual.device if checks.is_torch(visual) else None
+    vis = _zero_one(visual, "visual_mask")
+    if attention_mask is None:
+        real = np.ones_like(vis)
+    else:
+        mask = _as_array(attention_mask, "attention_mask", "bif", "0/1 values")
+        if tuple(mask.shape) != tuple(vis.shape):
+            raise ValueError(
+                f"attention_mask must be shaped like visual_mask {tuple(vis.shape)}; got "
+                f"shape {tuple(mask.shape)}"
+            )
+        real = _zero_one(mask, "attention_mask")
+    delta = stride / tokens
+    vis &= real
+    text = real & ~vis
+    before = np.zeros_like(vis)
+    before[..., 1:] = vis[..., :-1]
+    after = np.zeros_like(vis)
+    after[..., :-1] = vis[..., 1:]
+    count = np.cumsum(vis, axis=-1, dtype=np.int64)
+    # j: the index (from 1) of a visual token in its run, from the count at the run start
+    run_base = np.maximum.accumulate(np.where(vis & ~before, count - 1, 0), axis=-1)
+    j = count - run_base
+    # a run of n ends by moving the integer anchor ceil(n delta) on (exclusive sum:
+    # the run's own tokens still count from the text before it)
+    ends = np.where(vis & ~after, np.ceil(j * delta), 0.0)
+    anchor = (np.cumsum(text, axis=-1, dtype=np.int64) - 1) + (np.cumsum(ends, axis=-1) - ends)
+    out = np.where(vis, anchor + j * delta, anchor)
+    out = np.where(real, out, pad_value)
+    if out.size:
+        checks.check_exact(float(out.min()), float(out.max()), "positions")
+    return _float_out(out, device)
+
+
+def _zero_one(mask: Any, name: str) -> npt.NDArray[np.bool_]:
+    """A 0/1 mask (numpy or torch) as a numpy bool array."""
+    if checks.is_torch(mask):
+        mask = mask.detach().cpu().numpy()
+    if ((mask != 0) & (mask != 1)).any():
+        raise ValueError(f"{name} must hold only 0 and 1")
+    out: npt.NDArray[np.bool_] = mask != 0
+    return out

@@ -2,7 +2,8 @@
 
 - :mod:`posenc.rotary.schedules`: the registry of frequency schedules (HF
   ``rope_type``: default, linear, ntk, dynamic, yarn, llama3, longrope,
-  proportional), each returning exact frequencies and the attention scaling.
+  proportional; Resonance RoPE's resonance and resonance_yarn), each returning
+  exact frequencies and the attention scaling.
 - :mod:`posenc.rotary.tables`: exact cos/sin tables in the half (GPT-NeoX, HF)
   and interleaved (GPT-J, Meta) orders.
 - :mod:`posenc.rotary.apply`: :func:`apply_rotary`, whose backward is the
@@ -13,7 +14,10 @@
   one length's tables to another's (``dynamic``, ``longrope``), exactly;
   :meth:`Rotary.rerotate` and :func:`posenc.hf.rerotate_cache` use it.
 - :mod:`posenc.rotary.multiaxis`: M-RoPE (Qwen2-VL contiguous, Qwen3-VL
-  interleaved sections), axial 2-D/3-D RoPE (:class:`AxialRotary`) and xPos.
+  interleaved sections, VideoRoPE's low-frequency time), axial 2-D/3-D RoPE
+  (:class:`AxialRotary`) and xPos.
+- :mod:`posenc.rotary.fope`: :class:`FoPE`, the Fourier Position Embedding (each
+  pair rotated by a learned mix of the frequencies).
 
 ``Rotary`` and ``apply_rotary`` are re-exported from :mod:`posenc`.
 """

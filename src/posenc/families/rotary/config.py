@@ -29,10 +29,11 @@ functions):
   head and reads the factor itself.
 - ``max_position_embeddings`` (a config attribute) is passed to the schedules
   that take it (``dynamic``, ``longrope``); ``original_max_position_embeddings``
-  defaults to ``max_position_embeddings`` for ``llama3``, ``yarn`` and
-  ``longrope``, and a top-level ``original_max_position_embeddings`` wins over
-  the one in ``rope_parameters`` (Phi-3, as HF does). A ``yarn`` ``factor`` of
-  ``None`` means ``max_position_embeddings / original_max_position_embeddings``
+  defaults to ``max_position_embeddings`` for ``llama3``, ``yarn``,
+  ``resonance_yarn`` and ``longrope``, and a top-level
+  ``original_max_position_embeddings`` wins over the one in ``rope_parameters``
+  (Phi-3, as HF does). A ``yarn`` (or ``resonance_yarn``) ``factor`` of ``None``
+  means ``max_position_embeddings / original_max_position_embeddings``
   (DeepSeek-V3, as HF does).
 - Every other key goes to the schedule unchanged, which rejects unknown and
   missing keys with a ``ValueError`` (HF only logs a warning).
@@ -94,7 +95,9 @@ DEFAULT_THETA = 10_000.0
 #: ``default`` (the sections are M-RoPE's, the frequencies the default ones).
 TYPE_ALIASES = {"su": "longrope", "mrope": "default"}
 #: Types that read ``original_max_position_embeddings`` (HF ``standardize_rope_params``).
-_ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
+_ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope", "resonance_yarn")
+#: Types that read YaRN's parameters (a ``factor`` of ``None`` defaults as HF's yarn).
+_YARN_TYPES = ("yarn", "resonance_yarn")
 #: Keys of ``rope_parameters`` that are not schedule parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 #: Keys of ``rope_parameters`` that transformers reads elsewhere, never for the frequencies:
@@ -569,7 +572,7 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
             original = max_pos
         if original is not None:
             params["original_max_position_embeddings"] = original
-    if rope_type == "yarn" and params.get("factor") is None and max_pos and original:
+    if rope_type in _YARN_TYPES and params.get("factor") is None and max_pos and original:
         params["factor"] = max_pos / original
     if "max_position_embeddings" in takes and max_pos is not None:
         params.setdefault("max_position_embeddings", max_pos)

@@ -29,6 +29,8 @@ data; ``[...]`` marks optional keys):
   ``max_position_embeddings``]; uses ``seq_len``.
 - ``proportional``: [``partial_rotary_factor``, ``factor``], with ``rotary_dim``
   the whole head dim (the one schedule that takes the partial factor itself).
+- ``resonance``: none; ``resonance_yarn``: ``yarn``'s keys. Resonance RoPE: the
+  default or YaRN frequencies with every wavelength rounded to an integer.
 
 For every other schedule the caller applies ``partial_rotary_factor`` by
 passing ``rotary_dim = int(head_dim * partial_rotary_factor)``.
@@ -522,6 +524,87 @@ def proportional(
     omega = [_CTX.divide(w, f) for w in rotated]
     omega += [decimal.Decimal(0)] * (rotary_dim // 2 - rope_angles)
     return RopeFrequencies(tuple(omega))
+
+
+def resonance_rounded(freqs: RopeFrequencies, name: str = "resonance") -> RopeFrequencies:
+    """``freqs`` with every wavelength rounded to an integer (Resonance RoPE).
+
+    Wang et al. 2024, arXiv:2403.00071; sheryc/resonance_rope
+    ``ResonanceEmbedding.resonance_register``: ``lambda~_k = round(2 pi / omega_k)``,
+    ``omega~_k = 2 pi / lambda~_k``, ties to even as ``torch.round``. Every rounded
+    pair repeats its angles exactly every ``lambda~_k`` positions, so a position past
+    the trained length meets only angles seen in training for the pairs whose
+    wavelength is below it. (The reference builds its tables from ``t mod lambda~_k``
+    for that reason; the exact angle engine reduces ``t * omega~_k`` modulo a turn
+    exactly, which gives the same angles.) The attention scaling is kept.
+
+    posenc rounds the exact wavelength; the reference rounds ``2 pi / inv_freq``
+    computed in float32, which can land on the neighbouring integer where the
+    wavelength lies within float32's error (a few parts in ``10**7``) of a
+    half-integer. Huge wavelengths are rounded like any other (by less than 1/2,
+    a relative change below ``1 / (2 lambda)``).
+
+    Raises:
+        ValueError: a frequency above ``4 pi`` (wavelength below 1/2), whose
+            wavelength rounds to 0: the reference divides by it and gets ``inf``.
+    """
+    two_pi = _CTX.multiply(2, PI)
+    omega = []
+    for k, w in enumerate(freqs.omega):
+        if w == 0:  # a pair that never rotates has no wavelength to round
+            omega.append(w)
+            continue
+        wavelength = _CTX.divide(two_pi, w).to_integral_value(decimal.ROUND_HALF_EVEN)
+        if wavelength == 0:
+            raise ValueError(
+                f"rope type {name!r}: frequency {k} ({float(w):.6g} rad per position) has a "
+                "wavelength below 1/2, which rounds to 0; Resonance RoPE needs every "
+                "frequency <= 4 pi (a base > 1 gives frequencies <= 1)"
+            )
+        omega.append(_CTX.divide(two_pi, wavelength))
+    return RopeFrequencies(tuple(omega), freqs.attention_scaling)
+
+
+@register("resonance")
+def resonance(
+    rotary_dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    head_dim: int | None = None,
+    seq_len: int | None = None,
+) -> RopeFrequencies:
+    """Resonance RoPE (sheryc/resonance_rope ``LlamaResonanceRotaryEmbedding``).
+
+    The default frequencies with every wavelength rounded to an integer
+    (:func:`resonance_rounded`). Takes no parameters.
+    """
+    _check(params, "resonance")
+    return resonance_rounded(default(rotary_dim, base, {}), "resonance")
+
+
+@register(
+    "resonance_yarn",
+    required=tuple(sorted(PARAMETERS["yarn"][0])),
+    optional=tuple(sorted(PARAMETERS["yarn"][1])),
+)
+def resonance_yarn(
+    rotary_dim: int,
+    base: float,
+    params: Mapping[str, Any],
+    *,
+    head_dim: int | None = None,
+    seq_len: int | None = None,
+) -> RopeFrequencies:
+    """Resonance YaRN (sheryc/resonance_rope ``LlamaResonanceYaRNScaledRotaryEmbedding``).
+
+    YaRN's frequencies (:func:`yarn`, the same parameters), then every wavelength
+    rounded (:func:`resonance_rounded`): the rounding comes after YaRN's blend, as the
+    reference's ``yarn()`` calls ``resonance_register()`` on the ``inv_freq`` it just
+    made. The attention scaling is YaRN's ``mscale``.
+    """
+    _check(params, "resonance_yarn")
+    return resonance_rounded(yarn(rotary_dim, base, params), "resonance_yarn")
 
 
 def frequencies(

@@ -14,7 +14,10 @@ with :func:`posenc.rotary.apply.apply_rotary`.
   the sections apply to both halves. Qwen3-VL (transformers
   ``Qwen3VLTextRotaryEmbedding``) interleaves instead: frequency ``k`` reads
   axis ``a`` in ``1, 2`` when ``k % 3 == a`` and ``k < 3 * mrope_section[a]``,
-  and axis 0 (temporal) otherwise (sections ``[24, 20, 20]``).
+  and axis 0 (temporal) otherwise (sections ``[24, 20, 20]``). VideoRoPE
+  (``mrope_cos_sin(..., videorope=True)``; Wiselnn570/VideoRoPE) gives time the
+  lowest frequencies, the last ``mrope_section[0]``, and alternates height and
+  width over the others; its position ids: :func:`posenc.positions.videorope_positions`.
 - Axial (rotary-embedding-torch ``RotaryEmbedding.get_axial_freqs``, ViTs):
   each of the ``axes`` coordinates of a patch gets its own block of
   ``axis_dim`` channels, rotated by the same frequencies; the blocks are

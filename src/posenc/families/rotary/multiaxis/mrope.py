@@ -7,6 +7,10 @@ chunks of ``mrope_section`` sizes (e.g. ``[16, 24, 24]``), chunk ``i`` reading a
 sections apply to both halves. Qwen3-VL (``Qwen3VLTextRotaryEmbedding``) interleaves
 instead: frequency ``k`` reads axis ``a`` in ``1, 2`` when ``k % 3 == a`` and
 ``k < 3 * mrope_section[a]``, and axis 0 (temporal) otherwise (sections ``[24, 20, 20]``).
+VideoRoPE (Wei et al. 2025, arXiv:2502.05173; Wiselnn570/VideoRoPE
+``apply_m_modify_multimodal_rotary_pos_emb``) gives time the lowest frequencies: the
+last ``mrope_section[0]`` of them read axis 0, the others alternate height, width,
+height ... from frequency 0 (low-frequency temporal allocation, diagonal layout).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ __all__ = ["mrope_axes", "mrope_cos_sin"]
 
 @functools.lru_cache(maxsize=64)
 def mrope_axes(
-    mrope_section: tuple[int, ...], pairs: int, axes: int = 3, interleaved: bool = False
+    mrope_section: tuple[int, ...],
+    pairs: int,
+    axes: int = 3,
+    interleaved: bool = False,
+    videorope: bool = False,
 ) -> tuple[int, ...]:
     """The position axis that each of the ``pairs`` frequencies reads.
 
@@ -36,14 +44,23 @@ def mrope_axes(
         axes: number of position axes (3: temporal, height, width).
         interleaved: Qwen3-VL's order (one section per axis) instead of
             Qwen2-VL's contiguous chunks.
+        videorope: VideoRoPE's order: the last ``mrope_section[0]`` frequencies
+            (the lowest) read axis 0, the others alternate axes 1 and 2 from
+            frequency 0, as ``apply_m_modify_multimodal_rotary_pos_emb`` takes
+            them (``[16, 24, 24]`` at ``head_dim`` 128: 48 alternating, then 16
+            temporal). The alternation gives axis 1 the even ones of the first
+            ``pairs - mrope_section[0]``, so ``mrope_section[1]`` must be their
+            half rounded up and ``mrope_section[2]`` rounded down (the reference
+            reads only ``mrope_section[0]`` and the sum of the other two).
 
     Returns:
         ``axis[k]`` for ``k < pairs``.
 
     Raises:
         ValueError: sections that are not non-negative ints summing to
-            ``pairs``; for ``interleaved``, not one section per axis, or
-            sections too long to interleave.
+            ``pairs``; for ``interleaved`` or ``videorope``, not one section per
+            axis, sections too long to interleave, or (``videorope``) height and
+            width sections the alternation does not give; both orders at once.
     """
     sections = tuple(mrope_section)
     if not sections or any(
@@ -57,13 +74,29 @@ def mrope_axes(
             f"mrope_section must sum to rotary_dim / 2 = {pairs}; got {list(sections)} "
             f"(sum {sum(sections)})"
         )
-    if not interleaved:
+    if interleaved and videorope:
+        raise ValueError("pass interleaved (Qwen3-VL) or videorope, not both")
+    if not interleaved and not videorope:
         # transformers Qwen2-VL: freq.split(mrope_section)[i] from axis i % 3
         return tuple(i % axes for i, s in enumerate(sections) for _ in range(s))
+    order = "interleaved" if interleaved else "videorope"
     if len(sections) != axes:
         raise ValueError(
-            f"interleaved mrope_section needs one section per axis ({axes}); got {list(sections)}"
+            f"{order} mrope_section needs one section per axis ({axes}); got {list(sections)}"
         )
+    if videorope:
+        if axes != 3:
+            raise ValueError(f"videorope needs 3 axes (temporal, height, width); got {axes}")
+        spatial = pairs - sections[0]
+        # the reference: height for even j, width for odd j, then the temporal block
+        axis = [1 + j % 2 for j in range(spatial)] + [0] * sections[0]
+        counts = [sections[0], (spatial + 1) // 2, spatial // 2]
+        if counts != list(sections):
+            raise ValueError(
+                f"videorope mrope_section {list(sections)}: alternating height and width "
+                f"over the first {spatial} frequencies gives the axes {counts} frequencies"
+            )
+        return tuple(axis)
     # transformers Qwen3-VL: axis a >= 1 takes slice(a, 3 * section[a], 3); the rest is axis 0
     axis = [0] * pairs
     for a in range(1, axes):
@@ -84,13 +117,17 @@ def mrope_cos_sin(
     mrope_section: Sequence[int],
     *,
     interleaved: bool = False,
+    videorope: bool = False,
     dtype: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact M-RoPE ``cos`` and ``sin`` in HF's half layout.
 
     Matches transformers' ``Qwen2VLRotaryEmbedding.forward`` (``interleaved=False``;
     Qwen2.5-VL too) and ``Qwen3VLTextRotaryEmbedding.forward``
-    (``interleaved=True``), with exact angles instead of float32 ones.
+    (``interleaved=True``), with exact angles instead of float32 ones; with
+    ``videorope=True``, VideoRoPE's ``apply_m_modify_multimodal_rotary_pos_emb``
+    (its position ids: :func:`posenc.positions.videorope_positions`, float when the
+    temporal stride is).
 
     Args:
         position_ids: ``(3, batch, seq)`` int (or float) positions, one row per
@@ -98,6 +135,7 @@ def mrope_cos_sin(
         freqs: the schedule's frequencies (``rotary_dim / 2`` of them).
         mrope_section: frequencies per section, summing to ``rotary_dim / 2``.
         interleaved: Qwen3-VL's T/H/W interleave instead of Qwen2-VL's chunks.
+        videorope: VideoRoPE's order (see :func:`mrope_axes`).
         dtype: result dtype; float32 by default.
 
     Returns:
@@ -122,7 +160,11 @@ def mrope_cos_sin(
     checks.check_position_tensor(position_ids, "position_ids", exact=True)
     pairs = freqs.turns.size
     axis = mrope_axes(
-        tuple(mrope_section), pairs, axes=position_ids.shape[0], interleaved=bool(interleaved)
+        tuple(mrope_section),
+        pairs,
+        axes=position_ids.shape[0],
+        interleaved=bool(interleaved),
+        videorope=bool(videorope),
     )
     # every axis at every frequency (exact), then each frequency's own axis: 3x the
     # angles of one table, but one engine call and no per-axis frequency subsets
