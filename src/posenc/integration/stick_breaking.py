@@ -1,0 +1,288 @@
+"""``posenc.stick_breaking_attention``: stick-breaking attention in linear memory.
+
+Stick-breaking attention (Tan et al. 2024, "Scaling Stick-Breaking Attention:
+An Efficient Implementation and In-depth Study"; shawntan/stickbreaking-attention,
+whose ``sb_ref.stickbreaking`` this matches) replaces the softmax by a stick
+broken from the nearest key outwards: with ``z_ij = q_i . k_j * scale`` and
+``beta_ij = sigmoid(z_ij)``, key ``j`` takes ``beta_ij`` of what the keys
+nearer to query ``i`` left::
+
+    A_ij = beta_ij * prod_{j < m < i} (1 - beta_im)        keys j < i
+    out_i = sum_j A_ij v_j,        rem_i = 1 - sum_j A_ij = prod_j (1 - beta_ij)
+
+(``attend_current=True``: keys ``j <= i``, and the query's own key breaks the
+stick first.) Nothing normalises the weights; ``rem`` is what no key took. The
+position enters through the order of the keys alone: no rotary, no bias.
+
+Shapes::
+
+    q     (batch, heads, q_len, head_dim)
+    k     (batch, kv_heads, k_len, head_dim)     heads % kv_heads == 0 (GQA)
+    v     (batch, kv_heads, k_len, v_dim)
+    out   (batch, heads, q_len, v_dim)
+    rem   (batch, heads, q_len)
+
+Everything is computed in log space, ``log A_ij = log sigmoid(z_ij) - sum_{j < m
+< i} softplus(z_im)``, so neither a long sequence nor a large ``|z|`` underflows
+into a NaN. Keys are taken in blocks from the last to the first (for every query
+the nearest first), carrying each query's running log-survival ``-sum softplus``
+over the keys already taken: no ``(q_len, k_len)`` tensor is ever built, only
+``(q_len, block)`` ones. The backward recomputes every block the same way, in
+the same order, carrying the weighted gradients of the nearer keys, so training
+needs O(q_len * block) memory too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from posenc.core import checks
+from posenc.integration.attention import _check_inputs, _documents, _grouped
+
+__all__ = ["stick_breaking_attention"]
+
+# Scores per block by default (4 MiB of float32), as posenc.attention's blockwise path
+_BLOCK_SCORES = 1 << 20
+# keys per block at least, however many queries: fewer make the loop the cost
+_MIN_BLOCK = 16
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything but the tensors autograd tracks."""
+
+    scale: float
+    attend_current: bool
+    offset: int  # k_len - q_len: the key position of query 0
+    block: int  # keys per block
+    docs: torch.Tensor | None  # (k_len,) each key position's document, or None
+
+
+def _blocks(plan: _Plan, q_len: int, k_len: int) -> list[tuple[int, int, int]]:
+    """``(first, j0, j1)`` per block of keys ``j0 .. j1 - 1``, the last keys first.
+
+    ``first`` is the first query that sees a key of the block (queries before it
+    are skipped); blocks that no query sees are left out.
+    """
+    out = []
+    own = 0 if plan.attend_current else 1
+    for j1 in range(k_len, 0, -plan.block):
+        j0 = max(0, j1 - plan.block)
+        first = max(0, j0 + own - plan.offset)
+        if first < q_len:
+            out.append((first, j0, j1))
+    return out
+
+
+def _block_scores(
+    plan: _Plan, q: torch.Tensor, k: torch.Tensor, first: int, j0: int, j1: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores ``(B, H, n, m)`` of queries ``first ..`` against keys ``j0 .. j1 - 1``,
+    and which of them a query sees (``(1, 1, n, m)`` bool)."""
+    hk = k.shape[1]
+    qb, kb = q[:, :, first:], k[:, :, j0:j1]
+    z = torch.matmul(_grouped(qb, hk), kb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+    z = z * plan.scale
+    q_pos = torch.arange(first, q.shape[2], device=q.device) + plan.offset
+    k_pos = torch.arange(j0, j1, device=q.device)
+    seen = k_pos[None, :] <= q_pos[:, None] if plan.attend_current else k_pos < q_pos[:, None]
+    if plan.docs is not None:
+        seen = seen & (plan.docs[q_pos, None] == plan.docs[None, k_pos])
+    return z, seen[None, None]
+
+
+def _after(x: torch.Tensor) -> torch.Tensor:
+    """``sum_{m > j} x[..., m]`` along the last dim (within the block), for every ``j``."""
+    inclusive = x.flip(-1).cumsum(-1).flip(-1)
+    return F.pad(inclusive[..., 1:], (0, 1))
+
+
+def _block_weights(
+    z: torch.Tensor, seen: torch.Tensor, log_survival: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights ``A`` of a block, and each seen score's ``softplus`` (0 where unseen).
+
+    ``log_survival`` ``(B, H, n)``: minus the softplus summed over the nearer keys,
+    those of the blocks already taken.
+    """
+    # softplus as -logsigmoid(-z): F.softplus returns z itself above its threshold (20),
+    # off by up to exp(-20), which float64 would see
+    softplus = (-F.logsigmoid(-z)).masked_fill(~seen, 0.0)
+    log_a = F.logsigmoid(z) - _after(softplus) + log_survival[..., None]
+    return torch.exp(log_a).masked_fill(~seen, 0.0), softplus
+
+
+def _forward(
+    plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` and the log of ``rem`` (the final log-survival)."""
+    b, h, lq, _ = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    out = torch.zeros((b, h, lq, v.shape[-1]), dtype=q.dtype, device=q.device)
+    log_rem = torch.zeros((b, h, lq), dtype=q.dtype, device=q.device)
+    for first, j0, j1 in _blocks(plan, lq, lk):
+        z, seen = _block_scores(plan, q, k, first, j0, j1)
+        a, softplus = _block_weights(z, seen, log_rem[:, :, first:])
+        o = torch.matmul(_grouped(a, hk), v[:, :, j0:j1].unsqueeze(2)).flatten(1, 2)
+        out[:, :, first:] += o
+        log_rem[:, :, first:] -= softplus.sum(-1)
+    return out, log_rem
+
+
+def _backward(
+    plan: _Plan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    log_rem: torch.Tensor,
+    dout: torch.Tensor,
+    drem: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv, recomputing the blocks in the forward's order.
+
+    With ``g_ij = A_ij (dout_i . v_j)``, ``log A_ij = z_ij - sum_{m >= j} softplus(z_im)``
+    and ``log rem_i = -sum_m softplus(z_im)`` give::
+
+        dz_ij = g_ij - beta_ij (sum_{m <= j} g_im + rem_i drem_i)
+
+    and ``sum_{m <= j} g_im = dout_i . out_i - sum_{m > j} g_im``: the nearer keys'
+    share is carried from block to block, as the log-survival is.
+    """
+    hk, lq, lk = k.shape[1], q.shape[2], k.shape[2]
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    total = (dout * out).sum(-1) + torch.exp(log_rem) * drem  # (B, H, lq)
+    log_survival = torch.zeros_like(log_rem)
+    nearer = torch.zeros_like(log_rem)  # sum of g over the keys already taken
+    for first, j0, j1 in _blocks(plan, lq, lk):
+        qb, dob = q[:, :, first:], dout[:, :, first:]
+        kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
+        z, seen = _block_scores(plan, q, k, first, j0, j1)
+        a, softplus = _block_weights(z, seen, log_survival[:, :, first:])
+        da = torch.matmul(_grouped(dob, hk), vb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+        g = a * da
+        farther = total[:, :, first:, None] - nearer[:, :, first:, None] - _after(g)
+        beta = torch.sigmoid(z).masked_fill(~seen, 0.0)
+        dz = (g - beta * farther) * plan.scale
+        dq[:, :, first:] += torch.matmul(_grouped(dz, hk), kb.unsqueeze(2)).flatten(1, 2)
+        dk[:, :, j0:j1] += torch.matmul(_grouped(dz, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
+        dv[:, :, j0:j1] += torch.matmul(_grouped(a, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
+        nearer[:, :, first:] += g.sum(-1)
+        log_survival[:, :, first:] -= softplus.sum(-1)
+    return dq, dk, dv
+
+
+class _StickBreaking(torch.autograd.Function):
+    """Stick-breaking attention whose backward recomputes each block of keys."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, log_rem = _forward(plan, q, k, v)
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, out, log_rem)
+        return out, torch.exp(log_rem)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, dout: torch.Tensor, drem: torch.Tensor) -> tuple[Any, ...]:
+        q, k, v, out, log_rem = ctx.saved_tensors
+        grads = _backward(ctx.plan, q, k, v, out, log_rem, dout.contiguous(), drem.contiguous())
+        return (*grads, None)
+
+
+def stick_breaking_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attend_current: bool = False,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    block_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stick-breaking attention: each key takes a sigmoid's share of what nearer keys left.
+
+    ``A_ij = sigmoid(z_ij) * prod_{j < m < i} (1 - sigmoid(z_im))`` over keys
+    ``j < i`` (``z_ij = q_i . k_j * scale``), no softmax and no normalisation;
+    ``out_i = sum_j A_ij v_j`` and ``rem_i = 1 - sum_j A_ij``, the share no key
+    took. Causal by construction. Matches ``sb_ref.stickbreaking`` and the
+    ``sb_attn`` / ``sb_attn_varlen`` kernels of shawntan/stickbreaking-attention
+    (Tan et al. 2024), computed in log space in blocks of keys: memory
+    O(q_len * block_size), never ``(q_len, k_len)``.
+
+    The caller decides where ``rem`` goes; the reference's tests give it to the
+    query's own value, dolomite-engine to a learned vector per head::
+
+        out, rem = posenc.stick_breaking_attention(q, k, v)
+        y = out + rem[..., None] * v                             # heads == kv_heads
+        y = out + rem[..., None] * head_bias[None, :, None, :]   # head_bias (heads, v_dim)
+
+    Args:
+        q: ``(batch, heads, q_len, head_dim)``; queries aligned bottom-right:
+            query ``i`` sits at key position ``i + k_len - q_len`` (a KV cache
+            holds the earlier keys).
+        k: ``(batch, kv_heads, k_len, head_dim)``; ``heads`` a multiple of
+            ``kv_heads`` (grouped-query attention).
+        v: ``(batch, kv_heads, k_len, v_dim)``.
+        attend_current: also the query's own key (``j <= i``), the first to break
+            the stick, as the reference's ``attend_current`` flag.
+        scale: score scale; ``1 / sqrt(head_dim)`` by default (the reference's
+            ``inv_temp``).
+        cu_seqlens: packed documents: ``(n + 1,)`` ints rising from 0 to ``k_len``
+            (flash-attn's varlen convention), the same for every row of the batch.
+            Each query sees only keys of its own document: the result equals
+            running every document alone.
+        block_size: keys per block; by default as many as keep a block's scores
+            under 2^20 elements, at least 16. Memory and time only: the result is
+            the same up to rounding.
+
+    Returns:
+        ``(out, rem)``: ``(batch, heads, q_len, v_dim)`` and ``(batch, heads,
+        q_len)`` in q's dtype; ``rem`` in ``[0, 1]`` (computed as ``prod (1 -
+        beta)``, which equals ``1 - sum A``). float16/bfloat16 inputs are computed
+        in float32, float64 in float64. A query that sees no key gets ``out = 0``
+        and ``rem = 1``.
+
+    Raises:
+        TypeError: non-float or mixed-dtype q/k/v; ``attend_current`` not a bool;
+            ``block_size`` not an int; ``cu_seqlens`` not an int tensor.
+        ValueError: shapes that do not match (batch, head_dim, lengths, heads not
+            a multiple of kv_heads); ``q_len > k_len``; a non-positive scale or
+            block size; ``cu_seqlens`` not rising from 0 to ``k_len``; a block or
+            result of more than ``posenc.core.checks.MAX_ELEMENTS`` elements.
+    """
+    _check_inputs(q, k, v)
+    checks.check_bool(attend_current, "attend_current")
+    b, h, lq, d = q.shape
+    lk, dv = k.shape[2], v.shape[-1]
+    if lq > lk:
+        raise ValueError(
+            f"stick-breaking attention is causal: q_len must be <= k_len (queries are the "
+            f"last keys); got q_len={lq}, k_len={lk}"
+        )
+    scale = checks.check_number(
+        1.0 / math.sqrt(d) if scale is None else scale, "scale", positive=True
+    )
+    rows = b * h * lq
+    if block_size is None:
+        block_size = max(_MIN_BLOCK, _BLOCK_SCORES // max(1, rows))
+    block_size = min(checks.check_int(block_size, "block_size", 1), lk)
+    checks.check_elements(
+        rows * max(dv, 1), "stick-breaking attention's output (batch, heads, q_len, v_dim)"
+    )
+    checks.check_elements(rows * block_size, "a block of scores (batch, heads, q_len, block_size)")
+    docs = _documents(cu_seqlens, None, b, lk, q.device)
+    plan = _Plan(scale, attend_current, lk - lq, block_size, None if docs is None else docs[0][0])
+    dtype = q.dtype
+    work = checks.work_dtype(dtype)
+    out, rem = _StickBreaking.apply(q.to(work), k.to(work), v.to(work), plan)
+    return out.to(dtype), rem.to(dtype)
