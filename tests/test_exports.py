@@ -15,14 +15,18 @@ EXPECTED = {
     "packed_positions",
     "restart_positions",
     "ALiBi",
+    "CoPE",
+    "DAPE",
     "AttentionBias",
     "FIRE",
+    "ForgetGate",
     "KERPLE",
     "NoPE",
     "Sandwich",
     "T5Bias",
     "alibi_slopes",
     "attention",
+    "attn_temperature",
     "t5_bucket",
     "GRID_PRESETS",
     "PRESETS",
@@ -48,6 +52,7 @@ EXPECTED = {
     "FoPE",
     "v2pe_positions",
     "videorope_positions",
+    "stick_breaking_attention",
 }
 
 

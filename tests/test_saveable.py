@@ -31,6 +31,13 @@ def _attend(bias: Any) -> torch.Tensor:
     return posenc.attention(Q, Q, Q, bias=bias, causal=True)
 
 
+def _cope() -> Any:
+    module = posenc.CoPE(32, 16)
+    with torch.no_grad():  # zero at the start: random, so that a lost value shows
+        module.pos_emb.normal_()
+    return module
+
+
 # name -> (build, run): run(module) gives the tensor(s) whose values must survive
 MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "SinusoidalEmbedding": (
@@ -58,6 +65,9 @@ MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
         lambda: posenc.FoPE(32, 2, max_position_embeddings=64),
         lambda m: m(Q, Q[:, :2], torch.arange(12) + 0.5),
     ),
+    "ForgetGate": (lambda: posenc.ForgetGate(32, 4), lambda m: m(Q[0].transpose(0, 1))),
+    "CoPE": (_cope, lambda m: posenc.attention(Q, Q, Q, cope=m, causal=True)),
+    "DAPE": (lambda: posenc.DAPE(posenc.KERPLE(4), width=8), _attend),
 }
 
 

@@ -35,6 +35,7 @@ from posenc.families.absolute.grid import PRESETS as GRID_PRESETS
 from posenc.families.absolute.grid import GridSpec, grid, grid_frequencies
 from posenc.families.absolute.sinusoidal import PRESETS, Sinusoid, shift_matrix, sinusoidal
 from posenc.families.bias.functional import alibi_slopes, t5_bucket
+from posenc.families.bias.temperature import attn_temperature
 
 __version__ = "0.1.0"
 
@@ -48,24 +49,31 @@ _LAZY = {
     "FoPE": "posenc.families.rotary.fope",
     "apply_rotary": "posenc.families.rotary.apply",
     "ALiBi": "posenc.families.bias.modules",
+    "CoPE": "posenc.families.contextual",
+    "DAPE": "posenc.families.contextual",
     "AttentionBias": "posenc.families.bias.modules",
     "FIRE": "posenc.families.bias.modules",
+    "ForgetGate": "posenc.families.bias.forget",
     "KERPLE": "posenc.families.bias.modules",
     "NoPE": "posenc.families.bias.modules",
     "Sandwich": "posenc.families.bias.modules",
     "T5Bias": "posenc.families.bias.modules",
     "attention": "posenc.integration.attention",
+    "stick_breaking_attention": "posenc.integration.stick_breaking",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
 _SUBMODULES = ("absolute", "analysis", "bench", "bias", "context_parallel", "hf", "rotary")
 
 __all__ = [
+    "DAPE",
     "FIRE",
     "GRID_PRESETS",
+    "ForgetGate",
     "KERPLE",
     "PRESETS",
     "ALiBi",
     "AttentionBias",
+    "CoPE",
     "FoPE",
     "GridSpec",
     "LearnedPositionalEmbedding",
@@ -79,6 +87,7 @@ __all__ = [
     "alibi_slopes",
     "apply_rotary",
     "attention",
+    "attn_temperature",
     "cache_positions",
     "cu_seqlens_from_document_ids",
     "document_positions",
@@ -97,6 +106,7 @@ __all__ = [
     "restart_positions",
     "shift_matrix",
     "sinusoidal",
+    "stick_breaking_attention",
     "t5_bucket",
     "v2pe_positions",
     "videorope_positions",

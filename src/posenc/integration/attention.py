@@ -61,6 +61,8 @@ from posenc.core import checks
 from posenc.core.kernels import compiled
 from posenc.core.positions import document_positions, packed_document_ids, packed_positions
 from posenc.families.bias.modules import AttentionBias, NoPE, ScaledForm
+from posenc.families.contextual import DAPE, CoPE
+from posenc.integration import contextual
 
 __all__ = ["attention"]
 
@@ -95,6 +97,9 @@ class _Plan:
     # packed sequences: each key position's document, (1 or batch, k_len), numbers
     # that never decrease along a row; a score is masked across documents
     docs: torch.Tensor | None = None
+    # the Forgetting Transformer's gate: the last tracked tensor is c (batch, heads,
+    # k_len), and a score gains c[query's key position] - c[key]
+    gated: bool = False
 
 
 def _check_inputs(q: Any, k: Any, v: Any) -> None:
@@ -293,13 +298,17 @@ def _block_scores(
     k: torch.Tensor,
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, D)."""
+    """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, D);
+    ``gate`` the forget gates' cumulative sums c (B, H, k_len), or None."""
     hk = k.shape[1]
     s = torch.matmul(_grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     s = s * plan.scale
     if plan.bias_fn is not None:
         s = s + plan.bias_fn(params, q_pos, k_pos)
+    if gate is not None:
+        s = s + (gate[:, :, q_pos, None] - gate[:, :, None, k_pos])
     allowed = None
     if plan.causal:
         allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
@@ -333,6 +342,7 @@ def _forward_blockwise(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     b, h, lq, _ = q.shape
     hk, lk = k.shape[1], k.shape[2]
@@ -343,7 +353,7 @@ def _forward_blockwise(
     for i0 in range(0, lq, step):
         i1 = min(lq, i0 + step)
         q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
-        s = _block_scores(plan, params, q[:, :, i0:i1], k, q_pos, k_pos)
+        s = _block_scores(plan, params, q[:, :, i0:i1], k, q_pos, k_pos, gate)
         m = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _safe(m)[..., None])
         o = torch.matmul(_grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)
@@ -358,6 +368,7 @@ def _forward_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The compiled forward, or None where it does not apply (the caller goes blockwise)."""
     if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
@@ -376,12 +387,14 @@ def _forward_kernel(
     lse = torch.empty((b, h, lq), dtype=torch.float32)
     ops = _kernel_operands(plan, params, b, lq)
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    # the gate's c (an argument only when there is one)
+    extra = () if gate is None else (gate.detach().contiguous().data_ptr(),)
     done = compiled.attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         _address(ops.table), _address(ops.mask),
         [b, h, hk, lq, lk, q.shape[-1], dv],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads, ops.form(), plan.offset, ops.documents(),
+        plan.causal, plan.scale, threads, ops.form(), plan.offset, ops.documents(), *extra,
     )  # fmt: skip
     return (out, lse) if done else None
 
@@ -479,14 +492,18 @@ def _backward_blockwise(
     lse: torch.Tensor,
     dout: torch.Tensor,
     delta: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
-    """dq, dk, dv and the bias tensors' gradients, block by block in torch ops."""
+    """dq, dk, dv and the bias tensors' gradients, block by block in torch ops; with a
+    gate c, its gradient last: each position's row sum of dS as a query minus its column
+    sum as a key."""
     b, h, lq, _ = q.shape
     hk, lk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q)
     dk = torch.zeros((b, hk, lk, k.shape[-1]), dtype=q.dtype, device=q.device)
     dv = torch.zeros_like(v)
     dparams: list[torch.Tensor | None] = [None] * len(params)
+    dgate = None if gate is None else torch.zeros_like(gate)
     k_pos = torch.arange(lk, device=q.device)
     step = _blocks(b, h, lq, lk)
     for i0 in range(0, lq, step):
@@ -494,7 +511,7 @@ def _backward_blockwise(
         q_pos = torch.arange(i0, i1, device=q.device) + plan.offset
         qb, dob = q[:, :, i0:i1], dout[:, :, i0:i1]
         with torch.no_grad():
-            s = _block_scores(plan, params, qb, k, q_pos, k_pos)
+            s = _block_scores(plan, params, qb, k, q_pos, k_pos, gate)
             p = torch.exp(s - _safe(lse[:, :, i0:i1])[..., None])
             dv += torch.matmul(_grouped(p, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
             dp = torch.matmul(_grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
@@ -506,9 +523,12 @@ def _backward_blockwise(
                 torch.matmul(_grouped(ds, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
                 * plan.scale
             )
+            if dgate is not None:
+                dgate[:, :, q_pos] += ds.sum(-1)
+                dgate -= ds.sum(-2)
         if plan.bias_fn is not None and any(wanted):
             _bias_grads(plan, params, wanted, q_pos, k_pos, ds.sum(0), dparams)
-    return (dq, dk, dv, *dparams)
+    return (dq, dk, dv, *dparams) if dgate is None else (dq, dk, dv, *dparams, dgate)
 
 
 def _backward_kernel(
@@ -521,8 +541,10 @@ def _backward_kernel(
     lse: torch.Tensor,
     dout: torch.Tensor,
     delta: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, ...] | None:
-    """The compiled backward of a compiled forward: dq, dk, dv and the bias tensors' gradients.
+    """The compiled backward of a compiled forward: dq, dk, dv and the bias tensors' gradients
+    (and, with a gate, its gradient last, as :func:`_backward_blockwise`'s).
 
     None where it has no loop (the caller goes blockwise). A table's gradient
     is the score gradient summed per head along each diagonal ``key - query``;
@@ -545,23 +567,32 @@ def _backward_kernel(
     # the loop indexes lse, dout and delta as C-contiguous (ring attention passes rows)
     lse, dout, delta = lse.contiguous(), dout.contiguous(), delta.contiguous()
     threads = min(torch.get_num_threads(), max(1, b * hk * ((lk + 63) // 64)))
+    extra: tuple[tuple[int, int, int], ...] = ()
+    if gate is not None:  # c, and the row sums (per query) and column sums (per key) of dS
+        gate = gate.detach().contiguous()
+        rows, cols = torch.zeros((b, h, lq)), torch.zeros((b, h, lk))
+        extra = ((gate.data_ptr(), rows.data_ptr(), cols.data_ptr()),)
     done = compiled.attend_backward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), lse.data_ptr(), dout.data_ptr(),
         delta.data_ptr(), _address(ops.table), _address(ops.mask),
         dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), _address(dtable),
         [b, h, hk, lq, lk, d, dv_dim],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
-        plan.causal, plan.scale, threads, ops.form(dpieces), plan.offset, ops.documents(),
+        plan.causal, plan.scale, threads, ops.form(dpieces), plan.offset, ops.documents(), *extra,
     )  # fmt: skip
     if not done:
         return None
+    tail: tuple[torch.Tensor, ...] = ()
+    if extra:
+        cols.neg_()[:, :, plan.offset :] += rows
+        tail = (cols,)
     if ops.table is None:
-        return (dq, dk, dv)
+        return (dq, dk, dv, *tail)
     grads: list[torch.Tensor | None] = [None if dtable is None else dtable.flip(-1)]
     if plan.form == "scaled":
         pieces = plan.knots.numel() + 1 if plan.knots is not None else 0
         grads += [None] * 3 if not dpieces else [dpieces[0]] + [g[:, :pieces] for g in dpieces[1:]]
-    return (dq, dk, dv, *(g if w else None for g, w in zip(grads, wanted, strict=True)))
+    return (dq, dk, dv, *(g if w else None for g, w in zip(grads, wanted, strict=True)), *tail)
 
 
 class _Attention(torch.autograd.Function):
@@ -578,7 +609,9 @@ class _Attention(torch.autograd.Function):
         use_kernel: bool,
         *params: torch.Tensor,
     ) -> torch.Tensor:
-        out, lse, ctx.kernel = forward_block(plan, params, q, k, v, use_kernel)
+        gate = params[-1] if plan.gated else None
+        bias = params[:-1] if plan.gated else params
+        out, lse, ctx.kernel = forward_block(plan, bias, q, k, v, use_kernel, gate)
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, out, lse, *params)
         return out
@@ -588,10 +621,11 @@ class _Attention(torch.autograd.Function):
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
         plan: _Plan = ctx.plan
         q, k, v, out, lse, *params = ctx.saved_tensors
+        gate = params.pop() if plan.gated else None
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)
         wanted = [p.requires_grad for p in params]
-        grads = backward_block(plan, params, wanted, q, k, v, lse, dout, delta, ctx.kernel)
+        grads = backward_block(plan, params, wanted, q, k, v, lse, dout, delta, ctx.kernel, gate)
         return (*grads[:3], None, None, *grads[3:])
 
 
@@ -602,12 +636,13 @@ def forward_block(
     k: torch.Tensor,
     v: torch.Tensor,
     use_kernel: bool,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Output, log-sum-exp, and whether the compiled loop made them (else blockwise)."""
-    result = _forward_kernel(plan, params, q, k, v) if use_kernel else None
+    result = _forward_kernel(plan, params, q, k, v, gate) if use_kernel else None
     if result is not None:  # float32 on the CPU, the bias a table, pieces or none
         return (*result, True)
-    return (*_forward_blockwise(plan, params, q, k, v), False)
+    return (*_forward_blockwise(plan, params, q, k, v, gate), False)
 
 
 def backward_block(
@@ -621,14 +656,16 @@ def backward_block(
     dout: torch.Tensor,
     delta: torch.Tensor,
     kernel: bool,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, ...]:
     """dq, dk, dv and the bias tensors' gradients of one call, from its (or a larger
-    softmax's) log-sum-exp and ``delta``: compiled where the forward was."""
+    softmax's) log-sum-exp and ``delta``: compiled where the forward was; with a gate,
+    its gradient last."""
     grads = None
     if kernel:
-        grads = _backward_kernel(plan, params, wanted, q, k, v, lse, dout, delta)
+        grads = _backward_kernel(plan, params, wanted, q, k, v, lse, dout, delta, gate)
     if grads is None:
-        grads = _backward_blockwise(plan, params, wanted, q, k, v, lse, dout, delta)
+        grads = _backward_blockwise(plan, params, wanted, q, k, v, lse, dout, delta, gate)
     return grads
 
 
@@ -640,6 +677,7 @@ def _flex(
     params: Sequence[torch.Tensor],
     bias: AttentionBias | None,
     local: torch.Tensor | None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Compiled FlexAttention of prepared inputs, in their own dtype.
 
@@ -654,6 +692,8 @@ def _flex(
     lk = k.shape[2]
     compiling = torch.compiler.is_compiling()
     score_mod = _score_mod(plan, params, bias, local, q, lk)
+    if gate is not None:
+        score_mod = _gated(score_mod, gate, plan.offset)
     block_mask = _block_mask(plan, b, lq, lk, q.device, compiling)
     run = flex_attention if compiling else _compiled(flex_attention)
     # scale=1.0: the score mod applies the scale, a tensor (flex's scale is a float)
@@ -665,6 +705,21 @@ def _flex(
 
 
 ScoreMod = Callable[[Any, Any, Any, Any, Any], Any]
+
+
+def _gated(score_mod: ScoreMod, gate: torch.Tensor, offset: int) -> ScoreMod:
+    """``score_mod`` plus the forget gates' ``c[query's key position] - c[key]``.
+
+    The queries' c is a copy of its own: FlexAttention's backward scatters the
+    gradient of a captured tensor by index and takes each tensor indexed once.
+    """
+    at_queries, at_keys = gate[:, :, offset:].clone(), gate
+
+    def gated(score: Any, bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+        decay = at_queries[bi, hi, qi] - at_keys[bi, hi, ki]
+        return score_mod(score, bi, hi, qi, ki) + decay
+
+    return gated
 
 
 def _score_mod(
@@ -876,13 +931,16 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    bias: AttentionBias | None = None,
+    bias: AttentionBias | DAPE | None = None,
+    cope: CoPE | None = None,
     rotary: Any = None,
     causal: bool = False,
     scale: float | None = None,
     attention_mask: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     document_ids: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    log_fgate: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Softmax attention with a rotary encoding and/or a bias, without quadratic memory.
@@ -897,7 +955,12 @@ def attention(
             ``kv_heads`` (grouped-query attention).
         v: ``(batch, kv_heads, k_len, v_dim)``.
         bias: an :class:`posenc.bias.AttentionBias` with ``heads`` heads (ALiBi,
-            T5Bias, KERPLE, FIRE, Sandwich, NoPE), added to the scaled scores.
+            T5Bias, KERPLE, FIRE, Sandwich, NoPE), added to the scaled scores;
+            or a :class:`posenc.DAPE`, whose MLP reads the scores and its base
+            bias (:mod:`posenc.integration.contextual` computes it).
+        cope: a :class:`posenc.CoPE` (needs ``causal=True``): positions counted
+            by gates on the scores, their embeddings' logits added to the
+            scores (:mod:`posenc.integration.contextual`).
         rotary: a :class:`posenc.Rotary`; rotates q at positions ``k_len - q_len
             .. k_len - 1`` and k at ``0 .. k_len - 1`` (pass keys already
             rotated, and no rotary, if your cache stores them rotated).
@@ -916,6 +979,22 @@ def attention(
         document_ids: packed documents as ids: ``(k_len,)`` or ``(batch, k_len)``
             ints, a new document wherever the id changes along a row (HF's
             ``seq_idx``); as ``cu_seqlens`` otherwise.
+        chunk_size: chunked attention (Llama 4's RoPE layers, HF
+            ``attention_chunk_size``): a query at position ``p`` sees only keys
+            ``j`` with ``j // chunk_size == p // chunk_size`` (and, causal,
+            ``j <= p``). Positions are the rotary ones: key positions, or
+            positions within each document when packed (a document's chunks
+            start with it). Rotary positions and the bias stay as they are: a
+            chunk restarts neither. Needs ``q_len <= k_len``.
+        log_fgate: the Forgetting Transformer's log forget gates (Lin et al.
+            2025, :class:`posenc.ForgetGate` makes them), ``(batch, heads,
+            k_len)`` floats, one per key position and head (q's heads). With
+            ``c`` their cumulative sum along the keys (float32, float64 for
+            float64 inputs), query ``i`` at key position ``p`` and key ``j``
+            score ``c[p] - c[j]`` more: the sum of the gates over ``(j, p]``,
+            0 for the query's own position. Causal only; gates of padding
+            (``attention_mask`` 0) count as 0, and ``c`` restarts with each
+            packed document. Gradients reach it.
         backend: ``"auto"``, ``"kernel"`` (CPU float32; falls back to blockwise
             where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
             FlexAttention; on CPU forward only).
@@ -938,7 +1017,9 @@ def attention(
             channels: not attention); bias heads not q's heads; a causal
             request with ``q_len > k_len``; a mask of the wrong shape; an
             unknown backend; a non-positive scale; ``cu_seqlens`` not rising
-            from 0 to ``k_len``, or given with ``document_ids``.
+            from 0 to ``k_len``, or given with ``document_ids``;
+            ``chunk_size`` not an int >= 1, or with ``q_len > k_len``;
+            ``log_fgate`` of another shape or device, or without ``causal``.
     """
     _check_inputs(q, k, v)
     checks.check_choice(backend, "backend", BACKENDS)
@@ -954,15 +1035,25 @@ def attention(
         scale = 1.0 / math.sqrt(d)
     scale = checks.check_number(scale, "scale", positive=True)
     if bias is not None:
-        if not isinstance(bias, AttentionBias):
-            raise TypeError(f"bias must be a posenc.bias.AttentionBias; got {type(bias).__name__}")
+        if not isinstance(bias, AttentionBias | DAPE):
+            raise TypeError(
+                f"bias must be a posenc.bias.AttentionBias or a posenc.DAPE; "
+                f"got {type(bias).__name__}"
+            )
         if bias.num_heads != h:
             raise ValueError(f"bias has {bias.num_heads} heads; q has {h}")
+    contextual.check(cope, bias, causal, backend, d)
     key_mask = None if attention_mask is None else _key_mask(attention_mask, b, lk, q.device)
     docs = _documents(cu_seqlens, document_ids, b, lk, q.device)
+    gate = None
+    if log_fgate is not None:
+        gate = _forget_cumsum(log_fgate, causal, key_mask, docs, q, lk)
     offset = lk - lq
     if rotary is not None:
         q, k = _rotate(rotary, q, k, offset, None if docs is None else docs[1])
+    if chunk_size is not None:
+        # after the rotation: chunks confine the keys as documents do, but restart no position
+        docs = _chunks(docs, _check_chunk_size(chunk_size, lq, lk), lk, q.device)
     dtype = q.dtype
     if backend == "auto":
         backend = "kernel" if q.device.type == "cpu" else "flex"
@@ -976,18 +1067,96 @@ def attention(
             row_mask = None if key_mask is None else key_mask[i : i + 1]
             row_docs = (docs[0][i : i + 1], docs[1][i : i + 1])
             row = (q[i : i + 1], k[i : i + 1], v[i : i + 1])
-            rows.append(_attend(*row, bias, causal, scale, row_mask, backend, row_docs))
+            row_gate = None if gate is None else gate[i : i + 1]
+            rows.append(
+                _attend(*row, bias, causal, scale, row_mask, backend, row_docs, row_gate, cope)
+            )
         out = torch.cat(rows) if rows else q.new_empty((0, h, lq, v.shape[-1]))
     else:
-        out = _attend(q, k, v, bias, causal, scale, key_mask, backend, docs)
+        out = _attend(q, k, v, bias, causal, scale, key_mask, backend, docs, gate, cope)
     return out.to(dtype)
 
 
-def _sees_positions(bias: AttentionBias | None, k_len: int) -> bool:
-    """Whether the bias depends on more than ``key - query`` at these lengths."""
+def _forget_cumsum(
+    log_fgate: Any,
+    causal: bool,
+    key_mask: torch.Tensor | None,
+    docs: tuple[torch.Tensor, torch.Tensor] | None,
+    q: torch.Tensor,
+    k_len: int,
+) -> torch.Tensor:
+    """c, the forget gates' cumulative sum along the keys ``(batch, heads, k_len)``.
+
+    Summed in float64 (float32 on MPS, which has none), so that restarting it at
+    each document (subtracting the sum before the document) cancels nothing, then
+    cast to float64 for float64 inputs and float32 otherwise. Gates of padding
+    are 0: a left-padded row's c starts at its first token, as the
+    Forgetting Transformer's reference sets them.
+    """
+    if not causal:
+        raise ValueError(
+            "log_fgate (the Forgetting Transformer) needs causal=True: a query "
+            "decays the keys before it"
+        )
+    checks.check_float_tensor(log_fgate, "log_fgate")
+    b, h = q.shape[:2]
+    if tuple(log_fgate.shape) != (b, h, k_len):
+        raise ValueError(
+            f"log_fgate must be (batch, heads, k_len) = ({b}, {h}, {k_len}); "
+            f"got {tuple(log_fgate.shape)}"
+        )
+    if log_fgate.device != q.device:
+        raise ValueError(f"log_fgate must be on q's device {q.device}; got {log_fgate.device}")
+    wide = torch.float32 if q.device.type == "mps" else torch.float64
+    gates = log_fgate.to(wide)
+    if key_mask is not None:
+        gates = gates.masked_fill(~key_mask[:, None], 0.0)
+    c = gates.cumsum(-1)
+    if docs is not None:
+        # each key's document starts at its position minus its position in the document
+        start = torch.arange(k_len, device=q.device) - docs[1]
+        before = torch.nn.functional.pad(c, (1, 0))
+        c = c - before.gather(-1, start[:, None].expand(b, h, k_len))
+    return c.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _sees_positions(bias: AttentionBias | DAPE | None, k_len: int) -> bool:
+    """Whether the bias (a DAPE's base) depends on more than ``key - query`` at these lengths."""
+    if isinstance(bias, DAPE):
+        bias = bias.base
     if bias is None or isinstance(bias, NoPE) or bias.relative:
         return False
     return bias.relative_below() <= k_len - 1
+
+
+def _check_chunk_size(chunk_size: Any, q_len: int, k_len: int) -> int:
+    size = checks.check_int(chunk_size, "chunk_size", minimum=1)
+    if q_len > k_len:
+        # queries before key 0 would sit at negative positions, in no chunk of keys
+        raise ValueError(
+            f"chunk_size needs q_len <= k_len (queries are the last keys); got q_len={q_len}, "
+            f"k_len={k_len}"
+        )
+    return size
+
+
+def _chunks(
+    docs: tuple[torch.Tensor, torch.Tensor] | None, size: int, k_len: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The documents cut into chunks of ``size`` positions, and the positions unchanged.
+
+    A key's group is its (document, position // size): numbered along each row from
+    0, never decreasing, as the documents are, so every path masks and skips by them.
+    """
+    if docs is None:
+        where = torch.arange(k_len, device=device)[None]
+        doc = torch.zeros_like(where)
+    else:
+        doc, where = docs
+    chunk = torch.div(where, size, rounding_mode="floor")
+    starts = torch.ones(doc.shape, dtype=torch.int64, device=device)
+    starts[:, 1:] = (doc[:, 1:] != doc[:, :-1]) | (chunk[:, 1:] != chunk[:, :-1])
+    return starts.cumsum(1) - 1, where
 
 
 def _documents(
@@ -1028,18 +1197,22 @@ def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    bias: AttentionBias | None,
+    bias: AttentionBias | DAPE | None,
     causal: bool,
     scale: float,
     key_mask: torch.Tensor | None,
     backend: str,
     docs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    gate: torch.Tensor | None = None,
+    cope: CoPE | None = None,
 ) -> torch.Tensor:
     """Attention of prepared inputs (rotated; float32 or float64, or float16/bfloat16
     for the flex path), queries bottom-right.
 
     ``docs``: each key position's document and position in it (packed
-    sequences), one row when the bias reads the positions.
+    sequences), one row when the bias reads the positions. ``gate``: the forget
+    gates' cumulative sums c (batch, heads, k_len), or None. ``cope`` or a DAPE
+    bias: computed by :func:`posenc.integration.contextual.attend`.
     """
     b, h, lq, _ = q.shape
     lk = k.shape[2]
@@ -1049,16 +1222,29 @@ def _attend(
     local = None if docs is None else docs[1][0]
     # float16/bfloat16 reach here on the flex path only; their bias stays float32
     work = torch.float32 if q.dtype in _LOW_PRECISION else q.dtype
-    if bias is not None and not isinstance(bias, NoPE):
+    dape = bias if isinstance(bias, DAPE) else None
+    base = bias.base if isinstance(bias, DAPE) else bias
+    if base is not None and not isinstance(base, NoPE):
         bias_fn, params, form, knots = _bias_plan(
-            bias, h, lq, lk, scale, q.device, work, local=local
+            base, h, lq, lk, scale, q.device, work, cope is None and dape is None, local
         )
+    if cope is not None or dape is not None:
+        q, k, v = q.to(work), k.to(work), v.to(work)
+        if gate is not None:  # c of the key positions, an additive term like the bias
+            gate = gate.to(work)
+        return contextual.attend(
+            q, k, v, params, cope=cope, dape=dape, bias_fn=bias_fn, causal=causal,
+            scale=scale, key_mask=key_mask, docs=None if docs is None else docs[0], gate=gate,
+        )  # fmt: skip
     plan = _Plan(
-        bias_fn, causal, scale, key_mask, lk - lq, form, knots, None if docs is None else docs[0]
-    )
+        bias_fn, causal, scale, key_mask, lk - lq, form, knots,
+        None if docs is None else docs[0], gated=gate is not None,
+    )  # fmt: skip
 
     if backend == "flex" and b * h * v.shape[-1] > 0:
-        return _flex(q, k, v, plan, params, bias, local)
+        return _flex(q, k, v, plan, params, base, local, gate)
+    if gate is not None:  # tracked by the autograd function, last
+        params = (*params, gate)
     q, k, v = q.to(work), k.to(work), v.to(work)  # an empty result of the flex path
     if torch.compiler.is_compiling():
         # the compiled loop is opaque to the tracer: a graph break around it, and

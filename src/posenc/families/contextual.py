@@ -1,0 +1,196 @@
+"""Position signals that read the attention scores: CoPE and DAPE.
+
+Both need ``q . k`` itself, not only positions, so they are not an
+:class:`posenc.bias.AttentionBias`; :func:`posenc.attention` takes a
+:class:`CoPE` as ``cope=`` and a :class:`DAPE` as ``bias=`` and computes their
+attention block by block in :mod:`posenc.integration.contextual`. The modules
+here hold the parameters and the formulas of one block of scores.
+
+Shapes::
+
+    q       (batch, heads, n, head_dim)     a block of n queries
+    scores  (batch, heads, n, m)            z = q . k * scale against m keys
+
+This module imports torch; ``import posenc`` does not import it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from posenc.core import checks
+from posenc.core.buffers import DerivedBuffers
+from posenc.families.bias.modules import AttentionBias
+
+__all__ = ["DAPE", "CoPE"]
+
+
+class CoPE(DerivedBuffers):
+    """CoPE (Golovneva et al. 2024): positions counted by gates on the keys, per query.
+
+    The paper's listing (facebookresearch/RAM,
+    ``projects/cope/src/cope/context_position.py``): a gate
+    ``g_ik = sigmoid(q_i . k_k * scale)`` per causal key ``k <= i`` (the query's
+    own key included; 0 for masked keys), the position of key ``j`` seen from
+    query ``i`` is ``p_ij = sum_{k=j..i} g_ik`` (a reverse cumulative sum along
+    the keys) clamped to ``npos_max - 1``, and the score gains
+    ``(1 - w) q_i . e[floor p_ij] + w q_i . e[ceil p_ij]`` with ``w = p_ij -
+    floor p_ij``: the position embeddings ``e = pos_emb`` interpolated at a
+    fractional position (the indices carry no gradient, ``w`` does). ``pos_emb``
+    is ``(head_dim, npos_max)``, zero at the start, shared by the heads of a layer.
+
+    Use it through :func:`posenc.attention` with ``cope=module, causal=True``.
+
+    Args:
+        head_dim: channels of q and k.
+        npos_max: positions with an embedding (``0 .. npos_max - 1``); the
+            reference code takes the block size plus one.
+        scale_with_logits: multiply the position term by the attention scale
+            along with ``q . k``, ``(q . k + pos) * scale`` (the reference
+            repository's default); False adds it unscaled, ``q . k * scale +
+            pos``, as the paper's listing does.
+
+    Raises:
+        ValueError: ``head_dim`` or ``npos_max`` below 1, or a ``pos_emb`` of more
+            than :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
+            work).
+        TypeError: ``scale_with_logits`` not a bool.
+    """
+
+    def __init__(self, head_dim: int, npos_max: int, *, scale_with_logits: bool = False) -> None:
+        super().__init__()
+        self.head_dim = checks.check_channels(head_dim, "head_dim")
+        self.npos_max = checks.check_int(npos_max, "npos_max", minimum=1)
+        checks.check_elements(
+            self.head_dim * self.npos_max,
+            f"pos_emb (head_dim={self.head_dim} x npos_max={self.npos_max})",
+        )
+        self.scale_with_logits = checks.check_bool(scale_with_logits, "scale_with_logits")
+        self.pos_emb = nn.Parameter(torch.empty(self.head_dim, self.npos_max))
+        self.reset_parameters()
+
+    def _init_parameters(self) -> None:
+        self.pos_emb.zero_()
+
+    def positions(self, gates: torch.Tensor) -> torch.Tensor:
+        """``p_ij = sum_{k >= j} g_ik`` clamped to ``npos_max - 1``: gates ``(..., n, m)``.
+
+        The gates of keys a query does not see (after it, padding, other
+        documents) must be 0.
+        """
+        return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
+
+    def forward(self, q: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """The position logits ``(batch, heads, n, m)`` of queries ``q`` and their key gates.
+
+        Args:
+            q: ``(batch, heads, n, head_dim)``.
+            gates: ``(batch, heads, n, m)``, ``sigmoid(q . k * scale)`` on the keys
+                each query sees and 0 elsewhere.
+
+        Raises:
+            ValueError: q without ``head_dim`` channels, or gates whose leading
+                dimensions are not q's.
+        """
+        if q.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"cope has head_dim={self.head_dim}; q has {q.shape[-1]} channels "
+                f"(shape {tuple(q.shape)})"
+            )
+        if gates.shape[:-1] != q.shape[:-1]:
+            raise ValueError(
+                f"gates must be (batch, heads, n, m) with q's (batch, heads, n) = "
+                f"{tuple(q.shape[:-1])}; got {tuple(gates.shape)}"
+            )
+        p = self.positions(gates)
+        at_positions = torch.matmul(q, self.pos_emb.to(q.dtype))  # (..., n, npos_max)
+        low = p.detach().floor()
+        w = p - low  # the interpolation weight carries the gates' gradient
+        below = at_positions.gather(-1, low.long())
+        above = at_positions.gather(-1, p.detach().ceil().long())
+        return above * w + below * (1 - w)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, npos_max={self.npos_max}, "
+            f"scale_with_logits={self.scale_with_logits}"
+        )
+
+
+class DAPE(nn.Module):
+    """DAPE (Zheng et al. 2024): a base bias refined by an MLP of the scores and the bias.
+
+    ``A = S + B + mlp([S ; B])`` per (query, key) pair, the MLP over the ``2 H``
+    channels of all heads (``Linear(2H, width)``, LeakyReLU, ``Linear(width, H)``),
+    ``S`` the scaled scores ``q . k * scale`` before any mask and ``B`` the base
+    bias as :func:`posenc.attention` adds it (zero above the diagonal when
+    causal): the reference modules ``AliBi_DAPE``, ``ParallelKerpleLog_DAPE`` and
+    ``FIRE_DAPE`` of chuanyang-Zheng/DAPE (``DAPE.py``) with any base.
+
+    Pass it to :func:`posenc.attention` as ``bias=``.
+
+    Args:
+        base_bias: any :class:`posenc.bias.AttentionBias` (ALiBi, KERPLE, FIRE, T5Bias,
+            Sandwich; NoPE gives ``B = 0``): held as ``.base``, trained with it.
+        width: the MLP's hidden width (32 in the paper).
+
+    Raises:
+        TypeError: a base that is not an AttentionBias.
+        ValueError: ``width`` below 1, or an MLP weight of more than
+            :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
+    """
+
+    def __init__(self, base_bias: AttentionBias, width: int = 32) -> None:
+        super().__init__()
+        if not isinstance(base_bias, AttentionBias):
+            raise TypeError(
+                f"base_bias must be a posenc.bias.AttentionBias (ALiBi, KERPLE, FIRE ...); "
+                f"got {type(base_bias).__name__}"
+            )
+        self.width = checks.check_int(width, "width", minimum=1)
+        self.num_heads = base_bias.num_heads
+        checks.check_elements(
+            2 * self.num_heads * self.width,
+            f"the MLP's first weight (2 x num_heads={self.num_heads} x width={self.width})",
+        )
+        self.base = base_bias
+        heads = self.num_heads
+        self.mlp = nn.Sequential(
+            nn.Linear(2 * heads, self.width), nn.LeakyReLU(), nn.Linear(self.width, heads)
+        )
+
+    def forward(self, scores: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``S + B + mlp([S ; B])``: scores ``(batch, heads, n, m)``, bias ``(heads, n, m)``.
+
+        The MLP runs in the scores' dtype (its weights cast to it); ``bias=None``
+        is a zero bias.
+
+        Raises:
+            ValueError: scores without ``num_heads`` heads, or a bias of another shape.
+        """
+        heads = self.num_heads
+        if scores.ndim != 4 or scores.shape[1] != heads:
+            raise ValueError(
+                f"scores must be (batch, heads={heads}, n, m); got {tuple(scores.shape)}"
+            )
+        if bias is None:
+            bias = scores.new_zeros(scores.shape[1:])
+        if tuple(bias.shape) != tuple(scores.shape[1:]):
+            raise ValueError(
+                f"bias must be (heads, n, m) = {tuple(scores.shape[1:])}; got {tuple(bias.shape)}"
+            )
+        bias = bias.to(scores.dtype)
+        both = torch.cat((scores, bias.expand_as(scores)), 1).movedim(1, -1)  # (b, n, m, 2H)
+        first, act, last = self.mlp
+        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+        assert isinstance(act, nn.LeakyReLU)
+        dtype = scores.dtype
+        hidden = F.linear(both, first.weight.to(dtype), first.bias.to(dtype))
+        hidden = F.leaky_relu(hidden, act.negative_slope)
+        refined = F.linear(hidden, last.weight.to(dtype), last.bias.to(dtype)).movedim(-1, 1)
+        return scores + bias + refined
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, width={self.width}"
