@@ -15,13 +15,16 @@ pairs that never complete a turn in training) are set to zero and dropped, leavi
 
 padded to ``head_dim / 2`` columns (cos with 1; sin with 0 in vLLM, with 1 in the
 reference: ``padding``), repeated as ``cat(C, C)`` and ``cat(S, S)``, and
-``x' = x C + rotate_half(x) S`` in float32 (HF's half layout). The coefficients are
-``(H, D, d)`` with ``d = min(D, head_dim // 4)`` in the reference; ``H`` is vLLM's
-``num_key_value_heads`` (query head ``i`` of ``q_heads`` uses coefficient head
-``i // (q_heads / H)``, as grouped-query attention shares keys) and ``H = 1`` shares
-one set across heads (the reference's ``fourier_separate_head=False``). The reference
-initialises them as identity (a step identity when ``d < D``) plus xavier-normal noise
-of gain ``init_gain`` (``fourier_init="eye_xavier_norm"``) and keeps them frozen
+``x' = x C + rotate_half(x) S`` in float32 (HF's half layout). posenc evaluates
+``cos(t omega)`` and ``sin(t omega)`` exactly and sums ``C`` and ``S`` in float64 (on
+CPU and CUDA) before rounding them to float32; the references do both in float32. The
+coefficients are ``(H, D, d)`` with ``d = min(D, head_dim // 4)`` in the reference;
+``H`` is vLLM's ``num_key_value_heads`` (query head ``i`` of ``q_heads`` uses
+coefficient head ``i // (q_heads / H)``, as grouped-query attention shares keys) and
+``H = 1`` shares one set across heads (the reference's
+``fourier_separate_head=False``). The reference initialises them as identity (a step
+identity when ``d < D``) plus xavier-normal noise of gain ``init_gain``
+(``fourier_init="eye_xavier_norm"``) and keeps them frozen
 (``fourier_learnable=False``); with identity coefficients and sin padding 0, FoPE is
 RoPE on the ``d`` highest frequencies and leaves the other pairs as they are.
 
@@ -39,7 +42,7 @@ import torch
 from torch import nn
 
 from posenc.core import checks
-from posenc.core.angles import PI, decimal_context, sincos_torch
+from posenc.core.angles import PI, decimal_context, float64_is_fast, sincos_torch
 from posenc.core.buffers import DerivedBuffers
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 
@@ -203,7 +206,8 @@ class FoPE(DerivedBuffers):
         """``(C, S)`` at ``positions``: ``positions.shape + (num_heads, head_dim)``.
 
         Padded and repeated as ``cat(C, C)``, ready for ``x C + rotate_half(x) S``;
-        computed in ``dtype``, from exact ``cos(t omega)`` and ``sin(t omega)``.
+        from exact ``cos(t omega)`` and ``sin(t omega)``, summed in float64 (float32
+        on devices without fast float64) and rounded once to ``dtype``.
 
         Raises:
             TypeError: ``positions`` not an int or float tensor.
@@ -221,8 +225,11 @@ class FoPE(DerivedBuffers):
         positions = checks.check_position_tensor(positions, "positions", exact=True)
         device = self.cos_coef.device
         sin, cos = sincos_torch(positions.to(device), self.freqs.turns)
-        c = torch.einsum("...D,hDd->...hd", cos.to(dtype), self.cos_coef.to(dtype))
-        s = torch.einsum("...D,hDd->...hd", sin.to(dtype), self.sin_coef.to(dtype))
+        # the D-term sums in float64 where the device has it, rounded once: the same
+        # values whatever the batch (a float32 einsum's blocking changes with its size)
+        table = torch.float64 if float64_is_fast(device) else torch.float32
+        c = torch.einsum("...D,hDd->...hd", cos.to(table), self.cos_coef.to(table)).to(dtype)
+        s = torch.einsum("...D,hDd->...hd", sin.to(table), self.sin_coef.to(table)).to(dtype)
         pad = self.head_dim // 2 - self.coef_dim
         if pad:
             c = torch.cat([c, c.new_ones((*c.shape[:-1], pad))], dim=-1)
