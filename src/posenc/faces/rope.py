@@ -415,6 +415,9 @@ def _footer(doc: Mapping[str, Any]) -> list[str]:
         )
     else:
         lines.append("NoPE layers: none (every layer rotates)")
+    for s in doc.get("layer_settings", ()):
+        where = "" if s["layers"] is None else f" (layers {ranges(s['layers'], 16) or 'none'})"
+        lines.append(f"{s['setting']} = {show(s['value'])}{where}: {s['means']}; from {s['from']}")
     lines += [f"note: {n}" for n in doc["notes"]]
     return lines
 

@@ -1,12 +1,15 @@
 """Attention biases: ALiBi, T5, KERPLE, FIRE, Sandwich, NoPE: positions as a bias on the scores.
 
 :mod:`posenc.bias.functional` is the numpy core (ALiBi slopes, T5 buckets);
-:mod:`posenc.bias.modules` holds the torch modules, imported on first use.
+:mod:`posenc.bias.temperature` Llama 4's query scale of its NoPE layers;
+:mod:`posenc.bias.modules` holds the torch modules, imported on first use, as is
+:mod:`posenc.bias.forget` (the Forgetting Transformer's gate, a bias the tokens choose).
 """
 
 from typing import Any
 
 from posenc.families.bias.functional import alibi_slopes, t5_bucket
+from posenc.families.bias.temperature import attn_temperature
 
 _MODULES = (
     "ALiBi",
@@ -20,7 +23,7 @@ _MODULES = (
     "relu_pieces",
 )
 
-__all__ = ["alibi_slopes", "t5_bucket", *_MODULES]
+__all__ = ["ForgetGate", "alibi_slopes", "attn_temperature", "t5_bucket", *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +31,8 @@ def __getattr__(name: str) -> Any:
         from posenc.families.bias import modules
 
         return getattr(modules, name)
+    if name == "ForgetGate":
+        from posenc.families.bias.forget import ForgetGate
+
+        return ForgetGate
     raise AttributeError(f"module 'posenc.bias' has no attribute {name!r}")

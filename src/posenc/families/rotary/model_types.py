@@ -34,6 +34,7 @@ __all__ = [
     "MROPE_DEFAULT_SECTIONS",
     "OTHER_KIND",
     "PERMUTED_MROPE",
+    "SLIDING_ONLY_ROPE",
     "LocalGlobal",
     "candidates",
     "lookup",
@@ -187,6 +188,12 @@ LOCAL_GLOBAL: dict[str, LocalGlobal] = {
         LocalGlobal("local_rope_theta", "global_rope_theta", 10_000.0, 160_000.0, True),
     ),
 }
+
+#: Model types that rotate q and k in their sliding-window layers only: their
+#: ``full_attention`` layers have no RoPE (Cohere 2's 3 sliding RoPE layers to 1 global
+#: NoPE layer). Cohere2-MoE also rotates the full layers among its dense prefix when
+#: ``prefix_dense_sliding_window_pattern`` is 1 (its ``force_rope``).
+SLIDING_ONLY_ROPE = frozenset({"cohere2", "cohere2_moe", "flint"})
 
 #: Every key a v4 config names a sliding or full layers' base with.
 LOCAL_GLOBAL_KEYS = tuple(

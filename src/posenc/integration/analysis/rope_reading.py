@@ -7,7 +7,10 @@ config object, as :class:`Loaded`) into one :class:`Reading` per layer type: the
 value and the config key it came from (rope type, base, head and rotary dims,
 layout, the schedule's parameters given, derived or left at their defaults, the
 attention scaling), the wavelengths against the trained window, and the M-RoPE
-sections. :func:`nope_layers` lists the layers without RoPE; :func:`describe`
+sections. :func:`nope_layers` lists the layers without RoPE and
+:func:`layer_settings` what else the layers do with positions (Llama 4's
+temperature tuning, chunked attention and QK norm; Cohere 2's sliding windows);
+:func:`describe`
 gathers it all in the JSON-able document ``posenc rope --json`` prints, with
 notes, among them, for a ``config.json`` whose ``model_type`` transformers
 knows, any difference from the reading of transformers' own config class.
@@ -40,7 +43,7 @@ from posenc.families.rotary.config import (
 )
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
 
-__all__ = ["Loaded", "Reading", "Row", "describe", "nope_layers", "read"]
+__all__ = ["Loaded", "Reading", "Row", "describe", "layer_settings", "nope_layers", "read"]
 
 #: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's
 #: interleaved sections, Qwen2-VL's contiguous ones (the sections themselves, when the
@@ -60,6 +63,21 @@ _OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: Keys that list layers without RoPE (layer indices), besides SmolLM3's and Llama 4's mask.
 _NOPE_INDEX_KEYS = ("nope_layers", "nope_layer_indices", "no_pe_layers")
+#: Config classes that make ``no_rope_layers`` from ``no_rope_layer_interval`` (default 4),
+#: by model type: the class, and whether an empty list is replaced too (Llama 4's
+#: ``no_rope_layers if no_rope_layers else default``; SmolLM3 replaces only None).
+_NOPE_INTERVAL_CLASSES: dict[str, tuple[str, bool]] = {
+    "llama4_text": ("Llama4TextConfig", True),
+    "smollm3": ("SmolLM3Config", False),
+}
+#: Llama4TextConfig's defaults of what its layers read besides RoPE (transformers 5.24).
+LLAMA4_DEFAULTS: dict[str, Any] = {
+    "attn_temperature_tuning": True,
+    "floor_scale": 8192,
+    "attn_scale": 0.1,
+    "attention_chunk_size": 8192,
+    "use_qk_norm": True,
+}
 
 
 # --------------------------------------------------------------------------------------
@@ -499,6 +517,14 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
     part, prefix = _rope_part(config)
     count = _num_layers(part)
     mask = setting(part, "no_rope_layers")
+    model_type = str(setting(part, "model_type") or "")
+    cls = _NOPE_INTERVAL_CLASSES.get(model_type)
+    interval = setting(part, "no_rope_layer_interval")
+    interval_text = f"{prefix}no_rope_layer_interval = {interval}"
+    if cls is not None and (mask is None or (cls[1] and not mask)):
+        if interval is None:
+            interval, interval_text = 4, f"no_rope_layer_interval 4 ({cls[0]}'s default)"
+        mask = None  # the class makes the list from the interval
     if isinstance(mask, (list, tuple)) and mask:
         if all(v in (0, 1) for v in mask) and (count is None or len(mask) >= count):
             n = count or len(mask)
@@ -510,11 +536,10 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
             }
         return {"layers": sorted(int(i) for i in mask), "from": f"{prefix}no_rope_layers",
                 "of": count}  # fmt: skip
-    interval = setting(part, "no_rope_layer_interval")
     if mask is None and isinstance(interval, int) and interval > 0 and count:
         return {
             "layers": [i for i in range(count) if (i + 1) % interval == 0],
-            "from": f"{prefix}no_rope_layer_interval = {interval} (every {interval}th layer, "
+            "from": f"{interval_text} (every {interval}th layer, "
             "as SmolLM3 and Llama 4 default no_rope_layers)",
             "of": count,
         }
@@ -523,6 +548,9 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
         if isinstance(value, (list, tuple)) and value:
             return {"layers": sorted(int(i) for i in value), "from": f"{prefix}{key}",
                     "of": count}  # fmt: skip
+    sliding = _sliding_only_nope(part, prefix, count)
+    if sliding is not None:
+        return sliding
     raw = raw_parameters(part)
     layer_types = setting(part, "layer_types")
     none_types = [k for k, v in raw.items() if v is None] if nested_dict(raw) else []
@@ -536,6 +564,139 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
         if setting(part, key) is False and count:
             return {"layers": list(range(count)), "from": f"{prefix}{key} = false", "of": count}
     return None
+
+
+def _attention_types(part: Any, prefix: str, count: int | None) -> tuple[list[str], str] | None:
+    """Each layer's attention type and the key it came from: ``layer_types``, else Cohere 2's
+    ``sliding_window_pattern`` (every n-th layer full, n = 4 by default)."""
+    types = setting(part, "layer_types")
+    if isinstance(types, (list, tuple)) and types:
+        return [str(t) for t in types], f"{prefix}layer_types"
+    if str(setting(part, "model_type") or "") in ("cohere2", "cohere2_moe") and count:
+        n = setting(part, "sliding_window_pattern")
+        source = f"{prefix}sliding_window_pattern = {n}"
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            n, source = 4, "sliding_window_pattern 4 (Cohere2Config's default)"
+        made = ["full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(count)]
+        return made, f"{source} (every {n}th layer full attention)"
+    return None
+
+
+def _sliding_only_nope(part: Any, prefix: str, count: int | None) -> dict[str, Any] | None:
+    """The full-attention layers of a model that rotates its sliding-window layers only."""
+    found = model_types.lookup(model_types.SLIDING_ONLY_ROPE, setting(part, "model_type"))
+    types = _attention_types(part, prefix, count) if found else None
+    if types is None:
+        return None
+    layer_types, source = types
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    note = ""
+    if found == "cohere2_moe" and setting(part, "prefix_dense_sliding_window_pattern", 1) == 1:
+        # its force_rope: the dense (MLP) layers rotate whatever their attention
+        mlp = setting(part, "mlp_layer_types")
+        if isinstance(mlp, (list, tuple)):
+            dense = {i for i, t in enumerate(mlp) if t == "dense"}
+        else:
+            dense = set(range(int(setting(part, "first_k_dense_replace", 0))))
+        full = [i for i in full if i not in dense]
+        note = " other than the dense ones (force_rope)"
+    return {
+        "layers": full,
+        "from": f"{source}: the full_attention layers{note} (transformers' {found} model "
+        "rotates its sliding-window layers only)",
+        "of": len(layer_types),
+    }
+
+
+def _given(part: Any, key: str) -> tuple[bool, Any]:
+    """Whether the config has ``key`` (``None`` included: a class's "off") and its value."""
+    if isinstance(part, Mapping):
+        return key in part, part.get(key)
+    return hasattr(part, key), getattr(part, key, None)
+
+
+def layer_settings(config: Any) -> list[dict[str, Any]]:
+    """What the layers do with positions besides RoPE, each with its key and its layers.
+
+    Llama 4 (``model_type`` ``llama4_text``, or a config giving its keys): the
+    temperature tuning of its NoPE layers (``attn_temperature_tuning``,
+    ``floor_scale``, ``attn_scale``: :func:`posenc.attn_temperature`), the chunked
+    attention of its RoPE layers (``attention_chunk_size``: ``posenc.attention``'s
+    ``chunk_size``) and their QK norm (``use_qk_norm``); a key the config omits is
+    Llama4TextConfig's default. Cohere 2 (and the other
+    :data:`~posenc.families.rotary.model_types.SLIDING_ONLY_ROPE` models): the
+    sliding window of its RoPE layers. Each entry: ``setting``, ``value``,
+    ``from``, ``layers`` (the indices it applies to, None when the config gives no
+    layer count) and ``means``.
+    """
+    part, prefix = _rope_part(config)
+    count = _num_layers(part)
+    model_type = str(setting(part, "model_type") or "")
+    nope = nope_layers(config)
+    no_rope = set(nope["layers"]) if nope else set()
+    every = list(range(count)) if count else None
+    rope_layers = None if every is None else [i for i in every if i not in no_rope]
+    nope_list = None if every is None else [i for i in every if i in no_rope]
+    llama4 = model_type == "llama4_text"
+    out: list[dict[str, Any]] = []
+
+    def read_key(key: str) -> tuple[bool, Any, str]:
+        present, value = _given(part, key)
+        if present:
+            return True, value, f"{prefix}{key}"
+        if llama4:
+            return True, LLAMA4_DEFAULTS[key], f"default (Llama4TextConfig's {key})"
+        return False, None, ""
+
+    has, tuning, source = read_key("attn_temperature_tuning")
+    if has:
+        layers = nope_list if tuning else []
+        out.append({"setting": "attn_temperature_tuning", "value": tuning, "from": source,
+                    "layers": layers,
+                    "means": "the NoPE layers scale q by 1 + attn_scale * log1p(floor(("
+                    "cache_position + 1) / floor_scale)) (posenc.attn_temperature)"
+                    if tuning else "off: no query scale"})  # fmt: skip
+        for key, means in (
+            ("floor_scale", "positions per step of the query scale"),
+            ("attn_scale", "the query scale's strength"),
+        ):
+            if read_key(key)[0]:
+                _, value, source = read_key(key)
+                out.append({"setting": key, "value": value, "from": source, "layers": layers,
+                            "means": means})  # fmt: skip
+    has, chunk, source = read_key("attention_chunk_size")
+    if has:
+        types = setting(part, "layer_types")
+        if chunk is None:
+            layers, means = [], "off: every layer attends to all earlier keys"
+        else:
+            if isinstance(types, (list, tuple)) and types:
+                layers = [i for i, t in enumerate(types) if t == "chunked_attention"]
+            else:
+                layers = rope_layers
+            means = (
+                f"these layers see only the keys of the query's chunk of {chunk} positions "
+                "(posenc.attention(..., chunk_size)); the others attend to all earlier keys"
+            )
+        out.append({"setting": "attention_chunk_size", "value": chunk, "from": source,
+                    "layers": layers, "means": means})  # fmt: skip
+    if llama4:
+        _, norm, source = read_key("use_qk_norm")
+        out.append({"setting": "use_qk_norm", "value": norm, "from": source,
+                    "layers": rope_layers if norm else [],
+                    "means": "weightless RMS norm of q and k (eps rms_norm_eps) after RoPE, "
+                    "in the RoPE layers only" if norm else "off"})  # fmt: skip
+    if model_types.lookup(model_types.SLIDING_ONLY_ROPE, model_type):
+        types_read = _attention_types(part, prefix, count)
+        window = setting(part, "sliding_window")
+        if types_read is not None:
+            sliding = [i for i, t in enumerate(types_read[0]) if t == "sliding_attention"]
+            out.append({"setting": "sliding_window", "value": window,
+                        "from": f"{prefix}sliding_window; layers from {types_read[1]}",
+                        "layers": sliding,
+                        "means": "the sliding layers (with RoPE) see the last sliding_window "
+                        "keys; the full ones see all, without RoPE"})  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -572,6 +733,7 @@ def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str,
         "per_layer_type": readings[0].layer_type is not None,
         "ropes": [_reading_json(r) for r in readings],
         "nope_layers": nope_layers(loaded.config),
+        "layer_settings": layer_settings(loaded.config),
         "notes": notes,
     }
 
