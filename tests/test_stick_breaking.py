@@ -195,18 +195,19 @@ def test_packed_documents_equal_each_document_alone(attend_current):
     [
         dict(attend_current=False),
         dict(attend_current=True),
-        dict(attend_current=False, cu_seqlens=torch.tensor([0, 2, 2, 7, 9])),
-        dict(attend_current=True, cu_seqlens=torch.tensor([0, 4, 9])),
-        dict(attend_current=True, queries=4),  # a KV cache
+        dict(attend_current=False, cu_seqlens=torch.tensor([0, 2, 2, 6, 8])),
+        dict(attend_current=True, cu_seqlens=torch.tensor([0, 3, 8])),
+        dict(attend_current=True, queries=3),  # a KV cache
         dict(attend_current=False, scale=16.0),  # |z| in the tens: saturated sigmoids
     ],
     ids=["plain", "current", "packed", "packed-current", "cache", "large-z"],
 )
 def test_gradients_float64(case):
     case = dict(case)
-    queries = case.pop("queries", 9)
-    q, k, v = inputs(1, 4, 2, 9, 4, 3, seed=6)
-    q = q[:, :, 9 - queries :].clone()
+    # small enough for gradcheck's one forward per input element and side
+    queries = case.pop("queries", 8)
+    q, k, v = inputs(1, 2, 1, 8, 3, 2, seed=6)
+    q = q[:, :, 8 - queries :].clone()
     for t in (q, k, v):
         t.requires_grad_(True)
 
