@@ -462,8 +462,8 @@ def test_fire_routes_by_its_threshold(monkeypatch):
     calls = []
     forward = attend._forward_kernel
 
-    def spy(plan, params, q, k, v):
-        result = forward(plan, params, q, k, v)
+    def spy(plan, params, q, k, v, *gate):
+        result = forward(plan, params, q, k, v, *gate)
         calls.append((plan.form, result is not None))
         return result
 
@@ -488,8 +488,8 @@ def test_fire_with_more_knots_than_the_loop_holds_goes_blockwise(monkeypatch):
     calls = []
     forward = attend._forward_kernel
 
-    def spy(plan, params, q, k, v):
-        result = forward(plan, params, q, k, v)
+    def spy(plan, params, q, k, v, *gate):
+        result = forward(plan, params, q, k, v, *gate)
         calls.append((plan.form, plan.knots.numel(), result is None))
         return result
 

@@ -250,8 +250,8 @@ def test_packed_call_takes_the_compiled_loop(monkeypatch):
     seen = []
     forward = attend._forward_kernel
 
-    def spy(plan, params, q, k, v):
-        result = forward(plan, params, q, k, v)
+    def spy(plan, params, q, k, v, *gate):
+        result = forward(plan, params, q, k, v, *gate)
         seen.append((plan.docs is not None, result is not None))
         return result
 

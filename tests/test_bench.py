@@ -354,7 +354,7 @@ def test_attention_train_rows_compute_the_same_gradients():
         for x, y in zip(grads[a], grads[b], strict=True):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
     assert not torch.allclose(grads["posenc ALiBi"][0], grads["posenc, no bias"][0])
-    for name in ("posenc T5", "posenc FIRE", "posenc FIRE, L=seq"):
+    for name in ("posenc T5", "posenc FIRE", "posenc FIRE, L=seq", "posenc FoX"):
         params = grads[name][3:]
         assert params and all(g is not None and g.abs().sum() > 0 for g in params), name
 

@@ -1,5 +1,5 @@
 /* attend(q, k, v, out, lse, table, mask, sizes, q_strides, k_strides, v_strides,
-          causal, scale, threads, form, off, docs) -> bool
+          causal, scale, threads, form, off, docs[, gate]) -> bool
 
    Softmax attention of posenc.integration.attention for float32 CPU tensors,
    flash-attention style: scores are made, biased, masked, exponentiated and multiplied into the
@@ -22,6 +22,12 @@
    LK) document numbers that never decrease along a row (packed sequences): a
    block of queries then reads only the keys of its documents.
 
+   gate (optional; None or 0 without) is the address of c (B, H, LK), C-contiguous,
+   the cumulative sum of the log forget gates of the Forgetting Transformer (Lin et
+   al. 2025): the score gains c[query's key position] - c[j], a per-query term minus
+   a per-key term, added to each other first so that their difference, not two
+   large numbers, meets the score.
+
    form is None, or the scaled form (scale, knots, slopes, intercepts, levels; see
    pw_t): then table is one reversed row (LQ + LK - 1) shared by the heads, and the
    bias is slopes[h, s] x + intercepts[h, s], x = table[..] * scale[i], s the count of
@@ -37,7 +43,7 @@
 
    attend_backward(q, k, v, lse, dout, delta, table, mask, dq, dk, dv, dtable, sizes,
                    q_strides, k_strides, v_strides, causal, scale, threads, form, off,
-                   docs) -> bool
+                   docs[, gate]) -> bool
 
    Its gradients, flash-attention-2 style (see backward_unit), from attend's lse and
    delta = rowsum(dout * out) (B, H, LQ), without a (B, H, LQ, LK) tensor. q, k,
@@ -48,7 +54,9 @@
    of the reversed table attend reads, the score gradient summed along each
    diagonal. With the scaled form, form adds the addresses of its gradients (dscale
    (LQ), dslopes and dintercepts (H, 64), zeroed; all 0 when dtable is 0) and dtable is
-   the shared row's. Returns False (doing nothing) without AVX-512, or D or DV not a
+   the shared row's. With gate = (c, dcq, dck) (addresses; dcq (B, H, LQ) and dck (B, H,
+   LK) zeroed), it adds each query's row sum of dS into dcq and each key's column sum
+   into dck: the gradient of c is dcq at the queries' key positions minus dck. Returns False (doing nothing) without AVX-512, or D or DV not a
    multiple of 16. Memory beyond the outputs: a dq and a dtable (and dscale) per
    thread but the first, and the scaled form's (H, 64, 16) per-lane sums of dslopes
    and dintercepts per thread. The sums of dq and dtable over key blocks are taken in the order
@@ -72,6 +80,7 @@ typedef struct {
     /* the document of each query (B, LQ) and key (B, LK), both nondecreasing along
        the sequence (0 without): a score is masked unless they are the same */
     const int32_t *qdoc, *kdoc;
+    const float *gate; /* c (B, H, LK): score += c[i + off] - c[j] (0 without) */
     Py_ssize_t B, H, HK, LQ, LK, D, DV;
     Py_ssize_t qs[3], ks[3], vs[3];
     int causal;
@@ -215,12 +224,14 @@ AVX512 static inline __m512i segment16(const pw_t *f, __m512 x) {
    i0 - (LK - LQ): the queries ii < t of the block may not see key j. The bias is
    read from the table (tb: the head's row, or with pw the shared row of x's
    table) and, with the scaled form pw, made by it; its x and segment go to xo and
-   io. With documents, qd is the batch's query documents and kd key j's. Forward and backward both score through here, so the backward recomputes
+   io. With documents, qd is the batch's query documents and kd key j's. With a gate,
+   cq is the head's c at the queries' key positions (cq[i]) and ck key j's. Forward and backward both score through here, so the backward recomputes
    the forward's scores bit for bit and exp(score - lse) are its weights. */
 AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float *tb,
                                     const pw_t *pw, const int32_t *qd, int32_t kd, int dead,
-                                    Py_ssize_t j, Py_ssize_t i0, Py_ssize_t nq, Py_ssize_t c,
-                                    Py_ssize_t t, __m512 *xo, __m512i *io) {
+                                    const float *cq, float ck, Py_ssize_t j, Py_ssize_t i0,
+                                    Py_ssize_t nq, Py_ssize_t c, Py_ssize_t t, __m512 *xo,
+                                    __m512i *io) {
     __m512 s = _mm512_mul_ps(_mm512_load_ps(sp), _mm512_set1_ps(a->scale));
     __mmask16 cols = (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
     if (pw) {
@@ -232,6 +243,9 @@ AVX512 static inline __m512 score16(const att_t *a, const float *sp, const float
         *io = idx;
     } else if (tb)
         s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(cols, tb + a->LK - 1 - j + i0 + 16 * c));
+    if (cq)
+        s = _mm512_add_ps(s, _mm512_sub_ps(_mm512_maskz_loadu_ps(cols, cq + i0 + 16 * c),
+                                           _mm512_set1_ps(ck)));
     __mmask16 keep = dead ? 0 : cols;
     if (qd) /* the block's queries' documents against key j's */
         keep = _mm512_mask_cmpeq_epi32_mask(keep, _mm512_maskz_loadu_epi32(cols, qd + i0 + 16 * c),
@@ -324,6 +338,7 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
     __m512 x = _mm512_setzero_ps(); /* x and segment: the scaled form's, unused here */
     __m512i seg = _mm512_setzero_si512();
     const uint8_t *mb = a->mask ? a->mask + b * LK : NULL;
+    const float *cg = a->gate ? a->gate + (b * a->H + h) * LK : NULL, *cq = cg ? cg + off : NULL;
     transpose_block(qb, a->qs[2], nq, D, Qt);
     for (Py_ssize_t ii = 0; ii < ABQ; ++ii) {
         m[ii] = -INFINITY;
@@ -350,8 +365,8 @@ AVX512 static void attend_unit(const att_t *a, Py_ssize_t b, Py_ssize_t h, Py_ss
             int dead = mb != NULL && mb[j] == 0;
             for (Py_ssize_t c = 0; c < nv; ++c) {
                 float *sp = St + jj * ABQ + 16 * c;
-                __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, j, i0, nq, c,
-                                   j - i0 - off, &x, &seg);
+                __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, cq, cg ? cg[j] : 0.0f,
+                                   j, i0, nq, c, j - i0 - off, &x, &seg);
                 _mm512_store_ps(sp, s);
                 cmax[c] = _mm512_max_ps(cmax[c], s);
             }
@@ -439,7 +454,10 @@ typedef struct {
     /* the scaled form's (0 without it): this thread's gradient of the row scale (LQ)
        and its sums of dS x and dS per head, segment and lane (H, 64, 16) */
     float *dw, *dsl, *din;
-    float **dqs, **dtabs, **dws; /* every thread's, for the sum */
+    /* the gate's (0 without): this thread's row sums of dS (B, H, LQ), and the
+       column sums (B, H, LK), each key's written by the unit that owns it */
+    float *dcq, *dck;
+    float **dqs, **dtabs, **dws, **dcqs; /* every thread's, for the sum */
     Py_ssize_t *next;   /* the next unit to take, shared */
 } bwd_t;
 
@@ -471,12 +489,15 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
         qend = first_at_least(qd, LQ, (int64_t)kd[j0 + nk - 1] + 1);
     }
     Py_ssize_t rows = a->pw_knots ? 0 : 1; /* the scaled form's table is shared */
+    __m512 zero = _mm512_setzero_ps();
     __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (Py_ssize_t h = hk * group; h < (hk + 1) * group; ++h) {
         const float *tb = a->table ? a->table + rows * h * (LQ + LK - 1) : NULL;
         float *dtb = w->dtab ? w->dtab + rows * h * (LQ + LK - 1) : NULL;
         pw_t pwh, *pw = NULL;
         if (a->pw_knots) pw_load(pw = &pwh, a, h);
+        const float *cg = a->gate ? a->gate + (b * H + h) * LK : NULL, *cq = cg ? cg + off : NULL;
+        float *dck = cg ? w->dck + (b * H + h) * LK : NULL;
         for (Py_ssize_t i0 = first; i0 < qend; i0 += ABQ) {
             Py_ssize_t nq = LQ - i0 < ABQ ? LQ - i0 : ABQ, nv = (nq + 15) / 16;
             const float *qb = a->q + b * a->qs[0] + h * a->qs[1] + i0 * a->qs[2];
@@ -496,22 +517,26 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
             }
             scores_block(kb, a->ks[2], nk, t->Qt, D, nv, t->St);
             scores_block(vb, a->vs[2], nk, t->dOt, DV, nv, t->dSt);
-            __m512 dwsum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                               _mm512_setzero_ps()};
+            __m512 dwsum[4] = {zero, zero, zero, zero}, rsum[4] = {zero, zero, zero, zero};
             for (Py_ssize_t jj = 0; jj < nk; ++jj) {
                 Py_ssize_t j = j0 + jj;
                 int dead = mb != NULL && mb[j] == 0;
+                __m512 csum = zero; /* key j's dS over the block's queries */
                 for (Py_ssize_t c = 0; c < nv; ++c) {
                     float *sp = t->St + jj * ABQ + 16 * c, *dp = t->dSt + jj * ABQ + 16 * c;
                     __m512 x = _mm512_setzero_ps();
                     __m512i seg = _mm512_setzero_si512();
-                    __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, j, i0, nq, c,
-                                       j - i0 - off, &x, &seg);
+                    __m512 s = score16(a, sp, tb, pw, qd, kd ? kd[j] : 0, dead, cq,
+                                       cg ? cg[j] : 0.0f, j, i0, nq, c, j - i0 - off, &x, &seg);
                     __m512 p = exp512(_mm512_sub_ps(s, _mm512_load_ps(t->lse + 16 * c)));
                     __m512 ds = _mm512_mul_ps(
                         p, _mm512_sub_ps(_mm512_load_ps(dp), _mm512_load_ps(t->delta + 16 * c)));
                     _mm512_store_ps(sp, p);
                     _mm512_store_ps(dp, ds);
+                    if (cg) { /* masked lanes and lanes past nq weigh 0: their dS is 0 */
+                        rsum[c] = _mm512_add_ps(rsum[c], ds);
+                        csum = _mm512_add_ps(csum, ds);
+                    }
                     if (!dtb) continue;
                     /* the reversed table: queries of key j read it forwards */
                     float *g = dtb + LK - 1 - j + i0 + 16 * c;
@@ -534,7 +559,15 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
                     }
                     _mm512_mask_storeu_ps(g, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), gt));
                 }
+                if (cg) dck[j] += _mm512_reduce_add_ps(csum);
             }
+            if (cg)
+                for (Py_ssize_t c = 0; c < nv; ++c) {
+                    __mmask16 cols =
+                        (__mmask16)(nq - 16 * c >= 16 ? 0xffff : (1u << (nq - 16 * c)) - 1);
+                    float *g = w->dcq + (b * H + h) * LQ + i0 + 16 * c;
+                    _mm512_mask_storeu_ps(g, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, g), rsum[c]));
+                }
             if (pw && dtb)
                 for (Py_ssize_t c = 0; c < nv; ++c) {
                     __mmask16 cols =
@@ -590,16 +623,16 @@ static void *backward_run(void *arg) {
     return NULL;
 }
 
-/* dq[e] = (sum of the threads' dq[e]) * scale and the table gradient likewise
-   (unscaled), for this thread's share of the elements. */
+/* dq[e] = (sum of the threads' dq[e]) * scale and the table's, the row scale's and the
+   gate's row sums likewise (unscaled), for this thread's share of the elements. */
 AVX512 static void *backward_sum(void *arg) {
     bwd_t *w = (bwd_t *)arg;
     const att_t *a = &w->a;
     Py_ssize_t nq = a->B * a->H * a->LQ * a->D;
     Py_ssize_t nt = (a->pw_knots ? 1 : a->H) * (a->LQ + a->LK - 1);
-    for (int pass = 0; pass < 3; ++pass) {
-        float **src = pass == 0 ? w->dqs : pass == 1 ? w->dtabs : w->dws;
-        Py_ssize_t n = pass == 0 ? nq : pass == 1 ? nt : a->LQ;
+    for (int pass = 0; pass < 4; ++pass) {
+        float **src = pass == 0 ? w->dqs : pass == 1 ? w->dtabs : pass == 2 ? w->dws : w->dcqs;
+        Py_ssize_t n = pass == 0 ? nq : pass == 1 ? nt : pass == 2 ? a->LQ : a->B * a->H * a->LQ;
         Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
         Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
         float factor = pass ? 1.0f : a->scale;
@@ -673,19 +706,41 @@ static int read_place(att_t *a, Py_ssize_t off, PyObject *docs) {
     return 0;
 }
 
+/* Reads the gate: None (or 0), c's address, or with want_grads (c, dcq, dck). */
+static int read_gate(att_t *a, PyObject *gate, int want_grads, unsigned long long *grads) {
+    unsigned long long cp = 0;
+    grads[0] = grads[1] = 0;
+    if (gate == Py_None) return 0;
+    if (want_grads) {
+        if (!PyArg_ParseTuple(gate, "KKK", &cp, &grads[0], &grads[1])) return -1;
+    } else {
+        cp = PyLong_AsUnsignedLongLong(gate);
+        if (PyErr_Occurred()) return -1;
+    }
+    if (cp && (a->off < 0 || (want_grads && !(grads[0] && grads[1])))) {
+        PyErr_SetString(PyExc_ValueError, "attend: the gate needs off >= 0 and its gradients");
+        return -1;
+    }
+    a->gate = (const float *)(uintptr_t)cp;
+    return 0;
+}
+
 PyObject *posenc_attend(PyObject *self, PyObject *args) {
     unsigned long long qp, kp, vp, op, lp, tp, mp, unused[3];
-    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs;
+    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs, *gate = Py_None;
     int causal, threads;
     double scale;
     Py_ssize_t off;
-    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdiOnO", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
-                          &qstr, &kstr, &vstr, &causal, &scale, &threads, &form, &off, &docs))
+    if (!PyArg_ParseTuple(args, "KKKKKKKOOOOpdiOnO|O", &qp, &kp, &vp, &op, &lp, &tp, &mp, &sizes,
+                          &qstr, &kstr, &vstr, &causal, &scale, &threads, &form, &off, &docs,
+                          &gate))
         return NULL;
     att_t base;
     if (read_shapes(&base, sizes, qstr, kstr, vstr, threads)) return NULL;
     base.table = (const float *)(uintptr_t)tp;
-    if (read_form(&base, form, 0, unused) || read_place(&base, off, docs)) return NULL;
+    if (read_form(&base, form, 0, unused) || read_place(&base, off, docs) ||
+        read_gate(&base, gate, 0, unused))
+        return NULL;
 #ifdef HAVE_AVX512_ATTEND
     if (!__builtin_cpu_supports("avx512f") || base.DV % 16) Py_RETURN_FALSE;
     base.q = (const float *)(uintptr_t)qp;
@@ -720,20 +775,22 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
 }
 
 PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
-    unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp, fg[3];
-    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs;
+    unsigned long long qp, kp, vp, lp, gp, dp, tp, mp, dqp, dkp, dvp, dtp, fg[3], gg[2];
+    PyObject *sizes, *qstr, *kstr, *vstr, *form, *docs, *gate = Py_None;
     int causal, threads;
     double scale;
     Py_ssize_t off;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdiOnO", &qp, &kp, &vp, &lp, &gp, &dp, &tp,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKKKOOOOpdiOnO|O", &qp, &kp, &vp, &lp, &gp, &dp, &tp,
                           &mp, &dqp, &dkp, &dvp, &dtp, &sizes, &qstr, &kstr, &vstr, &causal,
-                          &scale, &threads, &form, &off, &docs))
+                          &scale, &threads, &form, &off, &docs, &gate))
         return NULL;
     bwd_t base;
     memset(&base, 0, sizeof base);
     if (read_shapes(&base.a, sizes, qstr, kstr, vstr, threads)) return NULL;
     base.a.table = (const float *)(uintptr_t)tp;
-    if (read_form(&base.a, form, 1, fg) || read_place(&base.a, off, docs)) return NULL;
+    if (read_form(&base.a, form, 1, fg) || read_place(&base.a, off, docs) ||
+        read_gate(&base.a, gate, 1, gg))
+        return NULL;
     int scaled = base.a.pw_knots != NULL;
     if (scaled && dtp && !(fg[0] && fg[1] && fg[2])) {
         PyErr_SetString(PyExc_ValueError, "attend_backward: the scaled form's gradients are missing");
@@ -753,6 +810,7 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
     base.delta = (const float *)(uintptr_t)dp;
     base.dk = (float *)(uintptr_t)dkp;
     base.dv = (float *)(uintptr_t)dvp;
+    base.dck = (float *)(uintptr_t)gg[1];
     if (threads > base.a.units) threads = (int)base.a.units;
     Py_ssize_t next = 0;
     base.next = &next;
@@ -768,17 +826,24 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
     float **dtabs = (float **)calloc((size_t)threads, sizeof(float *));
     float **dws = (float **)calloc((size_t)threads, sizeof(float *));
     float **sums = (float **)calloc((size_t)threads, sizeof(float *));
-    int failed = jobs == NULL || dqs == NULL || dtabs == NULL || dws == NULL || sums == NULL;
+    float **dcqs = (float **)calloc((size_t)threads, sizeof(float *));
+    int gated = base.a.gate != NULL;
+    size_t nc = (size_t)(base.a.B * base.a.H * base.a.LQ);
+    int failed = jobs == NULL || dqs == NULL || dtabs == NULL || dws == NULL || sums == NULL ||
+                 dcqs == NULL;
     if (!failed) {
         dqs[0] = (float *)(uintptr_t)dqp;
         dtabs[0] = (float *)(uintptr_t)dtp;
         dws[0] = segs ? (float *)(uintptr_t)fg[0] : NULL;
+        dcqs[0] = gated ? (float *)(uintptr_t)gg[0] : NULL;
         for (int i = 0; i < threads && !failed; ++i) {
             if (i) {
                 dqs[i] = (float *)calloc(nq, sizeof(float));
                 dtabs[i] = dtp ? (float *)calloc(nt, sizeof(float)) : NULL;
                 dws[i] = segs ? (float *)calloc(nw, sizeof(float)) : NULL;
-                failed |= dqs[i] == NULL || (dtp && dtabs[i] == NULL) || (segs && dws[i] == NULL);
+                dcqs[i] = gated ? (float *)calloc(nc, sizeof(float)) : NULL;
+                failed |= dqs[i] == NULL || (dtp && dtabs[i] == NULL) || (segs && dws[i] == NULL) ||
+                          (gated && dcqs[i] == NULL);
             }
             sums[i] = segs ? (float *)calloc(2 * ns, sizeof(float)) : NULL;
             failed |= segs && sums[i] == NULL;
@@ -798,6 +863,8 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
             jobs[i].dqs = dqs;
             jobs[i].dtabs = dtabs;
             jobs[i].dws = segs ? dws : NULL;
+            jobs[i].dcq = dcqs[i];
+            jobs[i].dcqs = gated ? dcqs : NULL;
         }
         posenc_run_jobs(backward_run, jobs, threads, sizeof(bwd_t));
         for (int i = 0; i < threads; ++i) failed |= jobs[i].a.failed;
@@ -816,18 +883,20 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
         if (i && dqs) free(dqs[i]);
         if (i && dtabs) free(dtabs[i]);
         if (i && dws) free(dws[i]);
+        if (i && dcqs) free(dcqs[i]);
         if (sums) free(sums[i]);
     }
     free(dqs);
     free(dtabs);
     free(dws);
+    free(dcqs);
     free(sums);
     free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
     (void)qp, (void)kp, (void)vp, (void)lp, (void)gp, (void)dp, (void)mp, (void)dqp, (void)dkp,
-        (void)dvp, (void)dtp, (void)causal, (void)scale, (void)scaled;
+        (void)dvp, (void)dtp, (void)causal, (void)scale, (void)scaled, (void)gg;
     Py_RETURN_FALSE;
 #endif
 }

@@ -6,9 +6,10 @@ x-transformers' dense ALiBi bias handed to SDPA as a mask, and FlexAttention
 with ALiBi in a compiled score mod.
 
 ``attention-bias-train`` times one causal training step, forward and backward
-into q, k, v and the bias module's parameters: posenc with no bias, ALiBi, T5
-and FIRE, against SDPA's causal forward and backward (the baseline) and the
-same two peers with the causal mask added.
+into q, k, v and the bias module's parameters: posenc with no bias, ALiBi, T5,
+FIRE and the Forgetting Transformer's gates (``log_fgate``), against SDPA's causal
+forward and backward (the baseline) and the same two peers with the causal mask
+added.
 
 Both cases also measure each row's peak memory.
 
@@ -199,9 +200,11 @@ def causal_impls(
     ``copy_baseline`` (the CUDA cases), the copy baseline (``v.clone()``, the
     output's size) comes first and SDPA causal is the reference. Then posenc's
     :func:`~posenc.attention` with no bias, ALiBi, T5 and FIRE (its default ``L``
-    and ``L = seq``), ``causal=True`` (FlexAttention on CUDA); x-transformers'
-    dense bias; FlexAttention with an ALiBi ``score_mod`` and a causal block mask
-    made once.
+    and ``L = seq``), ``causal=True`` (FlexAttention on CUDA), and the Forgetting
+    Transformer (``log_fgate``: seeded log forget gates ``(batch, heads, seq)``,
+    float32, a leaf the training step differentiates too); x-transformers' dense
+    bias; FlexAttention with an ALiBi ``score_mod`` and a causal block mask made
+    once.
     """
     shape = (batch, heads, seq, head_dim)
 
@@ -262,6 +265,16 @@ def causal_impls(
 
         return make
 
+    def fox() -> Callable[[], object]:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(1)
+        logits = torch.randn((batch, heads, seq), generator=gen, device=device)
+        # float32 whatever q's dtype, as ForgetGate makes them
+        gates = torch.nn.functional.logsigmoid(logits).requires_grad_(backward)
+        params = (gates,) if backward else ()
+        return step(lambda q, k, v: posenc.attention(q, k, v, causal=True, log_fgate=gates), params)
+
     def materialised() -> Callable[[], object]:
         import torch
         import torch.nn.functional as F
@@ -314,6 +327,7 @@ def causal_impls(
         Impl("posenc T5", ours("t5"), "ours", "T5Bias, decoder buckets"),
         Impl("posenc FIRE", ours("fire"), "ours", fire),
         Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
+        Impl("posenc FoX", fox, "ours", "log_fgate: forget gates, gradients into them"),
         Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
         Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask, made once"),
     ]

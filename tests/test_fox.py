@@ -1,0 +1,469 @@
+"""The Forgetting Transformer (FoX) in posenc.attention, and its ForgetGate.
+
+Lin et al. 2025; reference zhixuan-lin/forgetting-transformer (the Triton
+``ops/forgetting_attention.py`` and ``ForgettingAttentionLayer``): with c the
+cumulative sum of the log forget gates along the keys, query i (at key position
+p) scores key j ``q.k * scale + c[p] - c[j]``, causal, the diagonal included with
+0 (the query's own gate counts, the key's does not). Checked against that formula
+written out densely in float64: exactly in float64 (the blockwise path, gradcheck
+included), and within derived float32 error bounds for the compiled loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.families.bias import ALiBi, ForgetGate
+from posenc.integration import attention as attend
+from test_attention_backward import U, bounds
+
+
+def fox_dense(q, k, v, log_fgate, *, scale, bias=None, mask=None):
+    """The reference formula in float64, every score materialised.
+
+    ``s_ij = q_i . k_j * scale + bias + sum_{t in (j, p]} log f_t`` for keys
+    ``j <= p`` (p = i + k_len - q_len), the sum written as the difference of the
+    cumulative sums; padding keys (``mask`` False) masked and their gates 0.
+    """
+    q, k, v, lf = (t.double() for t in (q, k, v, log_fgate))
+    h, lq = q.shape[1], q.shape[2]
+    hk, lk = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
+    if mask is not None:
+        lf = lf.masked_fill(~mask[:, None], 0.0)
+    c = lf.cumsum(-1)
+    p = torch.arange(lq) + lk - lq
+    s = q @ k.transpose(-1, -2) * scale + (c[:, :, p, None] - c[:, :, None, :])
+    if bias is not None:
+        s = s + bias.double().bias(lq, lk).detach()
+    allowed = (torch.arange(lk)[None, :] <= p[:, None])[None, None]
+    if mask is not None:
+        allowed = allowed & mask[:, None, None, :]
+    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    return w @ v
+
+
+def make(shape, seed, dtype=torch.float32):
+    """q, k, v, dout and log gates (logsigmoid of N(2, 1) logits: f mostly 0.8 to 0.95)."""
+    b, h, hk, lq, lk, d, dv = shape
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, lq, d, generator=gen, dtype=dtype)
+    k = torch.randn(b, hk, lk, d, generator=gen, dtype=dtype)
+    v = torch.randn(b, hk, lk, dv, generator=gen, dtype=dtype)
+    dout = torch.randn(b, h, lq, dv, generator=gen, dtype=dtype)
+    logits = torch.randn(b, h, lk, generator=gen, dtype=dtype) + 2.0
+    return q, k, v, dout, torch.nn.functional.logsigmoid(logits)
+
+
+def refuse(name):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"{name} ran")
+
+    return refused
+
+
+# (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim): around the compiled loop's
+# blocks (64 queries; 256 keys forward, 64 backward), a KV cache with grouped-query
+# attention, a single query
+SHAPES = {
+    "one": (2, 2, 2, 1, 1, 16, 16),
+    "block+1": (2, 2, 1, 65, 65, 16, 32),
+    "cache-gqa": (1, 4, 2, 40, 300, 32, 16),
+    "long": (1, 2, 2, 260, 260, 16, 16),
+}
+
+
+def test_the_papers_weights_on_three_tokens():
+    # q = k = 0: every score is the decay alone, so query 2's weights are
+    # (f1 f2, f2, 1) / (f1 f2 + f2 + 1): key 0 decays by the gates of tokens 1 and 2
+    f = torch.tensor([0.3, 0.5, 0.25], dtype=torch.float64)
+    v = torch.eye(3, dtype=torch.float64)[None, None]
+    zeros = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
+    out = posenc.attention(zeros, zeros, v, causal=True, log_fgate=f.log()[None, None])
+    last = torch.tensor([0.5 * 0.25, 0.25, 1.0], dtype=torch.float64)
+    second = torch.tensor([0.5, 1.0, 0.0], dtype=torch.float64)
+    assert torch.allclose(out[0, 0, 2], last / last.sum(), rtol=1e-15, atol=0)
+    assert torch.allclose(out[0, 0, 1], second / second.sum(), rtol=1e-15, atol=0)
+    assert torch.equal(out[0, 0, 0], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_float64_equals_the_dense_formula(shape):
+    # float64 takes the blockwise path: the same sums as the dense formula in another
+    # order, so 1e-12 covers them (k_len terms of size <= max|v| times 2**-52)
+    q, k, v, dout, lf = make(shape, seed=1, dtype=torch.float64)
+    lf.requires_grad_()
+    for t in (q, k, v):
+        t.requires_grad_()
+    got = posenc.attention(q, k, v, causal=True, log_fgate=lf)
+    want = fox_dense(q, k, v, lf, scale=shape[5] ** -0.5)
+    assert (got - want).abs().max() < 1e-12
+    for a, b in zip(
+        torch.autograd.grad(got, (q, k, v, lf), dout),
+        torch.autograd.grad(want, (q, k, v, lf), dout),
+        strict=True,
+    ):
+        assert (a - b).abs().max() < 1e-10
+
+
+def test_gradcheck_float64():
+    q, k, v, _, lf = make((1, 2, 1, 5, 7, 4, 3), seed=2, dtype=torch.float64)
+    mask = torch.tensor([[False, True, True, True, True, True, True]])
+    inputs = tuple(t.requires_grad_() for t in (q, k, v, lf))
+
+    def fn(q, k, v, lf):
+        return posenc.attention(q, k, v, causal=True, log_fgate=lf, attention_mask=mask)
+
+    assert torch.autograd.gradcheck(fn, inputs)
+    packed = {"cu_seqlens": torch.tensor([0, 3, 7])}
+
+    def fn_packed(q, k, v, lf):
+        return posenc.attention(q, k, v, causal=True, log_fgate=lf, **packed)
+
+    assert torch.autograd.gradcheck(fn_packed, inputs)
+
+
+def _gate_bounds(q, k, v, dout, lf, scale, mask, bias=None):
+    """Bounds of float32 out, dq, dk, dv and d log_fgate against float64.
+
+    The gate enters as a bias ``c[p] - c[j]`` (the block below) whose float32 error
+    is at most 4 U max|c|: c is rounded once from its float64 sum (U |c|) and the
+    difference of two such values adds U (|c_p| + |c_j|) + U |c_p - c_j|.
+    tests/test_attention_backward.bounds does the rest (its eta bounds a weight's
+    dS error relative to the weight, A the largest |dP| + |delta|). dc of position
+    t is the row sum of dS over the keys minus the column sum over the queries;
+    d log f is its reverse cumulative sum (taken in float64: c is summed there),
+    which adds up parts of every row and column of one head: the weights of all
+    rows sum to q_len, so its error is at most q_len (eta + (k_len + 1) U A) from
+    the rows and as much, with q_len + 1, from the columns, plus the final
+    rounding (folded into the caller's U |exact|). Doubled for second-order terms,
+    as there. These worst cases are loose; test_kernel_gate_gradient_is_its_own_dS
+    holds the compiled loop's gate gradient to its summation error alone.
+    """
+    q, k, v, dout, lf = (t.detach() for t in (q, k, v, dout, lf))
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    m = torch.ones(b, lk, dtype=torch.bool) if mask is None else mask
+    c = lf.double().masked_fill(~m[:, None], 0.0).cumsum(-1)
+
+    def block(q_pos, k_pos):
+        gate = c[:, :, q_pos, None] - c[:, :, None, k_pos]
+        if bias is None:
+            return gate
+        return gate + bias.double().relative_bias(k_pos[None, :] - q_pos[:, None]).detach()
+
+    err_c = 4 * U * float(c.abs().max())
+    if bias is not None:
+        err_c += 8 * U * float(bias.double().bias(lq, lk).abs().max())
+    tq, tk, tv, _, _, eta, amax, err_out = bounds(
+        q, k, v, dout, None, causal=True, scale=scale, mask=m, block=block, bias_error=err_c
+    )
+    dlf = lq * (2 * eta + (lk + lq + 2) * U * amax)
+    return err_out, tq, tk, tv, 2 * dlf
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_float32_within_the_bounds(shape, backend, monkeypatch):
+    if backend == "kernel":  # the compiled loop, forwards and backwards, or a failure
+        monkeypatch.setattr(attend, "_forward_blockwise", refuse("the blockwise forward"))
+        monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
+    q, k, v, dout, lf = make(shape, seed=3)
+    mask = torch.ones(shape[0], shape[4], dtype=torch.bool)
+    mask[-1, : shape[4] // 3] = False  # the last row left-padded
+    leaves = [t.requires_grad_() for t in (q, k, v, lf)]
+    scale = shape[5] ** -0.5
+    out = posenc.attention(q, k, v, causal=True, log_fgate=lf, attention_mask=mask, backend=backend)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    want = fox_dense(*ref, scale=scale, mask=mask)
+    want_grads = torch.autograd.grad(want, ref, dout.double())
+    tolerances = _gate_bounds(q, k, v, dout, lf, scale, mask)
+    for got, exact, tol in zip((out, *grads), (want, *want_grads), tolerances, strict=True):
+        assert (got.double() - exact).abs().max() <= tol + U * exact.abs().max()
+
+
+def _ds_sums(q, k, v, dout, lf, scale, mask):
+    """Per position, the float64 sums of |dS| along its row (as a query) and its
+    column (as a key), (batch, heads, k_len) each; heads == kv_heads."""
+    q, k, v, dout, lf = (t.detach().double() for t in (q, k, v, dout, lf))
+    lq, lk = q.shape[2], k.shape[2]
+    c = lf.masked_fill(~mask[:, None], 0.0).cumsum(-1)
+    p = torch.arange(lq) + lk - lq
+    s = q @ k.transpose(-1, -2) * scale + (c[:, :, p, None] - c[:, :, None, :])
+    allowed = (torch.arange(lk)[None, :] <= p[:, None])[None, None] & mask[:, None, None, :]
+    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0)
+    dp = dout @ v.transpose(-1, -2)
+    ds = (w * (dp - (w * dp).sum(-1, keepdim=True))).abs()
+    rows = torch.zeros(c.shape, dtype=torch.float64)
+    rows[:, :, p] = ds.sum(-1)
+    return rows, ds.sum(-2)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_kernel_gate_gradient_is_its_own_dS(cache, monkeypatch):
+    # An extra channel of ones in q and k adds scale to every score (the softmax is
+    # the same) and makes the compiled loop's own dq and dk carry dS's row and
+    # column sums in that channel: dq_i = scale sum_j dS_ij, dk_j = scale sum_i
+    # dS_ij, from the float32 dS the gate's gradient is made of. The gate's dc is
+    # then (dq at the query's key position - dk) / scale (scale 1/4: exact), and
+    # d log f its reverse cumulative sum within each document (0 on padding).
+    # Both are float32 sums of the same dS values in other orders: n terms err by
+    # at most (n - 1) U sum |terms| each, so dc_s by 2 (k_len U R_s + q_len U C_s)
+    # (R, C: |dS| summed along s's row and column, from float64: doubled for the
+    # float32 dS's own error) plus U |dc_s| for the kernel's row-minus-column, and
+    # d log f_t by the sum of those over s >= t plus U |d log f_t|.
+    monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
+    monkeypatch.setattr(attend, "_forward_blockwise", refuse("the blockwise forward"))
+    lq, lk = (70, 200) if cache else (150, 150)
+    q, k, v, dout, lf = make((2, 2, 2, lq, lk, 16, 16), seed=14)
+    mask = torch.ones(2, lk, dtype=torch.bool)
+    mask[1, :40] = False
+    cu = torch.tensor([0, 60, 61, lk]) if cache else None
+    ones = torch.zeros(2, 2, 1, 16)
+    ones[..., 0] = 1.0
+    q = torch.cat([q, ones.expand(2, 2, lq, 16)], -1).requires_grad_()
+    k = torch.cat([k, ones.expand(2, 2, lk, 16)], -1).requires_grad_()
+    lf.requires_grad_()
+    out = posenc.attention(
+        q, k, v, causal=True, scale=0.25, log_fgate=lf, attention_mask=mask, cu_seqlens=cu,
+        backend="kernel",
+    )  # fmt: skip
+    dq, dk, dlf = torch.autograd.grad(out, (q, k, lf), dout)
+    dc = -dk[..., 16].double() / 0.25
+    dc[:, :, lk - lq :] += dq[..., 16].double() / 0.25
+    rows, cols = _ds_sums(q, k, v, dout, lf, 0.25, mask)
+    err = 2 * 2 * U * (lk * rows + lq * cols) + U * dc.abs()
+    starts = [0, lk] if cu is None else cu.tolist()
+    want, bound = torch.zeros_like(dc), torch.zeros_like(dc)
+    for a, b in itertools.pairwise(starts):
+        want[..., a:b] = dc[..., a:b].flip(-1).cumsum(-1).flip(-1)
+        bound[..., a:b] = err[..., a:b].flip(-1).cumsum(-1).flip(-1)
+    want = want.masked_fill(~mask[:, None], 0.0)
+    assert ((dlf.double() - want).abs() <= bound + U * want.abs()).all()
+    assert (dlf[1, :, :40] == 0).all()
+
+
+def test_with_alibi_and_rotary(monkeypatch):
+    monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
+    shape = (1, 4, 2, 70, 70, 16, 16)
+    q, k, v, dout, lf = make(shape, seed=4)
+    bias, rotary = ALiBi(4), posenc.Rotary(16)
+    leaves = [t.requires_grad_() for t in (q, k, v, lf)]
+    out = posenc.attention(q, k, v, causal=True, log_fgate=lf, bias=bias, rotary=rotary)
+    grads = torch.autograd.grad(out, leaves, dout)
+    # the reference rotates q and k itself, in float64, then scores them
+    ref = [t.detach().double().requires_grad_() for t in leaves]
+    rq, rk = posenc.Rotary(16).double()(ref[0], ref[1])
+    want = fox_dense(rq, rk, ref[2], ref[3], scale=0.25, bias=bias)
+    want_grads = torch.autograd.grad(want, ref, dout.double())
+    with torch.no_grad():
+        rq32, rk32 = rotary(q, k)
+    # the rotation's own float32 error (a few U of |q| per element) is below the
+    # score bound's D U |q||k| term, which the rotated inputs' bounds carry
+    tolerances = _gate_bounds(rq32, rk32, v.detach(), dout, lf.detach(), 0.25, None, bias)
+    for got, exact, tol in zip((out, *grads), (want, *want_grads), tolerances, strict=True):
+        assert (got.double() - exact).abs().max() <= 2 * tol + U * exact.abs().max()
+
+
+def test_zero_gates_are_plain_causal_attention():
+    q, k, v, _, lf = make((1, 2, 2, 30, 30, 16, 16), seed=5)
+    got = posenc.attention(q, k, v, causal=True, log_fgate=torch.zeros_like(lf))
+    assert torch.equal(got, posenc.attention(q, k, v, causal=True))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    length=st.integers(1, 40),
+    q_len=st.integers(1, 40),
+    heads=st.sampled_from([1, 2, 4, 8]),
+    backend=st.sampled_from(["kernel", "blockwise"]),
+)
+def test_constant_gates_are_alibi(length, q_len, heads, backend):
+    # log f_t = -m per head gives c_p - c_j = -m (p - j): ALiBi's causal bias with
+    # slope m. Both runs round the same scores differently (the gate's cumulative
+    # sum against ALiBi's table): the scores agree to U (|s| + 2 m L) each, which
+    # moves a weight by twice that relatively, and an output element by that
+    # times max|v| (weights sum to 1); doubled.
+    q_len = min(q_len, length)
+    q, k, v, _, _ = make((2, heads, heads, q_len, length, 16, 16), seed=length)
+    slopes = torch.tensor(posenc.alibi_slopes(heads), dtype=torch.float32)
+    lf = (-slopes)[None, :, None].expand(2, heads, length)
+    got = posenc.attention(q, k, v, causal=True, log_fgate=lf, backend=backend)
+    want = posenc.attention(q, k, v, causal=True, bias=ALiBi(heads), backend=backend)
+    smax = float((q @ k.transpose(-1, -2)).abs().max()) / 4 + float(slopes.max()) * length
+    tol = 2 * 2 * U * (smax + 2 * float(slopes.max()) * length) * float(v.abs().max())
+    assert (got - want).abs().max() <= tol + 16 * U
+
+
+def test_a_cache_of_keys_equals_the_last_queries():
+    q, k, v, _, lf = make((1, 2, 2, 50, 50, 16, 16), seed=6, dtype=torch.float64)
+    full = posenc.attention(q, k, v, causal=True, log_fgate=lf)
+    tail = posenc.attention(q[:, :, -7:], k, v, causal=True, log_fgate=lf)
+    assert (tail - full[:, :, -7:]).abs().max() < 1e-13
+
+
+def test_padding_gates_do_not_count():
+    # a left-padded row equals its tokens alone, whatever its padding's gates hold
+    q, k, v, _, lf = make((1, 2, 2, 20, 20, 16, 16), seed=7, dtype=torch.float64)
+    mask = torch.ones(1, 20, dtype=torch.bool)
+    mask[0, :6] = False
+    noisy = lf.clone()
+    noisy[..., :6] = -50.0
+    got = posenc.attention(q, k, v, causal=True, log_fgate=noisy, attention_mask=mask)
+    alone = posenc.attention(
+        q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], causal=True, log_fgate=lf[..., 6:]
+    )
+    assert (got[:, :, 6:] - alone).abs().max() < 1e-13
+
+
+CU = [0, 3, 3, 4, 90, 150]
+
+
+def _alone(q, k, v, lf, cu, **kw):
+    return torch.cat(
+        [
+            posenc.attention(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], log_fgate=lf[..., a:b], **kw)
+            for a, b in itertools.pairwise(cu)
+            if b > a
+        ],
+        dim=2,
+    )
+
+
+@pytest.mark.parametrize("backend", ["kernel", "blockwise"])
+def test_packed_documents_equal_each_alone(backend):
+    # float64 goes blockwise: the same sums per document, to 1e-12. float32 (the
+    # compiled loop) restarts c per document, so each document's c is what it is
+    # alone and only the summation order of the loops differs (their blocks start
+    # at other keys): within the bound of the longest document's scores, shared
+    # with the run alone, 2 x (the float32 bound of each), 1e-5 for these inputs
+    # (|s| < 12, U (D + 8) |s| per score, k_len = 86 weights).
+    kw = {"causal": True, "rotary": posenc.Rotary(16), "bias": ALiBi(4)}
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        q, k, v, dout, lf = make((2, 4, 2, CU[-1], CU[-1], 16, 16), seed=8, dtype=dtype)
+        leaves = [t.requires_grad_() for t in (q, k, v, lf)]
+        got = posenc.attention(
+            q, k, v, log_fgate=lf, cu_seqlens=torch.tensor(CU), backend=backend, **kw
+        )
+        want = _alone(q, k, v, lf, CU, backend=backend, **kw)
+        assert (got - want).abs().max() < tol
+        for a, b in zip(
+            torch.autograd.grad(got, leaves, dout),
+            torch.autograd.grad(want, leaves, dout),
+            strict=True,
+        ):
+            assert (a - b).abs().max() < 10 * tol
+
+
+def test_document_ids_per_row_equal_each_alone():
+    q, k, v, _, lf = make((2, 2, 2, 30, 30, 16, 16), seed=9, dtype=torch.float64)
+    ids = torch.tensor([[0] * 10 + [1] * 20, [0] * 25 + [1] * 5])
+    got = posenc.attention(q, k, v, causal=True, log_fgate=lf, document_ids=ids)
+    for row, cu in ((0, [0, 10, 30]), (1, [0, 25, 30])):
+        r = slice(row, row + 1)
+        want = _alone(q[r], k[r], v[r], lf[r], cu, causal=True)
+        assert (got[r] - want).abs().max() < 1e-13
+
+
+def test_flex_forward_on_cpu():
+    # compiled FlexAttention (forward only on the CPU), with padding and ALiBi:
+    # float32, to the float32 bound of the kernel test (1e-5 for these sizes)
+    q, k, v, _, lf = make((2, 2, 2, 24, 24, 16, 16), seed=10)
+    mask = torch.ones(2, 24, dtype=torch.bool)
+    mask[1, :5] = False
+    with torch.no_grad():
+        got = posenc.attention(
+            q, k, v, causal=True, log_fgate=lf, attention_mask=mask, bias=ALiBi(2),
+            backend="flex",
+        )  # fmt: skip
+    want = fox_dense(q, k, v, lf, scale=0.25, bias=ALiBi(2), mask=mask)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"causal": False}, ValueError, "log_fgate .*causal=True"),
+        ({"log_fgate": torch.zeros(1, 2, 9)}, ValueError, r"\(batch, heads, k_len\) = \(1, 2, 8\)"),
+        ({"log_fgate": torch.zeros(1, 1, 8)}, ValueError, "log_fgate must be"),
+        ({"log_fgate": torch.zeros(1, 2, 8, dtype=torch.long)}, TypeError, "log_fgate must be"),
+        ({"log_fgate": [0.0] * 8}, TypeError, "log_fgate must be a float"),
+    ],
+)  # fmt: skip
+def test_bad_gates_are_refused(kwargs, error, match):
+    q = torch.zeros(1, 2, 8, 16)
+    kw = {"causal": True, "log_fgate": torch.zeros(1, 2, 8), **kwargs}
+    with pytest.raises(error, match=match):
+        posenc.attention(q, q, q, **kw)
+
+
+def test_forget_gate_is_the_references_layer():
+    torch.manual_seed(11)
+    gate = ForgetGate(12, 3)
+    assert torch.equal(gate.proj.bias, torch.zeros(3))
+    # the reference's init: weight ~ N(0, 0.02), drawn by nn.init.normal_ from the same seed
+    torch.manual_seed(12)
+    gate.reset_parameters()
+    torch.manual_seed(12)
+    assert torch.equal(gate.proj.weight, torch.nn.init.normal_(torch.empty(3, 12), std=0.02))
+    with torch.no_grad():
+        gate.proj.bias.copy_(torch.tensor([0.5, -1.0, 3.0]))
+    x = torch.randn(2, 5, 12, dtype=torch.bfloat16)
+    out = gate.to(torch.bfloat16)(x)
+    assert out.dtype == torch.float32 and out.shape == (2, 3, 5)
+    # logits in bfloat16 (the Linear's dtype), then logsigmoid in float32, as the reference
+    logits = torch.nn.functional.linear(x, gate.proj.weight, gate.proj.bias).double()
+    want = torch.nn.functional.logsigmoid(logits).transpose(1, 2)
+    assert (out.double() - want).abs().max() <= 4 * U * (1 + want.abs().max())
+
+
+def test_forget_gate_trains_through_attention():
+    torch.manual_seed(13)
+    gate = ForgetGate(16, 2)
+    x = torch.randn(1, 9, 16)
+    q = k = v = x.view(1, 9, 2, 8).transpose(1, 2)
+    out = posenc.attention(q, k, v, causal=True, log_fgate=gate(x))
+    out.square().sum().backward()
+    assert gate.proj.weight.grad is not None and gate.proj.weight.grad.abs().sum() > 0
+
+
+def test_forget_gate_refuses_bad_input():
+    with pytest.raises(TypeError, match="heads"):
+        ForgetGate(8, 2.0)
+    with pytest.raises(ValueError, match="hidden"):
+        ForgetGate(0, 2)
+    with pytest.raises(ValueError, match=r"x must be \(batch, seq, hidden\) with hidden=8"):
+        ForgetGate(8, 2)(torch.zeros(1, 3, 7))
+    with pytest.raises(TypeError, match="x must be a float"):
+        ForgetGate(8, 2)(torch.zeros(1, 3, 8, dtype=torch.long))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_flex_on_cuda_forward_and_backward():
+    # what "auto" takes on a GPU: the gate in FlexAttention's score mod, its gradient
+    # through the captured c; float32, held to the float32 bounds above (FlexAttention
+    # rounds as the compiled loop does: float32 scores, softmax and sums), with a KV
+    # cache, grouped-query attention and left padding
+    shape = (2, 4, 2, 96, 160, 64, 64)
+    q, k, v, dout, lf = make(shape, seed=15)
+    mask = torch.ones(2, shape[4], dtype=torch.bool)
+    mask[1, :50] = False
+    leaves = [t.cuda().requires_grad_() for t in (q, k, v, lf)]
+    out = posenc.attention(
+        *leaves[:3], causal=True, log_fgate=leaves[3], attention_mask=mask.cuda(), backend="flex"
+    )
+    grads = torch.autograd.grad(out, leaves, dout.cuda())
+    ref = [t.double().requires_grad_() for t in (q, k, v, lf)]
+    want = fox_dense(*ref, scale=0.125, mask=mask)
+    want_grads = torch.autograd.grad(want, ref, dout.double())
+    tolerances = _gate_bounds(q, k, v, dout, lf, 0.125, mask)
+    for got, exact, tol in zip((out, *grads), (want, *want_grads), tolerances, strict=True):
+        assert (got.cpu().double() - exact).abs().max() <= tol + U * exact.abs().max()
