@@ -7,7 +7,9 @@ setting the rotary embedding depends on with the config key it came from: rope
 type, base, head and rotary dims, layout, the schedule's parameters (given,
 derived from another attribute, or the schedule's default), the attention
 scaling, and the wavelengths against the trained window. NoPE layers and M-RoPE
-sections are listed when the config has them. For a ``config.json`` whose
+sections are listed when the config has them, and what the layers do with positions
+besides RoPE (Llama 4's temperature tuning, chunked attention and QK norm; Cohere 2's
+sliding windows), each with its key and its layers. For a ``config.json`` whose
 ``model_type`` transformers knows, the reading is checked against the one of
 transformers' own config class, and any difference is printed.
 

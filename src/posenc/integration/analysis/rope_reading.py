@@ -653,9 +653,8 @@ def layer_settings(config: Any) -> list[dict[str, Any]]:
         layers = nope_list if tuning else []
         out.append({"setting": "attn_temperature_tuning", "value": tuning, "from": source,
                     "layers": layers,
-                    "means": "the NoPE layers scale q by 1 + attn_scale * log1p(floor(("
-                    "cache_position + 1) / floor_scale)) (posenc.attn_temperature)"
-                    if tuning else "off: no query scale"})  # fmt: skip
+                    "means": "q times posenc.attn_temperature(cache_position, floor_scale, "
+                    "attn_scale)" if tuning else "off: no query scale"})  # fmt: skip
         for key, means in (
             ("floor_scale", "positions per step of the query scale"),
             ("attn_scale", "the query scale's strength"),
@@ -674,18 +673,15 @@ def layer_settings(config: Any) -> list[dict[str, Any]]:
                 layers = [i for i, t in enumerate(types) if t == "chunked_attention"]
             else:
                 layers = rope_layers
-            means = (
-                f"these layers see only the keys of the query's chunk of {chunk} positions "
-                "(posenc.attention(..., chunk_size)); the others attend to all earlier keys"
-            )
+            means = f"keys of the query's chunk only (posenc.attention(chunk_size={chunk}))"
         out.append({"setting": "attention_chunk_size", "value": chunk, "from": source,
                     "layers": layers, "means": means})  # fmt: skip
     if llama4:
         _, norm, source = read_key("use_qk_norm")
         out.append({"setting": "use_qk_norm", "value": norm, "from": source,
                     "layers": rope_layers if norm else [],
-                    "means": "weightless RMS norm of q and k (eps rms_norm_eps) after RoPE, "
-                    "in the RoPE layers only" if norm else "off"})  # fmt: skip
+                    "means": "weightless RMS norm of q and k after RoPE (eps rms_norm_eps)"
+                    if norm else "off"})  # fmt: skip
     if model_types.lookup(model_types.SLIDING_ONLY_ROPE, model_type):
         types_read = _attention_types(part, prefix, count)
         window = setting(part, "sliding_window")
@@ -694,8 +690,8 @@ def layer_settings(config: Any) -> list[dict[str, Any]]:
             out.append({"setting": "sliding_window", "value": window,
                         "from": f"{prefix}sliding_window; layers from {types_read[1]}",
                         "layers": sliding,
-                        "means": "the sliding layers (with RoPE) see the last sliding_window "
-                        "keys; the full ones see all, without RoPE"})  # fmt: skip
+                        "means": "RoPE and the last sliding_window keys; the other layers: "
+                        "every key, no RoPE"})  # fmt: skip
     return out
 
 
