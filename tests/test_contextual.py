@@ -95,6 +95,7 @@ def dense_cope(
     bias=None,
     mask=None,
     doc_ids=None,
+    extra=None,
 ):
     """The paper's listing in float64: gates on the causal keys, their reverse
     cumsum, q . pos_emb interpolated at floor and ceil, added to the logits."""
@@ -117,6 +118,8 @@ def dense_cope(
     if bias is not None:
         dense_bias = bias.bias(lq, lk).double()
         logits = logits + (dense_bias * scale if bias.scale_with_logits else dense_bias)
+    if extra is not None:
+        logits = logits + extra
     return softmax_out(logits, allowed, v)
 
 
@@ -298,6 +301,29 @@ def test_cope_gradients_equal_the_listing(small_blocks):
         assert (a - b).abs().max() <= F64
 
 
+def test_cope_with_forget_gates_and_chunks(small_blocks):
+    # the Forgetting Transformer's c_i - c_j is one more additive term of the logits;
+    # chunks confine the keys (and so the gates) as documents do
+    q, k, v = inputs((2, 2, 2, 8, 8, 4, 4))
+    cope = cope_module(4, 6)
+    log_f = torch.nn.functional.logsigmoid(
+        torch.randn(2, 2, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    )
+    got = posenc.attention(q, k, v, cope=cope, causal=True, log_fgate=log_f)
+    c = log_f.cumsum(-1)
+    gate = c[..., :, None] - c[..., None, :]
+    scale = 1 / math.sqrt(4)
+    want = dense_cope(q, k, v, cope.pos_emb, npos_max=6, scale=scale, extra=gate)
+    assert (got - want).abs().max() <= F64
+    chunked = posenc.attention(q, k, v, cope=cope, causal=True, chunk_size=3)
+    ids = torch.arange(8) // 3
+    assert (
+        chunked - posenc.attention(q, k, v, cope=cope, causal=True, document_ids=ids)
+    ).abs().max() <= F64
+    want = dense_cope(q, k, v, cope.pos_emb, npos_max=6, scale=scale, doc_ids=ids)
+    assert (chunked - want).abs().max() <= F64
+
+
 def test_cope_needs_causal():
     q, k, v = inputs(SHAPES["square"])
     with pytest.raises(ValueError, match="cope needs causal=True"):
@@ -306,14 +332,21 @@ def test_cope_needs_causal():
 
 def test_cope_padding_equals_the_unpadded_sequence(small_blocks):
     # left padding: the padded keys have no gate and no weight; the padded queries
-    # that see no key give zeros
-    q, k, v = inputs((1, 2, 2, 9, 9, 4, 4))
+    # that see no key give zeros, and their gradients are zeros, never NaN
+    q, k, v = inputs((1, 2, 2, 9, 9, 4, 4), grad=True)
     cope = cope_module(4, 10)
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]])
     got = posenc.attention(q, k, v, cope=cope, causal=True, attention_mask=mask)
     alone = posenc.attention(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], cope=cope, causal=True)
     assert (got[:, :, 3:] - alone).abs().max() <= F64
     assert torch.equal(got[:, :, :3], torch.zeros_like(got[:, :, :3]))
+    g = torch.randn(got.shape, generator=torch.Generator().manual_seed(1), dtype=got.dtype)
+    grads = torch.autograd.grad(got, (q, k, v, cope.pos_emb), g)
+    want = torch.autograd.grad(alone, (q, k, v, cope.pos_emb), g[:, :, 3:])
+    for a, b in zip(grads[:3], want[:3], strict=True):
+        assert torch.equal(a[:, :, :3], torch.zeros_like(a[:, :, :3]))
+        assert (a[:, :, 3:] - b[:, :, 3:]).abs().max() <= F64
+    assert (grads[3] - want[3]).abs().max() <= F64
 
 
 @pytest.mark.parametrize("name", ["cope", "dape-kerple", "dape-fire"])
@@ -329,6 +362,19 @@ def test_packed_documents_equal_each_document_alone(name, small_blocks):
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         alone = posenc.attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], causal=True, **kw)
         assert (got[:, :, s:e] - alone).abs().max() <= F64
+
+
+def test_documents_that_differ_per_row(small_blocks):
+    # FIRE past its threshold reads positions within documents: one row at a time
+    q, k, v = inputs((2, 2, 2, 7, 7, 4, 4))
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [5, 5, 6, 6, 6, 6, 6]])
+    dape = posenc.DAPE(posenc.FIRE(2, init_L=2.0), width=8).double()
+    got = posenc.attention(q, k, v, bias=dape, causal=True, document_ids=ids)
+    for row, cut in ((0, 3), (1, 2)):
+        for s, e in ((0, cut), (cut, 7)):
+            part = (t[row : row + 1, :, s:e] for t in (q, k, v))
+            alone = posenc.attention(*part, bias=dape, causal=True)
+            assert (got[row : row + 1, :, s:e] - alone).abs().max() <= F64
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

@@ -6,6 +6,8 @@
   and the reading of HF rope configs.
 - :mod:`posenc.families.bias`: attention biases (ALiBi, T5, KERPLE, FIRE,
   Sandwich, NoPE).
+- :mod:`posenc.families.contextual`: position signals that read the
+  attention scores (CoPE, DAPE).
 
 Users import them as ``posenc.absolute``, ``posenc.rotary`` and ``posenc.bias``.
 """

@@ -44,6 +44,11 @@ FIRE's bias depends on ``key - query`` only for queries below its threshold
 score (a search over at most 63 knots; more, and the blockwise path evaluates the
 same pieces) and differentiate into the table, the scales, and each piece's slope
 and intercept, from which autograd reaches the MLP, ``c`` and ``L``.
+
+CoPE (``cope=``) and DAPE (a :class:`posenc.DAPE` as ``bias=``) read the
+scores themselves, which no additive bias can give: once the inputs are
+prepared here, :mod:`posenc.integration.contextual` computes them blockwise in
+torch (``"auto"`` and ``"kernel"`` go there; ``"flex"`` is refused).
 """
 
 from __future__ import annotations

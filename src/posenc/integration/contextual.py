@@ -200,12 +200,13 @@ def _block(
     z = torch.matmul(_grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     z = z * plan.scale
     allowed = _allowed(plan, q_pos, k_pos)
+    unseen = None if allowed is None else ~allowed
     s = z
     if plan.cope is not None:
         # the paper's gates: sigmoid of the scaled scores, 0 on the keys not seen
         gates = torch.sigmoid(z)
-        if allowed is not None:
-            gates = gates.masked_fill(~allowed, 0.0)
+        if unseen is not None:
+            gates = gates.masked_fill(unseen, 0.0)
         pos = functional_call(plan.cope, cope_params, (qb, gates))
         s = z + (pos * plan.scale if plan.cope.scale_with_logits else pos)
     bias = None if plan.bias_fn is None else plan.bias_fn(params, q_pos, k_pos)
@@ -217,8 +218,8 @@ def _block(
         s = s + bias
     if gate is not None:
         s = s + (gate[:, :, q_pos, None] - gate[:, :, None, k_pos])
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
+    if unseen is not None:
+        s = s.masked_fill(unseen, float("-inf"))
     # softmax whose rows without a key give 0 (the max is only a shift: no gradient)
     top = s.detach().amax(-1, keepdim=True)
     top = top.masked_fill(top == float("-inf"), 0.0)
