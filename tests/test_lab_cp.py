@@ -22,7 +22,7 @@ from torch import nn
 from gloo_ranks import run_forked
 from posenc.faces.cli import main
 from posenc.faces.lab import tasks as T
-from posenc.faces.lab.encodings import ENCODINGS, training_encoding
+from posenc.faces.lab.encodings import ENCODINGS, REGISTRY, training_encoding
 from posenc.faces.lab.model import ContextParallel, LabModel
 from posenc.faces.lab.run import (
     LabConfig,
@@ -41,7 +41,10 @@ CONFIG = LabConfig(
     batch_size=8, lr=1e-3, d_model=32, layers=2, heads=2, checkpoint_every=1000,
 )  # fmt: skip
 CP = 2
-EVERY = tuple(dict.fromkeys(training_encoding(e) for e in ENCODINGS))
+# the trained encodings ring attention can train (Encoding.context_parallel)
+EVERY = tuple(
+    dict.fromkeys(training_encoding(e) for e in ENCODINGS if REGISTRY[e].context_parallel)
+)
 # FIRE's last bias is added to every logit of a row, which softmax ignores: its true
 # gradient is 0, so Adam turns its rounding noise into steps of lr (in one process
 # too); its gradients are compared below
@@ -178,3 +181,13 @@ def test_the_command_names_the_option(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--context-parallel" in err and "torchrun" in err
     assert main(["lab", "run", "--context-parallel", "0", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if not REGISTRY[e].context_parallel])
+def test_encodings_without_a_ring_form_refuse_context_parallelism(encoding):
+    from posenc.faces.lab.model import ContextParallel
+
+    model = LabModel(CONFIG.model, encoding)
+    tokens = torch.randint(4, T.vocab_size("copy"), (2, 8))
+    with pytest.raises(ValueError, match="no ring-attention form"):
+        model(tokens, context=ContextParallel(None, 2, 0))

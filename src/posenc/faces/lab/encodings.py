@@ -30,10 +30,14 @@ if TYPE_CHECKING:
 __all__ = ["ENCODINGS", "REGISTRY", "Encoding", "lookup", "scaling_for", "training_encoding"]
 
 Absolute = Literal["sinusoidal", "learned"]
-Rotation = Literal["rope", "xpos"]
+Rotation = Literal["rope", "xpos", "fope"]
+Kernel = Literal["softmax", "stick-breaking"]
+PerLayer = Literal["forget-gate", "cope", "dape"]
 
 _ABSOLUTE: tuple[Absolute, ...] = ("sinusoidal", "learned")
-_ROTATIONS: tuple[Rotation, ...] = ("rope", "xpos")
+_ROTATIONS: tuple[Rotation, ...] = ("rope", "xpos", "fope")
+_KERNELS: tuple[Kernel, ...] = ("softmax", "stick-breaking")
+_PER_LAYER: tuple[PerLayer, ...] = ("forget-gate", "cope", "dape")
 # rope types whose schedule also reads the length the model was trained at (HF's YaRN
 # takes it as ``original_max_position_embeddings``)
 _READS_TRAINED_LENGTH = frozenset({"yarn"})
@@ -50,7 +54,12 @@ class Encoding:
             exact table of Vaswani et al. 2017, section 3.5), ``"learned"`` (one
             row per position up to ``max_positions``) or None.
         rotary: queries and keys rotated by position: ``"rope"`` (Su et al.
-            2021), ``"xpos"`` (Sun et al. 2022) or None.
+            2021), ``"xpos"`` (Sun et al. 2022), ``"fope"`` (Hua et al. 2024: a
+            Fourier series per frequency, :class:`posenc.FoPE`, its frequencies
+            below one turn over the trained length dropped) or None.
+        schedule: the HF ``rope_type`` of the RoPE frequencies in training and
+            at test time (``"resonance"``: Resonance RoPE's integer
+            wavelengths), or None for RoPE's own.
         bias: ``bias(heads, head_dim)`` builds the attention-bias module the
             layers share, or None.
         random_positions: positions are a sorted random subset of
@@ -62,6 +71,20 @@ class Encoding:
             SmolLM3 configs lay out ``no_rope_layers`` from their
             ``no_rope_layer_interval`` (4 in both); None: every layer rotates.
             An int >= 2, with a ``rotary``.
+        kernel: ``"softmax"`` attention, or ``"stick-breaking"`` (Tan et al.
+            2024: the nearest keys take their sigmoid's share first,
+            :func:`posenc.stick_breaking_attention`, the remainder given to the
+            query's own value).
+        per_layer: a position module of each layer: ``"forget-gate"`` (FoX, Lin
+            et al. 2025: :class:`posenc.ForgetGate` of the layer's input, the
+            ``log_fgate`` of :func:`posenc.attention`), ``"cope"`` (Golovneva et
+            al. 2024: :class:`posenc.CoPE`), ``"dape"`` (Zheng et al. 2024:
+            :class:`posenc.DAPE` over ALiBi), or None.
+        temperature: the layers without RoPE scale their queries by Llama 4's
+            temperature :func:`posenc.attn_temperature` (its ``floor_scale``
+            the ``chunk``).
+        chunk: the RoPE layers attend within chunks of this many positions
+            (Llama 4's ``attention_chunk_size``, 8192 there), or None.
         trains_as: the encoding whose trained model this one evaluates (None:
             its own).
         test_scaling: the HF ``rope_type`` applied at test time beyond the
@@ -76,6 +99,11 @@ class Encoding:
     bias: Callable[[int, int], AttentionBias] | None = None
     random_positions: bool = False
     nope_every: int | None = None
+    schedule: str | None = None
+    kernel: Kernel = "softmax"
+    per_layer: PerLayer | None = None
+    temperature: bool = False
+    chunk: int | None = None
     trains_as: str | None = None
     test_scaling: str | None = None
 
@@ -86,6 +114,15 @@ class Encoding:
             checks.check_choice(self.rotary, "rotary", _ROTATIONS)
         if self.random_positions and self.rotary != "rope":
             raise ValueError(f"{self.name}: random_positions needs rotary='rope'")
+        checks.check_choice(self.kernel, "kernel", _KERNELS)
+        if self.per_layer is not None:
+            checks.check_choice(self.per_layer, "per_layer", _PER_LAYER)
+        if self.schedule is not None and self.rotary != "rope":
+            raise ValueError(f"{self.name}: schedule needs rotary='rope'")
+        if self.chunk is not None:
+            checks.check_int(self.chunk, "chunk", minimum=1)
+        if (self.temperature or self.chunk is not None) and self.nope_every is None:
+            raise ValueError(f"{self.name}: temperature and chunk need nope_every (Llama 4)")
         if self.nope_every is not None:
             # 1 would leave no layer rotating: that is "nope", not a hybrid
             checks.check_int(self.nope_every, "nope_every", minimum=2)
@@ -107,6 +144,18 @@ class Encoding:
         if self.rotary is None:
             return False
         return self.nope_every is None or (layer + 1) % self.nope_every != 0
+
+    @property
+    def context_parallel(self) -> bool:
+        """Whether ring attention can train it: a rotation and/or a bias, softmax.
+
+        Llama 4's chunks and temperature, FoPE, stick-breaking and the per-layer
+        modules (FoX's gates, CoPE, DAPE) have no ring-attention form here.
+        """
+        return (
+            self.kernel == "softmax" and self.per_layer is None and self.chunk is None
+            and not self.temperature and self.rotary != "fope"
+        )  # fmt: skip
 
     @property
     def limited(self) -> bool:
@@ -215,6 +264,44 @@ _IN_ORDER = (
         name="randomized",
         description="rope at sorted random positions below max_positions (Ruoss et al. 2023)",
         random_positions=True,
+    ),
+    Encoding(
+        "fox",
+        "forget gates summed between key and query, added to the scores (Lin et al. 2025)",
+        per_layer="forget-gate",
+    ),
+    Encoding(
+        "stick-breaking",
+        "stick-breaking attention: the nearest keys take their share first (Tan et al. 2024)",
+        kernel="stick-breaking",
+    ),
+    Encoding(
+        "cope", "positions counted by content gates (Golovneva et al. 2024)", per_layer="cope"
+    ),
+    Encoding(
+        "dape",
+        "an MLP adapting ALiBi's bias to the scores, per layer (Zheng et al. 2024)",
+        per_layer="dape",
+    ),
+    Encoding(
+        "irope",
+        "Llama 4: every 2nd layer without RoPE with the query temperature, the others "
+        "within chunks of 16 (every 4th and 8192 in Llama 4)",
+        rotary="rope",
+        nope_every=2,
+        temperature=True,
+        chunk=16,
+    ),
+    replace(
+        _ROPE,
+        name="rope-resonance",
+        description="rope with every wavelength rounded to an integer (Wang et al. 2024)",
+        schedule="resonance",
+    ),
+    Encoding(
+        "fope",
+        "a Fourier series per RoPE frequency, the untrained ones dropped (Hua et al. 2024)",
+        rotary="fope",
     ),
 )
 

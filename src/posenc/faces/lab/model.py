@@ -46,14 +46,19 @@ from posenc.faces.lab.encodings import (
     training_encoding,
 )
 from posenc.families.absolute.sinusoidal import sinusoidal
-from posenc.families.bias.modules import AttentionBias
+from posenc.families.bias.forget import ForgetGate
+from posenc.families.bias.modules import ALiBi, AttentionBias
+from posenc.families.bias.temperature import attn_temperature
+from posenc.families.contextual import DAPE, CoPE
 from posenc.families.rotary.apply import apply_rotary
+from posenc.families.rotary.fope import FoPE
 from posenc.families.rotary.module import Rotary
 from posenc.families.rotary.multiaxis import xpos_tables
 from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
 from posenc.integration.context_parallel import ring_attention, shard
+from posenc.integration.stick_breaking import stick_breaking_attention
 
 __all__ = [
     "ENCODINGS",
@@ -114,6 +119,9 @@ class ModelConfig:
         max_positions: positions the model may see (the learned table's size,
             the range ``randomized`` draws from): at least the longest test
             sequence.
+        trained_positions: the longest sequence of training, for the encodings
+            that read it (FoPE drops the frequencies that turn less than once
+            over it); None: ``max_positions``.
     """
 
     vocab: int
@@ -121,10 +129,13 @@ class ModelConfig:
     layers: int = 2
     heads: int = 4
     max_positions: int = 256
+    trained_positions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab", "d_model", "layers", "heads", "max_positions"):
             checks.check_int(getattr(self, name), name, minimum=1)
+        if self.trained_positions is not None:
+            checks.check_int(self.trained_positions, "trained_positions", minimum=1)
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise ValueError(
                 f"d_model ({self.d_model}) must split into heads ({self.heads}) of an even size"
@@ -171,7 +182,19 @@ TablesFor = Callable[["LabModel", torch.Tensor, int, "dict[str, Any] | None"], T
 def _rope_tables(
     model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
 ) -> Tables:
+    if scaling is None and model.spec.schedule is not None:  # Resonance RoPE's, always
+        scaling = {"rope_type": model.spec.schedule}
     c, s = model._rotary(scaling).cos_sin(positions)
+    return c, s, c, s
+
+
+def _fope_tables(
+    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
+) -> Tables:
+    # FoPE's per-head C and S, (heads, seq, head_dim): apply_rotary's half-layout
+    # formula q C + rotate_half(q) S with them is FoPE's rotation
+    fope = model.get_submodule("fope")
+    c, s = (x.transpose(0, 1) for x in fope.cos_sin(positions))
     return c, s, c, s
 
 
@@ -185,37 +208,77 @@ def _xpos_tables(
 
 
 #: :attr:`Encoding.rotary` -> the rotation tables of one forward pass.
-_ROTATIONS: dict[str, TablesFor] = {"rope": _rope_tables, "xpos": _xpos_tables}
+_ROTATIONS: dict[str, TablesFor] = {
+    "rope": _rope_tables,
+    "xpos": _xpos_tables,
+    "fope": _fope_tables,
+}
 
 
 def _attend(
-    bias: AttentionBias | None, tables: Tables | None, context: ContextParallel | None = None
+    bias: AttentionBias | None,
+    tables: Tables | None,
+    context: ContextParallel | None = None,
+    *,
+    kernel: str = "softmax",
+    chunk: int | None = None,
+    temperature: torch.Tensor | None = None,
 ) -> Attend:
     """Causal attention of queries that are the last ``q_len`` of the keys (posenc.attention's
     bottom-right alignment), each query rotated at its own position; under ``context``,
-    ring attention of the rank's shard (queries and keys alike) over its group."""
+    ring attention of the rank's shard (queries and keys alike) over its group.
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    ``kernel="stick-breaking"``: :func:`posenc.stick_breaking_attention`, the share no key
+    took given to the query's own value. ``chunk``: keys of the query's chunk only.
+    ``temperature``: the queries' scale at every key position (Llama 4's NoPE layers).
+    Keyword arguments of the returned function (``log_fgate``, ``cope``, a per-layer
+    ``bias``) go to :func:`posenc.attention`.
+    """
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **extra: Any) -> torch.Tensor:
+        first = k.shape[2] - q.shape[2]
         if tables is not None:
             cq, sq, ck, sk = tables
-            first = k.shape[2] - q.shape[2]
-            q = apply_rotary(q, cq[first:], sq[first:], layout=_LAYOUT)
+            q = apply_rotary(q, cq[..., first:, :], sq[..., first:, :], layout=_LAYOUT)
             k = apply_rotary(k, ck, sk, layout=_LAYOUT)
-        if context is None:
-            return attention(q, k, v, bias=bias, causal=True)
-        # rotated already at the shard's own positions (randomized ones too), so no
-        # rotary=, which would rotate at the shard's indices in the sequence
-        return ring_attention(q, k, v, group=context.group, layout="zigzag", bias=bias, causal=True)
+        if temperature is not None:
+            q = q * temperature[first:, None].to(q.dtype)
+        if context is not None:
+            # rotated already at the shard's own positions (randomized ones too), so no
+            # rotary=, which would rotate at the shard's indices in the sequence
+            return ring_attention(
+                q, k, v, group=context.group, layout="zigzag", bias=bias, causal=True
+            )
+        if kernel == "stick-breaking":
+            out, rem = stick_breaking_attention(q, k, v)
+            return out + rem[..., None] * v[:, :, first:]
+        options: dict[str, Any] = {"bias": bias, "causal": True, **extra}
+        if chunk is not None:
+            options["chunk_size"] = chunk
+        return attention(q, k, v, **options)
 
     return attend
+
+
+def _position_module(spec: Encoding, config: ModelConfig) -> nn.Module | None:
+    """The position module of one layer (:attr:`Encoding.per_layer`), or None."""
+    if spec.per_layer == "forget-gate":
+        return ForgetGate(config.d_model, config.heads)
+    if spec.per_layer == "cope":
+        return CoPE(config.head_dim, config.max_positions)
+    if spec.per_layer == "dape":
+        return DAPE(ALiBi(config.heads))
+    return None
 
 
 # ------------------------------------------------------------------ the model
 
 
 class _Block(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, position: nn.Module | None = None) -> None:
         super().__init__()
+        # the layer's own position module (FoX's gates, CoPE, DAPE), or None
+        self.position = position
         d = config.d_model
         self.heads = config.heads
         self.ln1 = nn.LayerNorm(d)
@@ -234,7 +297,14 @@ class _Block(nn.Module):
         else:  # keys and values of every position, queries of the last ones
             q = nn.functional.linear(h[:, t - queries :], w[:d]).view(b, queries, heads, size)
             k, v = nn.functional.linear(h, w[d:]).view(b, t, 2, heads, size).unbind(2)
-        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        extra: dict[str, Any] = {}
+        if isinstance(self.position, ForgetGate):  # every key's gate, from the layer's input
+            extra["log_fgate"] = self.position(h)
+        elif isinstance(self.position, CoPE):
+            extra["cope"] = self.position
+        elif self.position is not None:  # DAPE: the layer's own bias
+            extra["bias"] = self.position
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra)
         x = x[:, t - queries :] + self.out(y.transpose(1, 2).reshape(b, queries, d))
         return x + self.mlp(self.ln2(x))
 
@@ -262,7 +332,9 @@ class LabModel(nn.Module):
         # token and learned position embeddings start at unit scale, as the sinusoidal
         # table has amplitude 1: no encoding starts drowned by the tokens or drowning them
         self.embed = nn.Embedding(config.vocab, d)
-        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.layers))
+        self.blocks = nn.ModuleList(
+            _Block(config, _position_module(self.spec, config)) for _ in range(config.layers)
+        )
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, config.vocab, bias=False)
         if self.spec.absolute is not None:
@@ -271,6 +343,12 @@ class LabModel(nn.Module):
         self.bias: AttentionBias | None = None
         if self.spec.bias is not None:
             self.bias = self.spec.bias(config.heads, config.head_dim)  # shared by every layer
+        if self.spec.rotary == "fope":  # its coefficients, frozen as the reference keeps them
+            self.fope = FoPE(
+                config.head_dim,
+                config.heads,
+                max_position_embeddings=config.trained_positions or config.max_positions,
+            )
 
     def _rotary(self, scaling: dict[str, Any] | None) -> Rotary:
         # one Rotary per schedule, kept out of the state dict: its tables are a cache
@@ -399,8 +477,20 @@ class LabModel(nn.Module):
         tables = None
         if spec.rotary is not None:
             tables = _ROTATIONS[spec.rotary](self, positions, t, scaling)
-        # each layer rotates or not (hybrid-nope's NoPE layers), on one set of tables
-        rotating, plain = _attend(self.bias, tables, context), _attend(self.bias, None, context)
+        if context is not None and not spec.context_parallel:
+            raise ValueError(
+                f"context parallelism: {spec.name} has no ring-attention form (rotations "
+                "and biases with softmax only)"
+            )
+        # each layer rotates or not (hybrid-nope's and irope's NoPE layers), on one set of
+        # tables; irope's RoPE layers attend within chunks, its NoPE layers scale queries
+        temperature = None
+        if spec.temperature:
+            temperature = torch.as_tensor(
+                attn_temperature(positions, floor_scale=spec.chunk or 8192), device=device
+            )
+        rotating = _attend(self.bias, tables, context, kernel=spec.kernel, chunk=spec.chunk)
+        plain = _attend(self.bias, None, context, kernel=spec.kernel, temperature=temperature)
         attends = [rotating if spec.rotates(i) else plain for i in range(len(self.blocks))]
         return x, attends, stop - start
 

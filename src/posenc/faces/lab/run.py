@@ -117,8 +117,9 @@ class LabConfig:
     @property
     def model(self) -> ModelConfig:
         return ModelConfig(
-            T.vocab_size(self.task), self.d_model, self.layers, self.heads, self.max_positions
-        )
+            T.vocab_size(self.task), self.d_model, self.layers, self.heads, self.max_positions,
+            T.sequence_length(self.task, self.train_len),
+        )  # fmt: skip
 
     def training_key(self, encoding: str, seed: int) -> str:
         """What a trained model depends on, hashed: shared by test-time scaling variants."""
