@@ -608,3 +608,29 @@ def test_rope_json_and_text_report(capsys):
     text = capsys.readouterr().out
     assert "NoPE layers (1 of 4): 3" in text
     assert "sliding_window = 4096 (layers 0-2)" in text
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "llama4_text", "num_hidden_layers": 8, "no_rope_layers": [],
+         "rope_theta": 500000.0, "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16},
+        {"model_type": "cohere2", "num_hidden_layers": 6, "sliding_window_pattern": 3,
+         "sliding_window": 4096, "rope_theta": 50000.0, "hidden_size": 64,
+         "num_attention_heads": 4},
+        {"model_type": "smollm3", "num_hidden_layers": 8, "rope_theta": 2e6,
+         "hidden_size": 64, "num_attention_heads": 4},
+    ],
+    ids=["llama4", "cohere2", "smollm3"],
+)  # fmt: skip
+def test_config_json_reads_as_transformers_class_does(config, tmp_path, capsys):
+    # the command cross-checks a config.json against transformers' own class, NoPE layers
+    # included: the defaults these configs leave to the class read the same
+    anchor("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert rope_cli.run(str(path), as_json=True) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert any("reads the same RoPE from this file" in n for n in doc["notes"]), doc["notes"]
+    assert not any(n.startswith("WARNING") for n in doc["notes"])
+    assert doc["nope_layers"]["layers"]
