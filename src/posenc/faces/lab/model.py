@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -193,7 +193,7 @@ def _fope_tables(
 ) -> Tables:
     # FoPE's per-head C and S, (heads, seq, head_dim): apply_rotary's half-layout
     # formula q C + rotate_half(q) S with them is FoPE's rotation
-    fope = model.get_submodule("fope")
+    fope = cast(FoPE, model.get_submodule("fope"))
     c, s = (x.transpose(0, 1) for x in fope.cos_sin(positions))
     return c, s, c, s
 
