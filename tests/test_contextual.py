@@ -536,3 +536,11 @@ def test_bad_arguments_are_named():
         posenc.DAPE(posenc.ALiBi(4))(torch.zeros(1, 4, 3, 3), torch.zeros(4, 3, 2))
     with pytest.raises(ValueError, match=r"scores must be \(batch, heads=4"):
         posenc.DAPE(posenc.ALiBi(4))(torch.zeros(1, 2, 3, 3), None)
+
+
+def test_empty_results():
+    q = torch.randn(0, 2, 5, 8)
+    assert posenc.attention(q, q, q, cope=posenc.CoPE(8, 4), causal=True).shape == (0, 2, 5, 8)
+    q, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 0)
+    dape = posenc.DAPE(posenc.ALiBi(2))
+    assert posenc.attention(q, q, v, bias=dape, causal=True).shape == (1, 2, 5, 0)

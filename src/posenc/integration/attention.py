@@ -965,7 +965,10 @@ def attention(
             bias (:mod:`posenc.integration.contextual` computes it).
         cope: a :class:`posenc.CoPE` (needs ``causal=True``): positions counted
             by gates on the scores, their embeddings' logits added to the
-            scores (:mod:`posenc.integration.contextual`).
+            scores (:mod:`posenc.integration.contextual`). Combines with
+            padding, packed documents, ``chunk_size``, ``rotary`` (its gates
+            read the rotated q and k), a bias and ``log_fgate`` (added to the
+            logits); not with a DAPE bias, nor ``backend="flex"``.
         rotary: a :class:`posenc.Rotary`; rotates q at positions ``k_len - q_len
             .. k_len - 1`` and k at ``0 .. k_len - 1`` (pass keys already
             rotated, and no rotary, if your cache stores them rotated).
@@ -1016,7 +1019,7 @@ def attention(
 
     Raises:
         TypeError: non-float or mixed-dtype q/k/v; a bias that is not an
-            AttentionBias; a bad mask type.
+            AttentionBias or a DAPE; a ``cope`` that is not a CoPE; a bad mask type.
         ValueError: shapes that do not match (batch, head_dim, lengths, heads
             not a multiple of kv_heads); ``head_dim = 0`` (scores of no
             channels: not attention); bias heads not q's heads; a causal
@@ -1024,7 +1027,9 @@ def attention(
             unknown backend; a non-positive scale; ``cu_seqlens`` not rising
             from 0 to ``k_len``, or given with ``document_ids``;
             ``chunk_size`` not an int >= 1, or with ``q_len > k_len``;
-            ``log_fgate`` of another shape or device, or without ``causal``.
+            ``log_fgate`` of another shape or device, or without ``causal``;
+            ``cope`` without ``causal``, of another head_dim, or with a DAPE
+            bias; either with ``backend="flex"``.
     """
     _check_inputs(q, k, v)
     checks.check_choice(backend, "backend", BACKENDS)
