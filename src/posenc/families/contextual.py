@@ -127,7 +127,9 @@ class DAPE(nn.Module):
     ``S`` the scaled scores ``q . k * scale`` before any mask and ``B`` the base
     bias as :func:`posenc.attention` adds it (zero above the diagonal when
     causal): the reference modules ``AliBi_DAPE``, ``ParallelKerpleLog_DAPE`` and
-    ``FIRE_DAPE`` of chuanyang-Zheng/DAPE (``DAPE.py``) with any base.
+    ``FIRE_DAPE`` of chuanyang-Zheng/DAPE (``DAPE.py``) with any base. (That
+    ``FIRE_DAPE`` gives FIRE's own MLP a LeakyReLU; :class:`posenc.FIRE` keeps the
+    FIRE paper's ReLU.)
 
     Pass it to :func:`posenc.attention` as ``bias=``.
 

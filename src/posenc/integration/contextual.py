@@ -13,11 +13,12 @@ exact softmax attention in torch ops over blocks of queries, every key at once:
   pair), its softmax and its output; no ``(batch, heads, q_len, k_len)`` tensor
   exists beyond a block;
 - training: each block runs under ``torch.utils.checkpoint`` (non-reentrant),
-  which keeps only the block's inputs (views of q, k and v, and the bias
-  tensors) and recomputes the block in the backward, so memory stays one
-  block's beyond the O(q_len) inputs and outputs; autograd differentiates the
-  recomputed block, reaching q, k, v, ``pos_emb``, DAPE's MLP and the base
-  bias's parameters.
+  which keeps only the block's inputs (views of q, k and v, the bias tensors
+  and the modules' parameters) and recomputes the block in the backward, so
+  memory stays one block's beyond the O(q_len) inputs and outputs; autograd
+  differentiates the recomputed block, reaching q, k, v, ``pos_emb``, DAPE's
+  MLP and the base bias's parameters. CoPE's and DAPE's parameters enter each
+  block as inputs, so ``torch.func.functional_call`` reaches them too.
 
 Shapes as :mod:`posenc.integration.attention`.
 """
