@@ -34,6 +34,7 @@ needs O(q_len * block) memory too.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -61,35 +62,41 @@ class _Plan:
     offset: int  # k_len - q_len: the key position of query 0
     block: int  # keys per block
     docs: torch.Tensor | None  # (k_len,) each key position's document, or None
+    cu_seqlens: tuple[int, ...] | None  # the documents' bounds, or None
 
 
-def _blocks(plan: _Plan, q_len: int, k_len: int) -> list[tuple[int, int, int]]:
-    """``(first, j0, j1)`` per block of keys ``j0 .. j1 - 1``, the last keys first.
+def _blocks(plan: _Plan, q_len: int, k_len: int) -> list[tuple[int, int, int, int]]:
+    """``(first, last, j0, j1)`` per block of keys ``j0 .. j1 - 1``, the last keys first.
 
-    ``first`` is the first query that sees a key of the block (queries before it
-    are skipped); blocks that no query sees are left out.
+    Queries ``first .. last - 1`` are those that may see a key of the block: none
+    before it, and with packed documents none past the end of the document of
+    its last key (so that packing costs what the documents alone would). Blocks
+    that no query sees are left out.
     """
     out = []
     own = 0 if plan.attend_current else 1
     for j1 in range(k_len, 0, -plan.block):
         j0 = max(0, j1 - plan.block)
         first = max(0, j0 + own - plan.offset)
-        if first < q_len:
-            out.append((first, j0, j1))
+        last = q_len
+        if plan.cu_seqlens is not None:
+            end = plan.cu_seqlens[bisect.bisect_right(plan.cu_seqlens, j1 - 1)]
+            last = min(q_len, end - plan.offset)
+        if first < last:
+            out.append((first, last, j0, j1))
     return out
 
 
 def _block_scores(
-    plan: _Plan, q: torch.Tensor, k: torch.Tensor, first: int, j0: int, j1: int
+    plan: _Plan, qb: torch.Tensor, kb: torch.Tensor, first: int, j0: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores ``(B, H, n, m)`` of queries ``first ..`` against keys ``j0 .. j1 - 1``,
-    and which of them a query sees (``(1, 1, n, m)`` bool)."""
-    hk = k.shape[1]
-    qb, kb = q[:, :, first:], k[:, :, j0:j1]
+    """Scores ``(B, H, n, m)`` of queries ``qb`` (``first ..``) against keys ``kb``
+    (``j0 ..``), and which of them a query sees (``(1, 1, n, m)`` bool)."""
+    hk = kb.shape[1]
     z = torch.matmul(_grouped(qb, hk), kb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     z = z * plan.scale
-    q_pos = torch.arange(first, q.shape[2], device=q.device) + plan.offset
-    k_pos = torch.arange(j0, j1, device=q.device)
+    q_pos = torch.arange(first, first + qb.shape[2], device=qb.device) + plan.offset
+    k_pos = torch.arange(j0, j0 + kb.shape[2], device=qb.device)
     seen = k_pos[None, :] <= q_pos[:, None] if plan.attend_current else k_pos < q_pos[:, None]
     if plan.docs is not None:
         seen = seen & (plan.docs[q_pos, None] == plan.docs[None, k_pos])
@@ -125,12 +132,12 @@ def _forward(
     hk, lk = k.shape[1], k.shape[2]
     out = torch.zeros((b, h, lq, v.shape[-1]), dtype=q.dtype, device=q.device)
     log_rem = torch.zeros((b, h, lq), dtype=q.dtype, device=q.device)
-    for first, j0, j1 in _blocks(plan, lq, lk):
-        z, seen = _block_scores(plan, q, k, first, j0, j1)
-        a, softplus = _block_weights(z, seen, log_rem[:, :, first:])
+    for first, last, j0, j1 in _blocks(plan, lq, lk):
+        z, seen = _block_scores(plan, q[:, :, first:last], k[:, :, j0:j1], first, j0)
+        a, softplus = _block_weights(z, seen, log_rem[:, :, first:last])
         o = torch.matmul(_grouped(a, hk), v[:, :, j0:j1].unsqueeze(2)).flatten(1, 2)
-        out[:, :, first:] += o
-        log_rem[:, :, first:] -= softplus.sum(-1)
+        out[:, :, first:last] += o
+        log_rem[:, :, first:last] -= softplus.sum(-1)
     return out, log_rem
 
 
@@ -161,21 +168,22 @@ def _backward(
     total = (dout * out).sum(-1) + torch.exp(log_rem) * drem  # (B, H, lq)
     log_survival = torch.zeros_like(log_rem)
     nearer = torch.zeros_like(log_rem)  # sum of g over the keys already taken
-    for first, j0, j1 in _blocks(plan, lq, lk):
-        qb, dob = q[:, :, first:], dout[:, :, first:]
+    for first, last, j0, j1 in _blocks(plan, lq, lk):
+        rows = slice(first, last)
+        qb, dob = q[:, :, rows], dout[:, :, rows]
         kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
-        z, seen = _block_scores(plan, q, k, first, j0, j1)
-        a, softplus = _block_weights(z, seen, log_survival[:, :, first:])
+        z, seen = _block_scores(plan, qb, kb, first, j0)
+        a, softplus = _block_weights(z, seen, log_survival[:, :, rows])
         da = torch.matmul(_grouped(dob, hk), vb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
         g = a * da
-        farther = total[:, :, first:, None] - nearer[:, :, first:, None] - _after(g)
+        farther = total[:, :, rows, None] - nearer[:, :, rows, None] - _after(g)
         beta = torch.sigmoid(z).masked_fill(~seen, 0.0)
-        dz = (g - beta * farther) * plan.scale
-        dq[:, :, first:] += torch.matmul(_grouped(dz, hk), kb.unsqueeze(2)).flatten(1, 2)
-        dk[:, :, j0:j1] += torch.matmul(_grouped(dz, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
+        dz = _grouped((g - beta * farther) * plan.scale, hk)
+        dq[:, :, rows] += torch.matmul(dz, kb.unsqueeze(2)).flatten(1, 2)
+        dk[:, :, j0:j1] += torch.matmul(dz.transpose(-1, -2), _grouped(qb, hk)).sum(2)
         dv[:, :, j0:j1] += torch.matmul(_grouped(a, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
-        nearer[:, :, first:] += g.sum(-1)
-        log_survival[:, :, first:] -= softplus.sum(-1)
+        nearer[:, :, rows] += g.sum(-1)
+        log_survival[:, :, rows] -= softplus.sum(-1)
     return dq, dk, dv
 
 
@@ -281,7 +289,10 @@ def stick_breaking_attention(
     )
     checks.check_elements(rows * block_size, "a block of scores (batch, heads, q_len, block_size)")
     docs = _documents(cu_seqlens, None, b, lk, q.device)
-    plan = _Plan(scale, attend_current, lk - lq, block_size, None if docs is None else docs[0][0])
+    bounds = None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens.tolist())
+    plan = _Plan(
+        scale, attend_current, lk - lq, block_size, None if docs is None else docs[0][0], bounds
+    )
     dtype = q.dtype
     work = checks.work_dtype(dtype)
     out, rem = _StickBreaking.apply(q.to(work), k.to(work), v.to(work), plan)
