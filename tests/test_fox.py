@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -467,3 +468,23 @@ def test_flex_on_cuda_forward_and_backward():
     tolerances = _gate_bounds(q, k, v, dout, lf, 0.125, mask)
     for got, exact, tol in zip((out, *grads), (want, *want_grads), tolerances, strict=True):
         assert (got.cpu().double() - exact).abs().max() <= tol + U * exact.abs().max()
+
+
+def test_chunks_equal_each_chunk_alone():
+    # chunked attention (chunk_size) confines keys as documents do; the gates' sum
+    # over (j, p] is the same whichever chunk c starts in
+    q, k, v, _, lf = make((1, 2, 2, 40, 40, 16, 16), seed=16, dtype=torch.float64)
+    got = posenc.attention(q, k, v, causal=True, log_fgate=lf, chunk_size=16)
+    assert (got - _alone(q, k, v, lf, [0, 16, 32, 40], causal=True)).abs().max() < 1e-13
+
+
+def test_the_loop_leaves_subnormals_as_they_were():
+    # the compiled loop flushes subnormal results to zero on its threads while it
+    # runs (strong decay puts weights near 2**-126) and restores the control word
+    tiny = np.float32(2.0**-140)
+    assert tiny * np.float32(1.0) > 0
+    q, k, v, dout, lf = make((1, 2, 2, 64, 64, 16, 16), seed=17)
+    lf = (lf - 2.0).requires_grad_()
+    posenc.attention(q, k, v, causal=True, log_fgate=lf, backend="kernel").backward(dout)
+    assert tiny * np.float32(1.0) == tiny > 0
+    assert torch.tensor([2.0**-140]).mul(1.0).item() > 0
