@@ -222,17 +222,17 @@ def stick_breaking_attention(
     ``A_ij = sigmoid(z_ij) * prod_{j < m < i} (1 - sigmoid(z_im))`` over keys
     ``j < i`` (``z_ij = q_i . k_j * scale``), no softmax and no normalisation;
     ``out_i = sum_j A_ij v_j`` and ``rem_i = 1 - sum_j A_ij``, the share no key
-    took. Causal by construction. Matches ``sb_ref.stickbreaking`` and the
-    ``sb_attn`` / ``sb_attn_varlen`` kernels of shawntan/stickbreaking-attention
-    (Tan et al. 2024), computed in log space in blocks of keys: memory
-    O(q_len * block_size), never ``(q_len, k_len)``.
+    took. Causal by construction. The formula of ``sb_ref.stickbreaking`` (the
+    tests' reference) and of the ``sb_attn`` / ``sb_attn_varlen`` GPU kernels of
+    shawntan/stickbreaking-attention (Tan et al. 2024), computed in log space in
+    blocks of keys: memory O(q_len * block_size), never ``(q_len, k_len)``.
 
     The caller decides where ``rem`` goes; the reference's tests give it to the
     query's own value, dolomite-engine to a learned vector per head::
 
         out, rem = posenc.stick_breaking_attention(q, k, v)
-        y = out + rem[..., None] * v                             # heads == kv_heads
-        y = out + rem[..., None] * head_bias[None, :, None, :]   # head_bias (heads, v_dim)
+        y = out + rem[..., None] * v          # heads == kv_heads, q_len == k_len
+        y = out + rem[..., None] * head_bias[None, :, None, :]  # (heads, v_dim)
 
     Args:
         q: ``(batch, heads, q_len, head_dim)``; queries aligned bottom-right:
