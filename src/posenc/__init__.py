@@ -5,7 +5,9 @@ from, and benchmarked against them. ``import posenc`` needs only numpy; the
 torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 :class:`Rotary`, :func:`apply_rotary`, :func:`attention`, the bias modules
 :class:`ALiBi`, :class:`T5Bias`, :class:`KERPLE`, :class:`FIRE`, :class:`Sandwich`,
-:class:`NoPE`, :mod:`posenc.hf`) are imported on first use and need torch.
+:class:`NoPE`, the methods after 2023 (:class:`ForgetGate` for FoX's
+``attention(log_fgate=)``, :func:`stick_breaking_attention`, :class:`CoPE`,
+:class:`DAPE`, :class:`FoPE`), :mod:`posenc.hf`) are imported on first use and need torch.
 """
 
 from typing import Any
