@@ -56,7 +56,7 @@ from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig
 from posenc.faces.lab.probes import Probe, bias_parameters, probe_model
 from posenc.faces.lab.probes import settings as probe_settings
 
-__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run"]
+__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run", "text_corpus"]
 
 VERSION = 3  # part of every key: bump when training or evaluation changes (rounding included)
 DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned", "nope", "hybrid-nope")
@@ -78,8 +78,11 @@ class LabConfig:
         lr: peak AdamW learning rate (warm-up, then cosine decay to a tenth).
         d_model, layers, heads: model sizes.
         eval_examples: examples per length (tasks) or windows per length (text).
-        text_bytes: bytes of the standard library read for the text task.
+        text_bytes: bytes read for the text task (of the standard library, or of ``data``).
         checkpoint_every: steps between resumable checkpoints.
+        data: the text task's own text, a file or a directory
+            (:meth:`posenc.lab.tasks.TextCorpus.from_data`); None: the standard library.
+            Trained models are keyed by the digest of the bytes read, not by this path.
     """
 
     task: str = "copy"
@@ -96,9 +99,20 @@ class LabConfig:
     eval_examples: int = 128
     text_bytes: int = 8 << 20
     checkpoint_every: int = 250
+    data: str | None = None
 
     def __post_init__(self) -> None:
         checks.check_choice(self.task, "task", T.TASKS)
+        if self.data is not None:
+            if not isinstance(self.data, (str, os.PathLike)):
+                kind = type(self.data).__name__
+                raise TypeError(f"data must be a str, a path or None; got {kind}")
+            # a str, so that the config stays JSON (results.json) and hashable
+            object.__setattr__(self, "data", os.fspath(self.data))
+            if self.task != "text":
+                raise ValueError(
+                    f"data (--data) is read by the text task only; got task {self.task!r}"
+                )
         if not self.encodings:
             raise ValueError("encodings must name at least one encoding")
         for e in self.encodings:
@@ -126,11 +140,29 @@ class LabConfig:
         parts = asdict(self)
         for unused in ("encodings", "seeds", "test_len", "eval_examples", "checkpoint_every"):
             parts.pop(unused)
+        parts.pop("data")  # the path: its bytes enter as their digest, below
         if self.task != "text":
             parts.pop("text_bytes")
+        elif self.data is not None:
+            # the digest says which bytes the model saw: text_bytes enters only through it
+            parts.pop("text_bytes")
+            parts["corpus"] = self.corpus_digest
         parts.update(encoding=training_encoding(encoding), seed=seed, version=VERSION)
         parts["max_positions"] = self.max_positions
         return _digest(parts)
+
+    @functools.cached_property
+    def corpus_digest(self) -> str | None:
+        """The text task's corpus's :attr:`~posenc.lab.tasks.TextCorpus.digest` (None: tasks).
+
+        Read once per config object (and carried to worker processes with it), so every
+        key of a run names the same bytes; :func:`text_corpus` checks the bytes it trains on.
+        """
+        if self.task != "text":
+            return None
+        corpus = _read_corpus(self)
+        _CORPUS[self.data, self.text_bytes] = corpus
+        return corpus.digest
 
     def eval_key(self, encoding: str, seed: int) -> str:
         extra = {"encoding": encoding, "test_len": self.test_len, "n": self.eval_examples}
@@ -143,6 +175,51 @@ class LabConfig:
 
 def _digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# the text corpora this process has read, by (data, text_bytes)
+_CORPUS: dict[tuple[str | None, int], T.TextCorpus] = {}
+
+
+def _read_corpus(config: LabConfig) -> T.TextCorpus:
+    if config.data is None:
+        return T.TextCorpus(max_bytes=config.text_bytes)
+    return T.TextCorpus.from_data(config.data, max_bytes=config.text_bytes)
+
+
+def text_corpus(config: LabConfig) -> T.TextCorpus | None:
+    """The text task's corpus, read once per process (None for the synthetic tasks).
+
+    The bytes are those :attr:`LabConfig.corpus_digest` names, which the keys hold:
+    nothing rank- or process-specific enters them.
+
+    Raises:
+        ValueError: ``data`` changed since ``config`` first read it (make the config
+            again), or the corpus is too short for one window of ``train_len`` (train
+            split) or ``test_len`` (test split) bytes plus the byte after it.
+    """
+    if config.task != "text":
+        return None
+    digest = config.corpus_digest
+    corpus = _CORPUS.get((config.data, config.text_bytes))
+    if corpus is None or corpus.digest != digest:
+        corpus = _read_corpus(config)
+        if corpus.digest != digest:
+            raise ValueError(
+                f"data changed since this LabConfig read it ({config.data!r}): make the "
+                "config again (dataclasses.replace(config) reads it anew)"
+            )
+        _CORPUS[config.data, config.text_bytes] = corpus
+    name = "text_bytes" if config.data is None else "data (--data)"
+    for split, option in (("train", "train_len"), ("test", "test_len")):
+        try:
+            corpus.windows(split, getattr(config, option), 1)
+        except ValueError as exc:
+            raise ValueError(
+                f"{name} gives too little text for {option}: {exc}; give more text or a "
+                f"smaller {option}"
+            ) from None
+    return corpus
 
 
 @dataclass(frozen=True)
@@ -259,6 +336,19 @@ def _world(context_parallel: int = 1, device: Any = None) -> _World:
     return _World(rank, size, where, cp, group)
 
 
+def _same_on_every_rank(digest: str, world: _World) -> bool:
+    """Whether every process holds the same hex ``digest`` (its first 60 bits compared)."""
+    if world.size == 1:
+        return True
+    import torch.distributed as dist
+
+    value = torch.tensor([int(digest[:15], 16)], dtype=torch.int64, device=world.device)
+    low, high = value.clone(), value.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    return bool(low == high)
+
+
 def _barrier(world: _World) -> None:
     if world.size > 1:
         import torch.distributed as dist
@@ -348,7 +438,9 @@ class _Data:
         c = self.config
         if c.task == "text":
             return self.corpus.batch("train", c.train_len, c.batch_size, self.gen)
-        n = int(torch.randint(1, c.train_len + 1, (1,), generator=self.gen))
+        # randint(0, k) + 1 draws what randint(1, k + 1) did, so the lab's tasks are unchanged
+        ns = T.lengths(c.task, c.train_len)
+        n = ns[int(torch.randint(0, len(ns), (1,), generator=self.gen))]
         return T.make_batch(c.task, n, c.batch_size, self.gen)
 
 
@@ -527,7 +619,7 @@ def evaluate(
             )
             records.append(Record("text", encoding, seed, length, "perplexity", math.exp(loss)))
         return records
-    for n in range(1, config.test_len + 1):
+    for n in T.lengths(config.task, config.test_len):
         gen = torch.Generator().manual_seed(424_243 + n)
         batch = T.make_batch(config.task, n, config.eval_examples, gen)
         logits, targets = scored(batch, T.sequence_length(config.task, n))
@@ -616,9 +708,8 @@ def _train_and_evaluate(
     return done
 
 
-# a worker process's progress channel and corpus (built once per process)
+# a worker process's progress channel
 _PROGRESS: Any = None
-_CORPUS: dict[int, Any] = {}
 
 
 def _start_worker(threads: int, progress: Any) -> None:
@@ -638,11 +729,7 @@ def _worker_job(
     A piece that ends before ``config.steps`` trains up to ``until`` and stops at a
     checkpoint (None); the last piece finishes the training and evaluates.
     """
-    corpus = None
-    if config.task == "text":
-        if config.text_bytes not in _CORPUS:
-            _CORPUS[config.text_bytes] = T.TextCorpus(max_bytes=config.text_bytes)
-        corpus = _CORPUS[config.text_bytes]
+    corpus = text_corpus(config)
     tag = training.first
 
     def on_step(done: int) -> None:
@@ -775,13 +862,21 @@ def run(
         ValueError: an output directory that cannot be written; ``workers`` < 1;
             ``context_parallel`` < 1 or not dividing the number of processes;
             a batch that does not split over the data-parallel ranks; a ``device``
-            that is not CPU or CUDA, or CUDA where none exists.
+            that is not CPU or CUDA, or CUDA where none exists; for the text task, a
+            ``data`` that cannot be read or is too short for the lengths
+            (:func:`text_corpus`), or a corpus that differs between processes.
     """
     world = _world(context_parallel, device)
     if config.batch_size % world.dp_size:
         raise ValueError(
             f"batch_size ({config.batch_size}) must split evenly over {world.dp_size} "
             f"data-parallel ranks ({world.size} processes / context_parallel {world.cp})"
+        )
+    corpus = text_corpus(config)
+    if corpus is not None and not _same_on_every_rank(corpus.digest, world):
+        raise ValueError(
+            "the text corpus differs between processes: every rank must read the same "
+            f"bytes (data {config.data!r}, text_bytes {config.text_bytes})"
         )
     out = Path(out)
     directory = out / "runs"
@@ -822,7 +917,6 @@ def run(
         if count > 1:
             results = _in_workers(config, trainings, directory, count, bar)
         else:
-            corpus = T.TextCorpus(max_bytes=config.text_bytes) if config.task == "text" else None
             results = []
             for training in trainings:
                 bar.queued(training.first)

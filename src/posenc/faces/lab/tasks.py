@@ -23,9 +23,9 @@ token ``4 + d``):
   ``a_0 .. a_{n-1} PLUS b_0 .. b_{n-1}``; the answer is ``a + b`` in exactly
   ``n + 1`` digits, least-significant first (the last digit is the carry).
 
-``text`` is a byte-level language model over the Python standard library's own
-source (:class:`TextCorpus`): byte ``b`` is token ``b + 4``, and every position
-of a window is scored.
+``text`` is a byte-level language model (:class:`TextCorpus`) over the Python
+standard library's own source or over your own text (:meth:`TextCorpus.from_data`):
+byte ``b`` is token ``b + 4``, and every position of a window is scored.
 
 Everything random is drawn from the ``torch.Generator`` passed in, so a batch
 is a function of the generator's state alone; tensors are made on the
@@ -34,10 +34,11 @@ generator's device.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sysconfig
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ import numpy as np
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import names
+from posenc.faces.lab import names, suite_tasks
+from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
 __all__ = [
     "BOS",
@@ -58,21 +60,16 @@ __all__ = [
     "Batch",
     "TextCorpus",
     "answers",
+    "lengths",
     "make_batch",
     "sequence_length",
     "vocab_size",
 ]
 
-#: Special tokens shared by every task.
-PAD, BOS, SEP, EOS = 0, 1, 2, 3
-#: Target value of positions that are not scored (``cross_entropy``'s default ``ignore_index``).
-IGNORE = -100
-#: The ``+`` between the two operands of ``addition`` (same id as recall's first key; tasks
-#: never share a model, so ids only need to be unique within a task).
-PLUS = 14
+# The special tokens and Batch live in _layout, shared with suite_tasks, and are re-exported.
 
 #: Every task name; all but ``"text"`` are synthetic and come from :func:`make_batch`.
-TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text")
+TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS)
 
 _SYMBOL0 = 4  # first symbol token (digit 0)
 _NUM_SYMBOLS = 10
@@ -80,40 +77,14 @@ _KEY0 = _SYMBOL0 + _NUM_SYMBOLS  # first key token of recall
 _NUM_KEYS = 64
 _BYTE0 = 4  # token of byte 0 in the text task
 _SYNTHETIC = tuple(task for task in TASKS if task != "text")
+# Kazemnejad et al.'s suite: posenc.faces.lab.suite_tasks makes its batches
+_SUITE = frozenset(names.SUITE_TASKS)
 # Directories skipped when walking the stdlib: third-party packages live there, and the
 # corpus is meant to be the standard library only (Debian names the directory dist-packages).
 _PRUNED_DIRS = frozenset({"site-packages", "dist-packages"})
 _TEST_EVERY = 10  # every 10th file (in sorted order) goes to the test split
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A batch of examples that all have the same task length.
-
-    Attributes:
-        tokens: ``(batch, seq)`` int64 input ids, right-padded with :data:`PAD`.
-        targets: ``(batch, seq)`` int64; ``targets[b, t]`` is the token the model must
-            predict at position ``t`` (``tokens[b, t + 1]`` where scored) and
-            :data:`IGNORE` where the position is not scored.
-        length: The task length ``n`` every example in the batch has (for text, the
-            window length, which equals ``seq``).
-    """
-
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    length: int
-
-    @property
-    def scored(self) -> tuple[int, int]:
-        """``(start, stop)``: columns ``start .. stop - 1``, the first scored target to the last.
-
-        A synthetic task scores from ``SEP``'s column to the one before ``EOS``, text
-        every column; a batch scoring nothing gives every column.
-        """
-        columns = (self.targets != IGNORE).any(dim=0).nonzero()
-        if columns.numel() == 0:
-            return 0, self.targets.shape[1]
-        return int(columns[0]), int(columns[-1]) + 1
+# git's test for a binary file: a NUL byte among its first 8000 bytes
+_SNIFF = 8000
 
 
 # ------------------------------------------------------------------------------ validation
@@ -168,6 +139,8 @@ def vocab_size(task: str) -> int:
         ValueError: If ``task`` is not one of :data:`TASKS` (TypeError if not a str).
     """
     task = _check_task(task)
+    if task in _SUITE:
+        return suite_tasks.vocab_size(task)
     if task == "recall":
         return _KEY0 + _NUM_KEYS
     if task == "addition":
@@ -211,11 +184,31 @@ def sequence_length(task: str, n: int) -> int:
         TypeError: If ``n`` is not an int.
     """
     task = _check_task(task)
+    if task in _SUITE:
+        return suite_tasks.sequence_length(task, n)
     n = _check_n(task, n)
     if task == "text":
         return n
     # BOS, input, SEP, answer, EOS
     return 1 + _input_length(task, n) + 1 + _answer_length(task, n) + 1
+
+
+def lengths(task: str, high: int) -> list[int]:
+    """The task lengths ``1 .. high`` that :func:`make_batch` accepts for ``task``.
+
+    Every length for every task but ``scan`` (where :func:`make_batch` still refuses
+    recall beyond 64 and lego beyond 26); for ``scan`` the lengths some SCAN command's
+    action sequence has (none has 23 actions, for instance).
+
+    Raises:
+        ValueError: If ``task`` is not synthetic or ``high`` < 1.
+        TypeError: If ``high`` is not an int.
+    """
+    task = _check_task(task, _SYNTHETIC)
+    high = checks.check_int(high, "high", 1)
+    if task == "scan":
+        return [n for n in suite_tasks.SCAN_LENGTHS if n <= high]
+    return list(range(1, high + 1))
 
 
 # ------------------------------------------------------------------------------ synthetic
@@ -311,6 +304,8 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
             ``torch.Generator``.
     """
     task = _check_task(task, _SYNTHETIC)
+    if task in _SUITE:
+        return suite_tasks.make_batch(task, n, batch_size, generator)
     n = _check_n(task, n)
     batch_size = checks.check_int(batch_size, "batch_size", 1)
     generator = _check_generator(generator)
@@ -358,13 +353,19 @@ def answers(task: str, tokens: torch.Tensor) -> torch.Tensor:
         ``n`` for copy/reverse/sort, 1 for recall and ``n + 1`` for addition.
 
     Raises:
-        ValueError: If ``task`` is not synthetic, or ``tokens`` has the wrong shape, has
+        ValueError: If ``task`` is not synthetic or is a suite task
+            (:data:`posenc.lab.names.SUITE_TASKS`), or ``tokens`` has the wrong shape, has
             no ``BOS``/``SEP`` where the layout puts them, or holds a prompt the task
             cannot answer (a recall query that matches no key or several, an addition
             digit that is not a symbol).
         TypeError: If ``tokens`` is not an integer torch tensor.
     """
     task = _check_task(task, _SYNTHETIC)
+    if task in _SUITE:
+        raise ValueError(
+            f"answers covers the tasks {_SYNTHETIC[:5]}; the suite task {task!r} pads "
+            "variable-length examples (read its answers from make_batch's targets)"
+        )
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"tokens must be a torch.Tensor; got {type(tokens).__name__}")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
@@ -438,6 +439,76 @@ def _python_files(directory: Path) -> Iterator[Path]:
             yield Path(entry.path)
 
 
+def _text_files(directory: Path) -> Iterator[Path]:
+    """Every file under ``directory`` but hidden ones, lazily, in sorted path order.
+
+    The walk of :func:`_python_files` without its filter: names starting with ``.``
+    (``.git``, ``.venv``, dotfiles) are skipped, directories and files alike, and so are
+    directories that cannot be listed; whether a file holds text is :func:`_read_text`'s test.
+    """
+    try:
+        with os.scandir(directory) as listing:
+            entries = sorted(listing, key=lambda entry: entry.name)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from _text_files(Path(entry.path))
+        elif entry.is_file():
+            yield Path(entry.path)
+
+
+def _read_all(path: Path, room: int | None) -> bytes | None:
+    """A file's first ``room`` bytes (all of them if None)."""
+    with open(path, "rb") as handle:
+        return handle.read() if room is None else handle.read(room)
+
+
+def _read_text(path: Path, room: int | None) -> bytes | None:
+    """A file's first ``room`` bytes, or None for a file that is unreadable, empty or binary.
+
+    Binary is git's test: a NUL byte among the first 8000 bytes (read even when ``room``
+    is smaller, so whether a file counts does not depend on where the limit falls).
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read() if room is None else handle.read(max(room, _SNIFF))
+    except OSError:
+        return None
+    if not data or b"\0" in data[:_SNIFF]:
+        return None
+    return data if room is None else data[:room]
+
+
+def _split_by_file(
+    paths: Iterable[Path],
+    max_bytes: int | None,
+    read: Callable[[Path, int | None], bytes | None],
+) -> tuple[list[bytes], list[bytes]]:
+    """The (train, test) files' bytes: every 10th file read to test, within ``max_bytes``.
+
+    ``read`` returns a file's first ``room`` bytes, or None to skip the file (it then
+    takes no place in the every-10th count). The newline that will join a file to the
+    one before it in its split counts against ``max_bytes`` too.
+    """
+    splits: tuple[list[bytes], list[bytes]] = ([], [])
+    kept = 0
+    for path in paths:
+        split = splits[(len(splits[0]) + len(splits[1])) % _TEST_EVERY == _TEST_EVERY - 1]
+        cost = 1 if split else 0
+        room = None if max_bytes is None else max_bytes - kept - cost
+        if room is not None and room <= 0:
+            break
+        data = read(path, room)
+        if data is None:
+            continue
+        split.append(data)
+        kept += cost + len(data)
+    return splits
+
+
 def _as_tensor(chunks: list[bytes]) -> torch.Tensor:
     """Files joined with one newline, as a uint8 tensor (copied: torch needs a writable buffer)."""
     joined = b"\n".join(chunks)
@@ -446,6 +517,8 @@ def _as_tensor(chunks: list[bytes]) -> torch.Tensor:
 
 class TextCorpus:
     """Byte-level text of Python source files, split by file into train and test.
+
+    :meth:`from_data` reads your own text instead (a file or a directory).
 
     Files (``*.py`` under ``root``, skipping any ``site-packages`` or ``dist-packages``
     directory) are read in sorted path order; every 10th file (the 10th, 20th, ... in
@@ -479,26 +552,105 @@ class TextCorpus:
         self.max_bytes = max_bytes
         if not self.root.is_dir():
             raise ValueError(f"root must be a directory; got {str(self.root)!r}")
-
-        splits: tuple[list[bytes], list[bytes]] = ([], [])  # (train, test)
-        kept = 0
-        found = False
-        for index, path in enumerate(_python_files(self.root)):
-            found = True
-            split = splits[index % _TEST_EVERY == _TEST_EVERY - 1]
-            # The separator before this file (if the split already has one) counts too.
-            cost = 1 if split else 0
-            room = None if max_bytes is None else max_bytes - kept - cost
-            if room is not None and room <= 0:
-                break
-            with open(path, "rb") as handle:
-                data = handle.read() if room is None else handle.read(room)
-            split.append(data)
-            kept += cost + len(data)
-        if not found:
+        splits = _split_by_file(_python_files(self.root), max_bytes, _read_all)
+        if not splits[0]:
             raise ValueError(f"root has no .py files: {str(self.root)!r}")
+        self._keep(splits, "root")
+
+    @classmethod
+    def from_data(
+        cls, data: str | os.PathLike[str], *, max_bytes: int | None = 8 << 20
+    ) -> TextCorpus:
+        """Byte-level text of your own: a text file, or a directory of them read recursively.
+
+        A directory counts every file under it, in sorted path order (by path
+        components), except: names starting with ``.`` (hidden files and directories,
+        ``.git`` among them), files that cannot be read, empty files, and files that look
+        binary by git's test (a NUL byte among their first 8000 bytes). Symbolic links to
+        files are followed, those to directories are not. The files split as the
+        standard library's do: every 10th file counted goes to the test split, so a
+        directory needs 10 text files for a test split at all.
+
+        A single file splits by position: its first nine tenths (rounded down) are the
+        train split and the rest the test split. It must be readable text by the same test.
+
+        Either way only the first ``max_bytes`` bytes are kept, as in :class:`TextCorpus`
+        (for a single file, before the split).
+
+        Args:
+            data: A text file or a directory of text files.
+            max_bytes: At most this many bytes are kept (newline separators included);
+                ``None`` reads everything.
+
+        Returns:
+            The corpus; :attr:`digest` identifies its bytes (not its path).
+
+        Raises:
+            ValueError: If ``data`` does not exist, is neither a file nor a directory, is
+                a file that is unreadable, empty or binary, or a directory without one text
+                file; or ``max_bytes`` < 1.
+            TypeError: If ``data`` is not a str/path or ``max_bytes`` not an int.
+        """
+        if not isinstance(data, (str, os.PathLike)):
+            raise TypeError(f"data must be a str or a path; got {type(data).__name__}")
+        if max_bytes is not None:
+            max_bytes = checks.check_int(max_bytes, "max_bytes", 1)
+        path = Path(data)
+        if os.fspath(data) == "":
+            raise ValueError("data (--data) must name a text file or a directory of them; got ''")
+        by_position = path.is_file()
+        if path.is_dir():
+            splits = _split_by_file(_text_files(path), max_bytes, _read_text)
+            if not splits[0]:
+                raise ValueError(
+                    f"data (--data) holds no text files: {str(path)!r} (files that are hidden, "
+                    "unreadable, empty, or hold a NUL byte in their first 8000 bytes are "
+                    "skipped)"
+                )
+        elif by_position:
+            text = _read_text(path, max_bytes)
+            if text is None:
+                raise ValueError(
+                    f"data (--data) must be a readable, non-empty text file (no NUL byte in its "
+                    f"first 8000 bytes); got {str(path)!r}"
+                )
+            cut = len(text) * (_TEST_EVERY - 1) // _TEST_EVERY
+            splits = ([text[:cut]], [text[cut:]])
+        else:
+            why = "not a regular file" if path.exists() else "no such file or directory"
+            raise ValueError(
+                f"data (--data) must be a text file or a directory of them; {why}: {str(path)!r}"
+            )
+        corpus = cls.__new__(cls)
+        corpus.root, corpus.max_bytes = path, max_bytes
+        corpus._keep(splits, "data", by_position=by_position)
+        return corpus
+
+    def _keep(
+        self, splits: tuple[list[bytes], list[bytes]], source: str, by_position: bool = False
+    ) -> None:
+        """Store the (train, test) files' bytes, each split joined into one tensor."""
+        self._source = source
+        self._test_rule = (
+            "the last tenth of the file" if by_position else f"every {_TEST_EVERY}th file"
+        )
         self._data = {"train": _as_tensor(splits[0]), "test": _as_tensor(splits[1])}
         self._files = {"train": len(splits[0]), "test": len(splits[1])}
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the bytes the corpus holds, by split: what a model trained on it saw.
+
+        Hashed: the train split's length (8 bytes, little-endian) and bytes, then the test
+        split's. Paths do not enter it: moved or renamed files give the same digest as long
+        as their order, and so the split, stays the same.
+        """
+        sha = hashlib.sha256()
+        for split in ("train", "test"):
+            data = self._data[split].numpy()
+            sha.update(len(data).to_bytes(8, "little"))
+            sha.update(data.tobytes())
+        return sha.hexdigest()
 
     @property
     def train_bytes(self) -> int:
@@ -512,7 +664,7 @@ class TextCorpus:
 
     def __repr__(self) -> str:
         return (
-            f"TextCorpus(root={str(self.root)!r}, train: {self._files['train']} files "
+            f"TextCorpus({self._source}={str(self.root)!r}, train: {self._files['train']} files "
             f"{self.train_bytes} bytes, test: {self._files['test']} files {self.test_bytes} bytes)"
         )
 
@@ -525,8 +677,8 @@ class TextCorpus:
         if data.numel() < length + 1:
             raise ValueError(
                 f"length {length} does not fit the {split} split: a window takes length + 1 "
-                f"bytes and the split holds {data.numel()} (the test split gets every "
-                f"{_TEST_EVERY}th file)"
+                f"bytes and the split holds {data.numel()} (the test split is "
+                f"{self._test_rule})"
             )
         return data, length
 
