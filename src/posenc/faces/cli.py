@@ -352,7 +352,7 @@ def _lab_config(args: argparse.Namespace) -> Any:
         args.task, encodings=encodings, train_len=args.train_len, test_len=args.test_len,
         seeds=args.seeds, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
         d_model=args.d_model, layers=args.layers, heads=args.heads,
-        eval_examples=args.eval_examples,
+        eval_examples=args.eval_examples, data=args.data,
     )  # fmt: skip
 
 
@@ -487,6 +487,12 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
     ):
         parser.add_argument(flag, type=kind, default=None, metavar="N", help=text)
     parser.add_argument("--lr", type=_number, default=None, help="peak learning rate")
+    parser.add_argument(
+        "--data", default=None, metavar="PATH",
+        help="--task text on your own text: a file (the last tenth is the test split) or a "
+        "directory read recursively (every 10th file is; hidden, empty and binary files "
+        "are skipped); default: the standard library's .py files",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

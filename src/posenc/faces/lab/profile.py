@@ -22,10 +22,16 @@ from typing import Any
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import training_encoding
 from posenc.faces.lab.model import LabModel
-from posenc.faces.lab.run import LabConfig, _loss, _training_state, _update, evaluate
+from posenc.faces.lab.run import (
+    LabConfig,
+    _loss,
+    _training_state,
+    _update,
+    evaluate,
+    text_corpus,
+)
 
 __all__ = ["KINDS", "PHASES", "Profile", "format_profile", "profile"]
 
@@ -93,7 +99,7 @@ def profile(
     warmup = checks.check_int(warmup, "warmup", minimum=0)
     threads = checks.check_int(threads, "threads", minimum=1)
     if config.task == "text" and corpus is None:
-        corpus = T.TextCorpus(max_bytes=config.text_bytes)
+        corpus = text_corpus(config)
     result = Profile(config, steps, threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
