@@ -39,7 +39,6 @@ import hashlib
 import os
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,8 @@ import numpy as np
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import names
+from posenc.faces.lab import names, suite_tasks
+from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
 __all__ = [
     "BOS",
@@ -60,21 +60,16 @@ __all__ = [
     "Batch",
     "TextCorpus",
     "answers",
+    "lengths",
     "make_batch",
     "sequence_length",
     "vocab_size",
 ]
 
-#: Special tokens shared by every task.
-PAD, BOS, SEP, EOS = 0, 1, 2, 3
-#: Target value of positions that are not scored (``cross_entropy``'s default ``ignore_index``).
-IGNORE = -100
-#: The ``+`` between the two operands of ``addition`` (same id as recall's first key; tasks
-#: never share a model, so ids only need to be unique within a task).
-PLUS = 14
+# The special tokens and Batch live in _layout, shared with suite_tasks, and are re-exported.
 
 #: Every task name; all but ``"text"`` are synthetic and come from :func:`make_batch`.
-TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text")
+TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS)
 
 _SYMBOL0 = 4  # first symbol token (digit 0)
 _NUM_SYMBOLS = 10
@@ -82,42 +77,14 @@ _KEY0 = _SYMBOL0 + _NUM_SYMBOLS  # first key token of recall
 _NUM_KEYS = 64
 _BYTE0 = 4  # token of byte 0 in the text task
 _SYNTHETIC = tuple(task for task in TASKS if task != "text")
+# Kazemnejad et al.'s suite: posenc.faces.lab.suite_tasks makes its batches
+_SUITE = frozenset(names.SUITE_TASKS)
 # Directories skipped when walking the stdlib: third-party packages live there, and the
 # corpus is meant to be the standard library only (Debian names the directory dist-packages).
 _PRUNED_DIRS = frozenset({"site-packages", "dist-packages"})
 _TEST_EVERY = 10  # every 10th file (in sorted order) goes to the test split
 # git's test for a binary file: a NUL byte among its first 8000 bytes
 _SNIFF = 8000
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A batch of examples that all have the same task length.
-
-    Attributes:
-        tokens: ``(batch, seq)`` int64 input ids, right-padded with :data:`PAD`.
-        targets: ``(batch, seq)`` int64; ``targets[b, t]`` is the token the model must
-            predict at position ``t`` (``tokens[b, t + 1]`` where scored) and
-            :data:`IGNORE` where the position is not scored.
-        length: The task length ``n`` every example in the batch has (for text, the
-            window length, which equals ``seq``).
-    """
-
-    tokens: torch.Tensor
-    targets: torch.Tensor
-    length: int
-
-    @property
-    def scored(self) -> tuple[int, int]:
-        """``(start, stop)``: columns ``start .. stop - 1``, the first scored target to the last.
-
-        A synthetic task scores from ``SEP``'s column to the one before ``EOS``, text
-        every column; a batch scoring nothing gives every column.
-        """
-        columns = (self.targets != IGNORE).any(dim=0).nonzero()
-        if columns.numel() == 0:
-            return 0, self.targets.shape[1]
-        return int(columns[0]), int(columns[-1]) + 1
 
 
 # ------------------------------------------------------------------------------ validation
@@ -172,6 +139,8 @@ def vocab_size(task: str) -> int:
         ValueError: If ``task`` is not one of :data:`TASKS` (TypeError if not a str).
     """
     task = _check_task(task)
+    if task in _SUITE:
+        return suite_tasks.vocab_size(task)
     if task == "recall":
         return _KEY0 + _NUM_KEYS
     if task == "addition":
@@ -215,11 +184,31 @@ def sequence_length(task: str, n: int) -> int:
         TypeError: If ``n`` is not an int.
     """
     task = _check_task(task)
+    if task in _SUITE:
+        return suite_tasks.sequence_length(task, n)
     n = _check_n(task, n)
     if task == "text":
         return n
     # BOS, input, SEP, answer, EOS
     return 1 + _input_length(task, n) + 1 + _answer_length(task, n) + 1
+
+
+def lengths(task: str, high: int) -> list[int]:
+    """The task lengths ``1 .. high`` that :func:`make_batch` accepts for ``task``.
+
+    Every length for every task but ``scan`` (where :func:`make_batch` still refuses
+    recall beyond 64 and lego beyond 26); for ``scan`` the lengths some SCAN command's
+    action sequence has (none has 23 actions, for instance).
+
+    Raises:
+        ValueError: If ``task`` is not synthetic or ``high`` < 1.
+        TypeError: If ``high`` is not an int.
+    """
+    task = _check_task(task, _SYNTHETIC)
+    high = checks.check_int(high, "high", 1)
+    if task == "scan":
+        return [n for n in suite_tasks.SCAN_LENGTHS if n <= high]
+    return list(range(1, high + 1))
 
 
 # ------------------------------------------------------------------------------ synthetic
@@ -315,6 +304,8 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
             ``torch.Generator``.
     """
     task = _check_task(task, _SYNTHETIC)
+    if task in _SUITE:
+        return suite_tasks.make_batch(task, n, batch_size, generator)
     n = _check_n(task, n)
     batch_size = checks.check_int(batch_size, "batch_size", 1)
     generator = _check_generator(generator)
@@ -362,13 +353,19 @@ def answers(task: str, tokens: torch.Tensor) -> torch.Tensor:
         ``n`` for copy/reverse/sort, 1 for recall and ``n + 1`` for addition.
 
     Raises:
-        ValueError: If ``task`` is not synthetic, or ``tokens`` has the wrong shape, has
+        ValueError: If ``task`` is not synthetic or is a suite task
+            (:data:`posenc.lab.names.SUITE_TASKS`), or ``tokens`` has the wrong shape, has
             no ``BOS``/``SEP`` where the layout puts them, or holds a prompt the task
             cannot answer (a recall query that matches no key or several, an addition
             digit that is not a symbol).
         TypeError: If ``tokens`` is not an integer torch tensor.
     """
     task = _check_task(task, _SYNTHETIC)
+    if task in _SUITE:
+        raise ValueError(
+            f"answers covers the tasks {_SYNTHETIC[:5]}; the suite task {task!r} pads "
+            "variable-length examples (read its answers from make_batch's targets)"
+        )
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"tokens must be a torch.Tensor; got {type(tokens).__name__}")
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
