@@ -399,6 +399,35 @@ def _lab_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab_suite(args: argparse.Namespace) -> int:
+    from posenc.faces.lab.suite import QUICK, SuiteConfig, run_suite, with_options
+
+    extra = None
+    if args.encodings is not None:
+        extra = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    config = with_options(QUICK if args.quick else SuiteConfig(), extra=extra, seeds=args.seeds)
+
+    def say(i: int, task: Any) -> None:
+        print(f"suite: task {i + 1}/{len(config.tasks)}: {task.key}", file=sys.stderr, flush=True)
+
+    result = run_suite(
+        config, args.out, workers=args.workers, device=args.device,
+        progress=not args.no_progress, on_task=say,
+    )  # fmt: skip
+    doc = result.doc
+    print(f"{'encoding':>14}  {'MRR':>6}  {'paper':>6}  seed min-max")
+    for encoding, value in doc["mrr"].items():
+        paper = doc["paper"].get(encoding)
+        spread = (doc["mrr_spread"] or {}).get(encoding)
+        band = f"{spread['min']:.3f}-{spread['max']:.3f}" if spread else "-"
+        paper_cell = f"{paper:.3f}" if paper is not None else "-"
+        print(f"{encoding:>14}  {value:6.3f}  {paper_cell:>6}  {band}")
+    print(f"trained {result.trained} models in {doc['seconds']:.0f} s; "
+          f"results: {result.paths['json'].resolve()}")  # fmt: skip
+    print(f"page: {result.paths['html'].resolve()}")
+    return 0
+
+
 def _rope(args: argparse.Namespace) -> int:
     from posenc.faces import rope
 
@@ -716,6 +745,39 @@ def build_parser() -> argparse.ArgumentParser:
     lab_profile.add_argument("--threads", type=_int_at_least(1), default=1, metavar="N",
                              help="torch threads; default: %(default)s")  # fmt: skip
     lab_profile.set_defaults(run=_lab_profile)
+    from posenc.faces.lab import names
+
+    lab_suite = lab_sub.add_parser(
+        "suite",
+        help="Kazemnejad et al. (2023)'s length-generalisation suite and its mean reciprocal rank",
+        description="Train NoPE, T5 bias, ALiBi, rotary and sinusoidal (plus --encodings) on "
+        "every task of the suite, each trained to one length and tested beyond it, through "
+        "`posenc lab run` (cached: a rerun trains nothing new); write DIR/<task split>/, "
+        "DIR/suite.json (every accuracy and the mean reciprocal rank) and DIR/index.html "
+        "(accuracy against length per task, the MRR beside the paper's).",
+    )
+    lab_suite.add_argument("--quick", action="store_true",
+                           help="copy and addition only, 2 seeds, 1000 steps (minutes on a "
+                           "laptop CPU)")  # fmt: skip
+    lab_suite.add_argument(
+        "--encodings", default=None, metavar="LIST",
+        help="comma-separated encodings run beside the five, from: "
+        f"{', '.join(names.ENCODINGS)}",
+    )  # fmt: skip
+    lab_suite.add_argument("--seeds", type=_int_at_least(1), default=None, metavar="N",
+                           help="seeds per encoding (default: 3, --quick 2)")  # fmt: skip
+    lab_suite.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None,
+        help="where to train (default: cuda where a GPU exists, else cpu)",
+    )  # fmt: skip
+    lab_suite.add_argument("--out", default="posenc-suite", metavar="DIR",
+                           help="default: %(default)s")  # fmt: skip
+    lab_suite.add_argument(
+        "--workers", type=_int_at_least(1), default=None, metavar="N",
+        help="trainings at once on a CPU (default: one per usable CPU)",
+    )  # fmt: skip
+    lab_suite.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_suite.set_defaults(run=_lab_suite)
 
     from posenc.faces.plot import KINDS
 

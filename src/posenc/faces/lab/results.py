@@ -317,11 +317,18 @@ def probe_figure(probes: Sequence[Any], title: str = "") -> Any:
     return fig
 
 
-def figure(records: Sequence[Any], train_len: int, title: str = "") -> Any:
-    """Metric against length per encoding: mean over seeds, min-max band, trained range marked."""
+def figure(records: Sequence[Any], train_len: int, title: str = "", ax: Any = None) -> Any:
+    """Metric against length per encoding: mean over seeds, min-max band, trained range marked.
+
+    Drawn on a new figure, or on the matplotlib axes ``ax`` (one panel of a
+    larger figure); returns the figure either way.
+    """
     from posenc.faces.plot import new_figure
 
-    fig, ax = new_figure(8, 4.5)
+    if ax is None:
+        fig, ax = new_figure(8, 4.5)
+    else:
+        fig = ax.figure
     metric = records[0].metric if records else "accuracy"
     for i, (encoding, by_len) in enumerate(_by_encoding(records).items()):
         lengths = sorted(by_len)

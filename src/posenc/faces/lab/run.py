@@ -829,6 +829,7 @@ def run(
     workers: int | None = 1,
     context_parallel: int = 1,
     device: Any = None,
+    probe: bool = True,
 ) -> Outcome:
     """Train, evaluate and probe every (encoding, seed) of ``config``; write ``out/results.json``.
 
@@ -857,6 +858,9 @@ def run(
     ``device``: ``"cuda"`` or ``"cpu"``; by default CUDA where a GPU exists (one
     training at a time there, each process on its ``LOCAL_RANK``'s GPU under
     torchrun, over nccl), else the CPU.
+
+    ``probe=False`` probes no model (``posenc lab suite`` reads accuracies only):
+    the outcome and ``results.json`` hold the probes already on disk, if any.
 
     Raises:
         ValueError: an output directory that cannot be written; ``workers`` < 1;
@@ -897,7 +901,7 @@ def run(
         evaluations.setdefault(config.training_key(e, s), []).append((e, s))
     unprobed = {
         key for key, first in models.items()
-        if not (directory / f"{config.probe_key(*first)}.json").exists()
+        if probe and not (directory / f"{config.probe_key(*first)}.json").exists()
     }  # fmt: skip
     # longest first (a training evaluates each job sharing it: rope and its scalings take
     # several), so the trainings that start last, while others finish, are the shortest
@@ -948,6 +952,8 @@ def run(
     for key, (encoding, seed) in models.items():
         if key not in measured:
             path = directory / f"{config.probe_key(encoding, seed)}.json"
+            if not probe and not path.exists():
+                continue  # never probed, and not asked to
             measured[key] = json.loads(path.read_text())
         outcome.probes += [Probe(**p) for p in measured[key]["probes"]]
         if measured[key]["bias_parameters"] is not None:
