@@ -371,8 +371,9 @@ def run_suite(
     null with one seed), ``"mrr_study"`` (the five ranked among themselves, as
     the paper's numbers are), ``"mrr_ties_averaged"`` (ties sharing their mean
     rank), ``"paper"`` (:data:`PAPER_MRR`), ``"columns"`` (per task, split and
-    seed: each encoding's test accuracy and reciprocal rank) and ``"accuracy"``
-    (every task, split, encoding, seed and length).
+    seed: each encoding's test accuracy and reciprocal rank), ``"accuracy"``
+    (every task, split, encoding, seed and length), and ``"seconds"`` and
+    ``"trained"``: this call's wall time and models trained (0 on a rerun).
 
     Args:
         config: the settings; :class:`SuiteConfig`'s defaults (the full suite) when None.
