@@ -68,6 +68,7 @@ from posenc.core.positions import document_positions, packed_document_ids, packe
 from posenc.families.bias.modules import AttentionBias, NoPE, ScaledForm
 from posenc.families.contextual import DAPE, CoPE
 from posenc.integration import contextual
+from posenc.integration._blocks import allowed, grouped
 
 __all__ = ["attention"]
 
@@ -290,12 +291,6 @@ def pieces_fn(base: int, offset: int, knots: torch.Tensor) -> BiasFn:
     return from_pieces
 
 
-def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """``(B, H, ...)`` -> ``(B, kv_heads, H / kv_heads, ...)`` (a view)."""
-    b, h = x.shape[:2]
-    return x.view(b, kv_heads, h // kv_heads, *x.shape[2:])
-
-
 def _block_scores(
     plan: _Plan,
     params: Sequence[torch.Tensor],
@@ -308,23 +303,15 @@ def _block_scores(
     """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, D);
     ``gate`` the forget gates' cumulative sums c (B, H, k_len), or None."""
     hk = k.shape[1]
-    s = torch.matmul(_grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+    s = torch.matmul(grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     s = s * plan.scale
     if plan.bias_fn is not None:
         s = s + plan.bias_fn(params, q_pos, k_pos)
     if gate is not None:
         s = s + (gate[:, :, q_pos, None] - gate[:, :, None, k_pos])
-    allowed = None
-    if plan.causal:
-        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
-    if plan.key_mask is not None:
-        km = plan.key_mask[:, None, None, :]
-        allowed = km if allowed is None else allowed & km
-    if plan.docs is not None:
-        same = plan.docs[:, None, q_pos, None] == plan.docs[:, None, None, k_pos]
-        allowed = same if allowed is None else allowed & same
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
+    seen = allowed(plan.causal, plan.key_mask, plan.docs, q_pos, k_pos)
+    if seen is not None:
+        s = s.masked_fill(~seen, float("-inf"))
     return s
 
 
@@ -361,7 +348,7 @@ def _forward_blockwise(
         s = _block_scores(plan, params, q[:, :, i0:i1], k, q_pos, k_pos, gate)
         m = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _safe(m)[..., None])
-        o = torch.matmul(_grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)
+        o = torch.matmul(grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)
         out[:, :, i0:i1] = o
         lse[:, :, i0:i1] = m
     return out, lse
@@ -518,15 +505,14 @@ def _backward_blockwise(
         with torch.no_grad():
             s = _block_scores(plan, params, qb, k, q_pos, k_pos, gate)
             p = torch.exp(s - _safe(lse[:, :, i0:i1])[..., None])
-            dv += torch.matmul(_grouped(p, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
-            dp = torch.matmul(_grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
+            dv += torch.matmul(grouped(p, hk).transpose(-1, -2), grouped(dob, hk)).sum(2)
+            dp = torch.matmul(grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
             ds = p * (dp.flatten(1, 2) - delta[:, :, i0:i1, None])
             dq[:, :, i0:i1] = (
-                torch.matmul(_grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
+                torch.matmul(grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
             )
             dk += (
-                torch.matmul(_grouped(ds, hk).transpose(-1, -2), _grouped(qb, hk)).sum(2)
-                * plan.scale
+                torch.matmul(grouped(ds, hk).transpose(-1, -2), grouped(qb, hk)).sum(2) * plan.scale
             )
             if dgate is not None:
                 dgate[:, :, q_pos] += ds.sum(-1)

@@ -35,6 +35,7 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from posenc.families.contextual import DAPE, CoPE
+from posenc.integration._blocks import allowed, grouped
 
 __all__ = ["attend", "check"]
 
@@ -166,26 +167,6 @@ def attend(
     return torch.cat(blocks, 2)
 
 
-def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """``(B, H, ...)`` -> ``(B, kv_heads, H / kv_heads, ...)`` (a view)."""
-    b, h = x.shape[:2]
-    return x.view(b, kv_heads, h // kv_heads, *x.shape[2:])
-
-
-def _allowed(plan: _Plan, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
-    """Which keys each query sees, ``(1 or batch, 1, n, m)`` bool; None: all."""
-    allowed = None
-    if plan.causal:
-        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
-    if plan.key_mask is not None:
-        km = plan.key_mask[:, None, None, :]
-        allowed = km if allowed is None else allowed & km
-    if plan.docs is not None:
-        same = plan.docs[:, None, q_pos, None] == plan.docs[:, None, None, k_pos]
-        allowed = same if allowed is None else allowed & same
-    return allowed
-
-
 def _block(
     plan: _Plan,
     q_pos: torch.Tensor,
@@ -198,10 +179,10 @@ def _block(
     params, gate, cope_params, dape_params = plan.split(tensors)
     hk = k.shape[1]
     k_pos = torch.arange(k.shape[2], device=k.device)
-    z = torch.matmul(_grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+    z = torch.matmul(grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     z = z * plan.scale
-    allowed = _allowed(plan, q_pos, k_pos)
-    unseen = None if allowed is None else ~allowed
+    seen = allowed(plan.causal, plan.key_mask, plan.docs, q_pos, k_pos)
+    unseen = None if seen is None else ~seen
     s = z
     if plan.cope is not None:
         # the paper's gates: sigmoid of the scaled scores, 0 on the keys not seen
@@ -227,4 +208,4 @@ def _block(
     e = torch.exp(s - top)
     total = e.sum(-1, keepdim=True)
     p = e / torch.where(total > 0, total, torch.ones_like(total))
-    return torch.matmul(_grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)
+    return torch.matmul(grouped(p, hk), v.unsqueeze(2)).flatten(1, 2)

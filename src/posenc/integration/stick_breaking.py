@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc.core import checks
-from posenc.integration.attention import _check_inputs, _documents, _grouped
+from posenc.integration._blocks import grouped
+from posenc.integration.attention import _check_inputs, _documents
 
 __all__ = ["stick_breaking_attention"]
 
@@ -93,7 +94,7 @@ def _block_scores(
     """Scores ``(B, H, n, m)`` of queries ``qb`` (``first ..``) against keys ``kb``
     (``j0 ..``), and which of them a query sees (``(1, 1, n, m)`` bool)."""
     hk = kb.shape[1]
-    z = torch.matmul(_grouped(qb, hk), kb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+    z = torch.matmul(grouped(qb, hk), kb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
     z = z * plan.scale
     q_pos = torch.arange(first, first + qb.shape[2], device=qb.device) + plan.offset
     k_pos = torch.arange(j0, j0 + kb.shape[2], device=qb.device)
@@ -135,7 +136,7 @@ def _forward(
     for first, last, j0, j1 in _blocks(plan, lq, lk):
         z, seen = _block_scores(plan, q[:, :, first:last], k[:, :, j0:j1], first, j0)
         a, softplus = _block_weights(z, seen, log_rem[:, :, first:last])
-        o = torch.matmul(_grouped(a, hk), v[:, :, j0:j1].unsqueeze(2)).flatten(1, 2)
+        o = torch.matmul(grouped(a, hk), v[:, :, j0:j1].unsqueeze(2)).flatten(1, 2)
         out[:, :, first:last] += o
         log_rem[:, :, first:last] -= softplus.sum(-1)
     return out, log_rem
@@ -174,14 +175,14 @@ def _backward(
         kb, vb = k[:, :, j0:j1], v[:, :, j0:j1]
         z, seen = _block_scores(plan, qb, kb, first, j0)
         a, softplus = _block_weights(z, seen, log_survival[:, :, rows])
-        da = torch.matmul(_grouped(dob, hk), vb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
+        da = torch.matmul(grouped(dob, hk), vb.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
         g = a * da
         farther = total[:, :, rows, None] - nearer[:, :, rows, None] - _after(g)
         beta = torch.sigmoid(z).masked_fill(~seen, 0.0)
-        dz = _grouped((g - beta * farther) * plan.scale, hk)
+        dz = grouped((g - beta * farther) * plan.scale, hk)
         dq[:, :, rows] += torch.matmul(dz, kb.unsqueeze(2)).flatten(1, 2)
-        dk[:, :, j0:j1] += torch.matmul(dz.transpose(-1, -2), _grouped(qb, hk)).sum(2)
-        dv[:, :, j0:j1] += torch.matmul(_grouped(a, hk).transpose(-1, -2), _grouped(dob, hk)).sum(2)
+        dk[:, :, j0:j1] += torch.matmul(dz.transpose(-1, -2), grouped(qb, hk)).sum(2)
+        dv[:, :, j0:j1] += torch.matmul(grouped(a, hk).transpose(-1, -2), grouped(dob, hk)).sum(2)
         nearer[:, :, rows] += g.sum(-1)
         log_survival[:, :, rows] -= softplus.sum(-1)
     return dq, dk, dv
