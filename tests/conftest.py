@@ -74,3 +74,18 @@ def quiet_transformers() -> Iterator[None]:
     logger.setLevel(logging.ERROR)
     yield
     logger.setLevel(level)
+
+
+def perturbed_lab_model(config, encoding):  # type: ignore[no-untyped-def]
+    """A lab model (seed 0) whose parameters are all off their initial values (zeros and
+    ones included): what the lab's span, loss and probe tests run on."""
+    import torch
+
+    from posenc.faces.lab.model import LabModel
+
+    torch.manual_seed(0)
+    model = LabModel(config, encoding)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model

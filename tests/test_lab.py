@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import perturbed_lab_model
 from posenc.faces.cli import main
 from posenc.faces.lab import names, tasks
 from posenc.faces.lab.encodings import REGISTRY, training_encoding
@@ -88,16 +89,6 @@ def test_every_registered_encoding_builds_and_runs(encoding):
         torch.testing.assert_close(model(tokens), trained(tokens), rtol=0, atol=0)
 
 
-def _perturbed(config: ModelConfig, encoding: str) -> LabModel:
-    """A model whose parameters are all off their initial values (zeros and ones included)."""
-    torch.manual_seed(0)
-    model = LabModel(config, encoding)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
-
-
 # the span's pass sums the same products as the whole pass, in other orders (GEMMs
 # blocked over fewer rows): each logit differs by a few roundings of sums of at most
 # 4 * d_model terms of order max|logit|; 32 eps of it is ten times what any encoding shows
@@ -107,7 +98,7 @@ SPAN_ATOL = 32 * torch.finfo(torch.float32).eps
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_span_of_logits_is_those_of_the_whole_pass(encoding):
     spec = REGISTRY[encoding]
-    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
     tokens = torch.randint(0, 14, (3, 23), generator=torch.Generator().manual_seed(1))
     scaling = spec.scaling(23, 10)  # beyond the trained length: the scalings act
 
@@ -160,7 +151,7 @@ def test_the_rotations_are_posencs_own():
 def test_the_loss_of_the_scored_span_is_the_whole_loss(encoding):
     from posenc.faces.lab.run import _loss
 
-    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
     batch = tasks.make_batch("copy", 6, 8, torch.Generator().manual_seed(2))
     assert batch.scored == (7, 14)
     span = _loss(model, batch, torch.Generator().manual_seed(3))

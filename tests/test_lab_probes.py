@@ -9,12 +9,12 @@ from dataclasses import asdict, replace
 import pytest
 import torch
 
-from conftest import anchor
+from conftest import anchor, perturbed_lab_model
 from posenc.faces.lab import probes as P
 from posenc.faces.lab import results, tasks
 from posenc.faces.lab import run as lab_run
 from posenc.faces.lab.encodings import REGISTRY, Encoding, lookup
-from posenc.faces.lab.model import _ROTATIONS, LabModel, ModelConfig, _attend
+from posenc.faces.lab.model import _ROTATIONS, ModelConfig, _attend
 from posenc.faces.lab.run import DEFAULT_ENCODINGS, LabConfig, _World, run, train
 
 SMALL = LabConfig(
@@ -23,16 +23,6 @@ SMALL = LabConfig(
     checkpoint_every=10,
 )  # fmt: skip
 EPS64 = torch.finfo(torch.float64).eps
-
-
-def _perturbed(config: ModelConfig, encoding: str) -> LabModel:
-    """A model whose parameters are all off their initial values."""
-    torch.manual_seed(0)
-    model = LabModel(config, encoding)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model
 
 
 # ------------------------------------------------------------------ the probes themselves
@@ -101,7 +91,7 @@ def test_features_without_position_classify_at_chance():
     fit_y, test_y = torch.arange(t).repeat(len(fit)), torch.arange(t).repeat(len(test))
 
     def layer0(encoding: str):
-        model = _perturbed(config, encoding)
+        model = perturbed_lab_model(config, encoding)
         with torch.no_grad():
             return [model.residuals(x)[0].flatten(0, 1) for x in (fit, test)]
 
@@ -143,7 +133,7 @@ def test_probes_refuse_bad_input(call, error, words):
 
 @pytest.mark.parametrize("encoding", ["sinusoidal", "learned", "hybrid-nope", "t5", "randomized"])
 def test_the_residual_stream_is_the_forward_pass(encoding):
-    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
     tokens = torch.randint(0, 14, (3, 23), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         stream = model.residuals(tokens, generator=torch.Generator().manual_seed(5))
@@ -188,7 +178,7 @@ def test_nope_every_is_checked(fields, error, words):
 
 
 def test_the_hybrids_second_layer_rotates_nothing_and_its_first_does():
-    model = _perturbed(ModelConfig(14, 32, 2, 4, max_positions=40), "hybrid-nope")
+    model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), "hybrid-nope")
     tokens = torch.randint(0, 14, (3, 23), generator=torch.Generator().manual_seed(1))
     rotating = _attend(None, _ROTATIONS["rope"](model, torch.arange(23), 23, None))
     plain = _attend(None, None)  # a model whose rotation is off
