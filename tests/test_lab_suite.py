@@ -140,7 +140,21 @@ def test_the_five_come_first_and_extras_follow_once():
     config = SuiteConfig(tasks=TINY.tasks, extra=("fox", "rope", "fox"))
     assert config.encodings == (*STUDY, "fox")
     assert set(PAPER_MRR) == set(STUDY)
-    assert S.QUICK.encodings == STUDY and len(S.QUICK.tasks) < len(SuiteConfig().tasks)
+    quick = S.quick_config()
+    assert quick.encodings == STUDY and len(quick.tasks) < len(SuiteConfig().tasks)
+
+
+def test_tasks_are_chosen_by_name_in_the_suites_order():
+    assert [t.key for t in S.select_tasks(["sort", "copy", "sort"])] == [
+        "copy_tr20_ts40", "sort_tr8_ts16",
+    ]  # fmt: skip
+    assert S.quick_config().tasks == S.select_tasks(["copy", "sort"])
+    # the quick run's models are the full suite's: same settings apart from tasks and seeds
+    assert replace(S.quick_config(), tasks=SuiteConfig().tasks, seeds=3) == SuiteConfig()
+    with pytest.raises(ValueError, match="at least one"):
+        S.select_tasks([])
+    with pytest.raises(TypeError, match="sequence of task names"):
+        S.select_tasks("copy")
 
 
 def test_the_suite_is_the_labs_table(monkeypatch):
@@ -167,7 +181,7 @@ def test_a_tiny_suite_writes_its_score_and_page_and_reruns_from_the_cache(tmp_pa
     doc = json.loads((tmp_path / "suite.json").read_text())
     assert set(doc) == {
         "settings", "ties", "mrr", "mrr_by_seed", "mrr_spread", "mrr_study",
-        "mrr_ties_averaged", "paper", "columns", "accuracy", "seconds", "trained",
+        "mrr_ties_averaged", "paper", "columns", "within", "accuracy", "seconds", "trained",
     }  # fmt: skip
     assert list(doc["mrr"]) == list(STUDY) and doc["ties"] == "first"
     assert doc["settings"]["tasks"][0] == {"task": "copy", "train_len": 2, "test_len": 4}
@@ -186,6 +200,14 @@ def test_a_tiny_suite_writes_its_score_and_page_and_reruns_from_the_cache(tmp_pa
               and a["encoding"] == "nope" and a["seed"] == 0 and a["length"] > 2]  # fmt: skip
     assert first["accuracy"]["nope"] == pytest.approx(sum(tested) / len(tested), rel=1e-15)
     assert first["reciprocal_rank"] == reciprocal_ranks(first["accuracy"], STUDY)
+    # and, apart from the ranking, how well each model learned the trained lengths
+    trained = [a["accuracy"] for a in doc["accuracy"] if a["split"] == "copy_tr2_ts4"
+               and a["encoding"] == "t5" and a["seed"] == 1 and a["length"] <= 2]  # fmt: skip
+    second = doc["columns"][1]
+    assert second["within"]["t5"] == pytest.approx(sum(trained) / len(trained), rel=1e-15)
+    assert doc["within"]["copy_tr2_ts4"]["t5"] == pytest.approx(
+        (first["within"]["t5"] + second["within"]["t5"]) / 2, rel=1e-15
+    )
     table = {f"{c['split']}/{c['seed']}": c["accuracy"] for c in doc["columns"]}
     assert doc["mrr"] == mean_reciprocal_rank(table, STUDY)
     assert doc["mrr_study"] == doc["mrr"]
@@ -195,6 +217,7 @@ def test_a_tiny_suite_writes_its_score_and_page_and_reruns_from_the_cache(tmp_pa
         assert doc["mrr_spread"][e]["min"] <= doc["mrr"][e] <= doc["mrr_spread"][e]["max"]
     page = (tmp_path / "index.html").read_text()
     assert "data:image/svg+xml;base64," in page and "0.687" in page and "nope" in page
+    assert "Did each model learn its task?" in page
     for t in TINY.tasks:
         assert (tmp_path / t.key / "results.json").exists()
 
@@ -225,7 +248,9 @@ def test_one_seed_has_no_spread_and_extras_are_ranked_apart(tmp_path):
         (["--encodings", "nope,bogus"], "encoding"),
         (["--device", "tpu"], "--device"),
         (["--workers", "0"], "--workers"),
-        (["--quick", "--steps", "5"], "--steps"),
+        (["--steps", "0"], "--steps"),
+        (["--tasks", "copy,bogus"], "tasks"),
+        (["--tasks", "text"], "tasks"),
     ],
 )
 def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
@@ -236,8 +261,22 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
 
 
 def test_the_command_prints_the_score_beside_the_papers(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(S, "QUICK", replace(TINY, tasks=TINY.tasks[:1], seeds=1))
+    monkeypatch.setattr(S, "quick_config", lambda: replace(TINY, tasks=TINY.tasks[:1], seeds=1))
     assert main(["lab", "suite", "--quick", "--workers", "1", "--no-progress",
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "0.687" in printed and "page:" in printed and (tmp_path / "index.html").exists()
+
+
+def test_the_command_takes_the_tasks_and_sizes(tmp_path, capsys):
+    argv = ["lab", "suite", "--tasks", "copy", "--seeds", "1", "--steps", "1", "--batch-size",
+            "2", "--d-model", "8", "--layers", "1", "--heads", "2", "--eval-examples", "1",
+            "--lr", "0.01", "--workers", "1", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    settings = json.loads((tmp_path / "suite.json").read_text())["settings"]
+    assert [t["task"] for t in settings["tasks"]] == ["copy"]
+    given = {
+        "seeds": 1, "steps": 1, "batch_size": 2, "d_model": 8, "layers": 1, "heads": 2,
+        "eval_examples": 1, "lr": 0.01,
+    }  # fmt: skip
+    assert {k: settings[k] for k in given} == given

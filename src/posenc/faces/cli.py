@@ -22,11 +22,12 @@ Every file is written atomically: the previous file or the whole new one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -400,12 +401,25 @@ def _lab_run(args: argparse.Namespace) -> int:
 
 
 def _lab_suite(args: argparse.Namespace) -> int:
-    from posenc.faces.lab.suite import QUICK, SuiteConfig, run_suite, with_options
+    from posenc.faces.lab.suite import (
+        SuiteConfig,
+        quick_config,
+        run_suite,
+        select_tasks,
+        with_options,
+    )
 
     extra = None
     if args.encodings is not None:
         extra = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
-    config = with_options(QUICK if args.quick else SuiteConfig(), extra=extra, seeds=args.seeds)
+    tasks = None
+    if args.tasks is not None:
+        tasks = select_tasks([t.strip() for t in args.tasks.split(",") if t.strip()])
+    config = with_options(
+        quick_config() if args.quick else SuiteConfig(), extra=extra, seeds=args.seeds, tasks=tasks,
+        steps=args.steps, batch_size=args.batch_size, d_model=args.d_model, layers=args.layers,
+        heads=args.heads, eval_examples=args.eval_examples, lr=args.lr,
+    )  # fmt: skip
 
     def say(i: int, task: Any) -> None:
         print(f"suite: task {i + 1}/{len(config.tasks)}: {task.key}", file=sys.stderr, flush=True)
@@ -493,6 +507,28 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _lab_sizes(
+    parser: argparse.ArgumentParser, examples: str, default: Mapping[str, Any] | None = None
+) -> None:
+    """The model's and training's sizes that ``lab run``, ``lab profile`` and ``lab suite``
+    share; ``default`` (name -> value) puts the defaults in the help."""
+
+    def said(text: str, name: str) -> str:
+        return text if default is None else f"{text}; default: {default[name]}"
+
+    for flag, kind, text in (
+        ("--steps", _int_at_least(1), "training steps per model"),
+        ("--batch-size", _int_at_least(1), "global batch"),
+        ("--d-model", _int_at_least(2), "model width"),
+        ("--layers", _int_at_least(1), "transformer blocks"),
+        ("--heads", _int_at_least(1), "attention heads"),
+        ("--eval-examples", _int_at_least(1), examples),
+    ):
+        name = flag[2:].replace("-", "_")
+        parser.add_argument(flag, type=kind, default=None, metavar="N", help=said(text, name))
+    parser.add_argument("--lr", type=_number, default=None, help=said("peak learning rate", "lr"))
+
+
 def _lab_options(parser: argparse.ArgumentParser) -> None:
     """The task, encodings and sizes that ``posenc lab run`` and ``posenc lab profile`` share."""
     from posenc.faces.lab.names import ENCODINGS, TASKS
@@ -507,15 +543,9 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
         ("--train-len", _int_at_least(1), "trained lengths 1..N (text: window bytes)"),
         ("--test-len", _int_at_least(1), "evaluated lengths up to N"),
         ("--seeds", _int_at_least(1), "seeds per encoding"),
-        ("--steps", _int_at_least(1), "training steps per model"),
-        ("--batch-size", _int_at_least(1), "global batch"),
-        ("--d-model", _int_at_least(2), "model width"),
-        ("--layers", _int_at_least(1), "transformer blocks"),
-        ("--heads", _int_at_least(1), "attention heads"),
-        ("--eval-examples", _int_at_least(1), "examples (text: windows) per length"),
     ):
         parser.add_argument(flag, type=kind, default=None, metavar="N", help=text)
-    parser.add_argument("--lr", type=_number, default=None, help="peak learning rate")
+    _lab_sizes(parser, "examples (text: windows) per length")
     parser.add_argument(
         "--data", default=None, metavar="PATH",
         help="--task text on your own text: a file (the last tenth is the test split) or a "
@@ -756,9 +786,18 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/suite.json (every accuracy and the mean reciprocal rank) and DIR/index.html "
         "(accuracy against length per task, the MRR beside the paper's).",
     )
-    lab_suite.add_argument("--quick", action="store_true",
-                           help="copy and addition only, 2 seeds, 1000 steps (minutes on a "
-                           "laptop CPU)")  # fmt: skip
+    from posenc.faces.lab import suite
+
+    lab_suite.add_argument(
+        "--quick", action="store_true",
+        help=f"{' and '.join(suite.QUICK_TASKS)} only, {suite.QUICK_SEEDS} seeds (about 5 "
+        "minutes on 2 CPU cores); the full suite reuses its models",
+    )  # fmt: skip
+    lab_suite.add_argument(
+        "--tasks", default=None, metavar="LIST",
+        help="comma-separated tasks of the suite to run (default: all), from: "
+        f"{', '.join(t.task for t in names.SUITE)}",
+    )  # fmt: skip
     lab_suite.add_argument(
         "--encodings", default=None, metavar="LIST",
         help="comma-separated encodings run beside the five, from: "
@@ -766,6 +805,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     lab_suite.add_argument("--seeds", type=_int_at_least(1), default=None, metavar="N",
                            help="seeds per encoding (default: 3, --quick 2)")  # fmt: skip
+    defaults = {f.name: f.default for f in dataclasses.fields(suite.SuiteConfig)}
+    _lab_sizes(lab_suite, "examples per length", default=defaults)
     lab_suite.add_argument(
         "--device", choices=("cpu", "cuda"), default=None,
         help="where to train (default: cuda where a GPU exists, else cpu)",
