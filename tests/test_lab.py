@@ -49,8 +49,7 @@ def test_the_registry_is_the_list_of_encodings():
 def test_names_import_without_torch():
     # the command line's help reads both
     code = (
-        "import sys, posenc.faces.lab.names, posenc.faces.lab.suite; "
-        "print('torch' in sys.modules)"
+        "import sys, posenc.faces.lab.names, posenc.faces.lab.suite; print('torch' in sys.modules)"
     )
     shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert shown.stdout.strip() == "False"
