@@ -218,6 +218,8 @@ def test_a_tiny_suite_writes_its_score_and_page_and_reruns_from_the_cache(tmp_pa
     page = (tmp_path / "index.html").read_text()
     assert "data:image/svg+xml;base64," in page and "0.687" in page and "nope" in page
     assert "Did each model learn its task?" in page
+    zero = sum(max(c["accuracy"].values()) == 0 for c in doc["columns"])
+    assert (f"In {zero} of the 4 columns every encoding scores 0" in page) == (zero > 0)
     for t in TINY.tasks:
         assert (tmp_path / t.key / "results.json").exists()
 

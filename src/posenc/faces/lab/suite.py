@@ -566,6 +566,12 @@ def write_page(
         "instead. The paper's numbers come from its full suite (more tasks, larger models, "
         "three seeds)."
     )
+    zero = sum(max(c["accuracy"].values()) == 0 for c in doc["columns"])
+    if zero:
+        rule += (
+            f" In {zero} of the {len(doc['columns'])} columns every encoding scores 0, and "
+            "there the listed order alone decides the ranks."
+        )
     learned = (
         "Exact match over the trained lengths, mean over seeds. The ranking above scores "
         "only the longer lengths, so an encoding that never learned a task ranks as low as "
