@@ -121,6 +121,7 @@ def select_tasks(chosen: Sequence[str]) -> tuple[SuiteSplit, ...]:
     """The suite's entries for the named tasks (``"copy"``, ``"scan"`` ...), in the suite's order.
 
     Raises:
+        TypeError: a single string instead of a sequence of names.
         ValueError: no name, or a name that is not a task of the suite (the accepted ones listed).
     """
     if isinstance(chosen, (str, bytes)):
