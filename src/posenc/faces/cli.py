@@ -351,9 +351,7 @@ def _lab_config(args: argparse.Namespace) -> Any:
         encodings = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
     return config_from(
         args.task, encodings=encodings, train_len=args.train_len, test_len=args.test_len,
-        seeds=args.seeds, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        d_model=args.d_model, layers=args.layers, heads=args.heads,
-        eval_examples=args.eval_examples, data=args.data,
+        seeds=args.seeds, data=args.data, **_sizes(args),
     )  # fmt: skip
 
 
@@ -417,8 +415,7 @@ def _lab_suite(args: argparse.Namespace) -> int:
         tasks = select_tasks([t.strip() for t in args.tasks.split(",") if t.strip()])
     config = with_options(
         quick_config() if args.quick else SuiteConfig(), extra=extra, seeds=args.seeds, tasks=tasks,
-        steps=args.steps, batch_size=args.batch_size, d_model=args.d_model, layers=args.layers,
-        heads=args.heads, eval_examples=args.eval_examples, lr=args.lr,
+        **_sizes(args),
     )  # fmt: skip
 
     def say(i: int, task: Any) -> None:
@@ -507,26 +504,37 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+#: The model's and training's sizes that ``lab run``, ``lab profile`` and ``lab suite``
+#: share: the config field each option sets, its type and its help.
+_LAB_SIZES: dict[str, tuple[Any, str]] = {
+    "steps": (_int_at_least(1), "training steps per model"),
+    "batch_size": (_int_at_least(1), "global batch"),
+    "d_model": (_int_at_least(2), "model width"),
+    "layers": (_int_at_least(1), "transformer blocks"),
+    "heads": (_int_at_least(1), "attention heads"),
+    "eval_examples": (_int_at_least(1), "examples per length"),
+    "lr": (_number, "peak learning rate"),
+}
+
+
 def _lab_sizes(
     parser: argparse.ArgumentParser, examples: str, default: Mapping[str, Any] | None = None
 ) -> None:
-    """The model's and training's sizes that ``lab run``, ``lab profile`` and ``lab suite``
-    share; ``default`` (name -> value) puts the defaults in the help."""
+    """Add the :data:`_LAB_SIZES` options; ``examples`` is ``--eval-examples``' help and
+    ``default`` (name -> value) puts the defaults in the help."""
+    for name, (kind, text) in _LAB_SIZES.items():
+        text = examples if name == "eval_examples" else text
+        if default is not None:
+            text = f"{text}; default: {default[name]}"
+        metavar = None if name == "lr" else "N"
+        parser.add_argument(
+            "--" + name.replace("_", "-"), type=kind, default=None, metavar=metavar, help=text
+        )
 
-    def said(text: str, name: str) -> str:
-        return text if default is None else f"{text}; default: {default[name]}"
 
-    for flag, kind, text in (
-        ("--steps", _int_at_least(1), "training steps per model"),
-        ("--batch-size", _int_at_least(1), "global batch"),
-        ("--d-model", _int_at_least(2), "model width"),
-        ("--layers", _int_at_least(1), "transformer blocks"),
-        ("--heads", _int_at_least(1), "attention heads"),
-        ("--eval-examples", _int_at_least(1), examples),
-    ):
-        name = flag[2:].replace("-", "_")
-        parser.add_argument(flag, type=kind, default=None, metavar="N", help=said(text, name))
-    parser.add_argument("--lr", type=_number, default=None, help=said("peak learning rate", "lr"))
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
+    """The :data:`_LAB_SIZES` options given (None where not)."""
+    return {name: getattr(args, name) for name in _LAB_SIZES}
 
 
 def _lab_options(parser: argparse.ArgumentParser) -> None:

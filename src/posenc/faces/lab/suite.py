@@ -29,7 +29,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -278,11 +278,12 @@ class SuiteConfig:
         """The :class:`~posenc.lab.run.LabConfig` of one task of the suite."""
         from posenc.faces.lab.run import LabConfig
 
+        # the training settings are the fields the two configs share
+        lab = {f.name for f in fields(LabConfig)}
+        shared = {f.name: getattr(self, f.name) for f in fields(self) if f.name in lab}
         return LabConfig(
             task=task.task, encodings=self.encodings, train_len=task.train_len,
-            test_len=task.test_len, seeds=self.seeds, steps=self.steps,
-            batch_size=self.batch_size, lr=self.lr, d_model=self.d_model, layers=self.layers,
-            heads=self.heads, eval_examples=self.eval_examples,
+            test_len=task.test_len, **shared,
         )  # fmt: skip
 
 
