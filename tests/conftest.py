@@ -5,11 +5,23 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import NoReturn
 
 import pytest
+from hypothesis import settings
+
+# a test that skips for lack of CUDA must be one `make gpu-check` runs: see gpu_markers
+from gpu_markers import pytest_runtest_makereport  # noqa: F401
+
+#: Under ``CI=true`` every Hypothesis test draws the same examples on every run
+#: (``derandomize``: the seed comes from the test itself), so a failure CI saw replays
+#: here; a failing example is printed with the blob ``@reproduce_failure`` takes.
+#: Elsewhere the default profile explores new examples on each run.
+settings.register_profile("ci", derandomize=True, print_blob=True, database=None)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 #: How the CI install (``make test``: the ``[test]`` extra, then the Makefile's
 #: NODEPS_ANCHORS with ``--no-deps``) provides each package the tests import with
@@ -23,9 +35,31 @@ INSTALLS = {
     "rotary_embedding_torch": 'pip install -e ".[test]"',
     "einops": 'pip install -e ".[test]" (x-transformers needs it)',
     "playwright": 'pip install -e ".[test]"',
+    "triton": 'pip install -e ".[test]" (the fused rotary kernel, interpreted on CPU)',
     "timm": "pip install --no-deps timm==1.0.31 (the Makefile's NODEPS_ANCHORS)",
     "vit_pytorch": "pip install --no-deps vit-pytorch==1.26.11 (the Makefile's NODEPS_ANCHORS)",
+    "fla-core": "pip install --no-deps --target .venv/fla-core fla-core==0.6.0 (the Makefile's "
+    "FLA_CORE: on no import path, see tests/test_fla.py)",
 }
+
+
+def unavailable(reason: str, *, provided_by: str = "The CI install provides it") -> NoReturn:
+    """Something a test needs is missing: fail under ``CI=true``, else skip saying why.
+
+    CI provides everything the suite needs (the ``[test]`` extra, the compiled kernels,
+    Debian's chromium), so there a missing piece means checks silently stopped running:
+    the test fails. Elsewhere it skips with ``reason`` (``-ra`` lists it in the summary).
+    Called in a test or fixture, only that test is affected; at module level (as
+    :func:`anchor` may be) the whole module.
+    """
+    __tracebackhide__ = True
+    if os.environ.get("CI") == "true":
+        pytest.fail(
+            f"{reason}. {provided_by}: under CI=true a missing requirement fails the run "
+            "instead of skipping the tests that need it",
+            pytrace=False,
+        )
+    pytest.skip(reason, allow_module_level=True)
 
 
 def missing_anchor(package: str, why: str) -> NoReturn:
@@ -38,14 +72,7 @@ def missing_anchor(package: str, why: str) -> NoReturn:
     """
     __tracebackhide__ = True  # reported at the caller's line: the module or test that needs it
     how = INSTALLS.get(package, "")
-    reason = f"{package} {why}" + (f"; {how}" if how else "")
-    if os.environ.get("CI") == "true":
-        pytest.fail(
-            f"{reason}. The CI install provides it: under CI=true a missing anchor fails "
-            "the run instead of skipping the tests that check posenc against it",
-            pytrace=False,
-        )
-    pytest.skip(reason, allow_module_level=True)
+    unavailable(f"{package} {why}" + (f"; {how}" if how else ""))
 
 
 def anchor(name: str) -> ModuleType:
@@ -59,6 +86,25 @@ def anchor(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as error:
         missing_anchor(name.split(".")[0], f"does not import ({error})")
+
+
+@pytest.fixture
+def compiled_kernels() -> ModuleType:
+    """posenc's compiled kernels (``posenc.core._kernels``), or :func:`unavailable`.
+
+    setup.py builds them with ``optional=True``: where the build fails, posenc runs
+    on numpy and torch, and each test that needs the kernels skips (under ``CI=true``
+    fails) on its own, saying why, while the tests around it still run.
+    """
+    from posenc.core import kernels
+
+    if kernels.compiled is None:
+        unavailable(
+            "posenc.core._kernels is not built (setup.py goes on without it where the C "
+            "build fails; `pip install -e .` with a C compiler builds it)",
+            provided_by="The CI install builds it",
+        )
+    return kernels.compiled
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +135,46 @@ def perturbed_lab_model(config, encoding):  # type: ignore[no-untyped-def]
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return model
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[int]:
+    """torch on one intra-op thread for a module (restored after); yields the count before.
+
+    For the lab's modules, whose tensors are tiny: a second OpenMP thread gains little on
+    them, and where other processes share the cores every parallel region waits at its
+    barrier for a thread the kernel descheduled. The lab's probes (thousands of small
+    float64 ops) ran 4 to 12 times slower on 2 threads than on 1 on 2 loaded cores.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield before
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def torchrun_gloo() -> Callable[[list[str]], None]:
+    """Run ``posenc.cli ARGV`` under torchrun: 2 gloo processes here, one thread each.
+
+    ``--standalone``: torchrun's rendezvous store binds port 0 (the kernel picks a free
+    port, which the store keeps open), and the workers' process group meets in a second
+    store torchrun binds the same way and holds (torch shares it unless
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, removed from the environment here). No port
+    is found free, released and bound again, as with ``--master_port`` and a port the test
+    picked: another process could take it in between, and the run failed (EADDRINUSE).
+    """
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "-m", "posenc.cli"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    env["OMP_NUM_THREADS"] = "1"
+
+    def run(argv: list[str]) -> None:
+        done = subprocess.run([*command, *argv], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+    return run

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.core import angles as _angles
-from posenc.core import kernels
 from posenc.core.angles import EXACT_LIMIT, geometric_turns, sincos_numpy, sincos_torch
 
 mpmath.mp.dps = 50
@@ -165,7 +164,8 @@ def test_unknown_arithmetic_is_rejected():
 
 def test_kernel_is_built_in_the_dev_install():
     # setup.py builds it wherever a C compiler exists (as on every development and CI
-    # machine); without it posenc falls back to numpy, and the tests below would skip
+    # machine); without it posenc falls back to numpy, and each test below that takes
+    # the compiled_kernels fixture skips (under CI=true fails) on its own
     assert _angles.compiled is not None
 
 
@@ -175,7 +175,7 @@ def _numpy_only(monkeypatch, fn):
         return fn()
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("preset", ["vaswani", "ldm", "marian", "positional-encodings", "ddpm"])
 @pytest.mark.parametrize("dim", [2, 3, 7, 64, 129])
 @pytest.mark.parametrize("n", [128, 1000, 4099])
@@ -195,7 +195,7 @@ def test_kernel_table_equals_numpy_path(monkeypatch, preset, dim, n):
     np.testing.assert_allclose(fast, slow, rtol=0, atol=4 * 2.0**-53)
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 def test_kernel_threads_without_torch():
     # in this process torch is loaded, and the kernel runs on torch's OpenMP team;
     # without torch (numpy only) it starts POSIX threads: the same table either way
@@ -216,7 +216,7 @@ def _table_sum() -> float:
     return float(posenc.sinusoidal(8192, 256).sum())
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 def test_kernel_in_a_forked_child():
     # after the parent ran the kernel on torch's OpenMP team, a forked child (as a
     # DataLoader worker is) has no team: the kernel must use threads of its own there
@@ -231,7 +231,7 @@ def test_kernel_in_a_forked_child():
     assert got == want
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 def test_kernel_declines_what_it_cannot_write():
     turns = geometric_turns(4, 10000.0, 1.0, 4.0, 1.0)
     place = ((0, 2, 4), (1, 2, 4))
@@ -244,12 +244,11 @@ def test_kernel_declines_what_it_cannot_write():
     assert np.isfinite(out).all()
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
-def test_kernel_refuses_bad_arguments():
+def test_kernel_refuses_bad_arguments(compiled_kernels):
     step = np.zeros((16, 2, 4))
     coarse = fine = np.zeros((4, 4), np.complex128)
     out = np.zeros((64, 8), np.float32)
-    table = kernels.compiled.table
+    table = compiled_kernels.table
     with pytest.raises(ValueError, match="out too small"):
         table(coarse, fine, step, out, 65, 4, 8, 0, 2, 4, 1, 2, 4, False, 1)
     with pytest.raises(ValueError, match="outside the row"):

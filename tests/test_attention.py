@@ -184,8 +184,8 @@ def test_padded_keys_do_not_leak():
     assert torch.equal(a, b)
 
 
-def test_kernel_and_blockwise_agree_and_kernel_runs():
-    assert attend.compiled is not None and hasattr(attend.compiled, "attend")
+def test_kernel_and_blockwise_agree_and_kernel_runs(compiled_kernels):
+    assert hasattr(compiled_kernels, "attend")
     q, k, v = inputs(SHAPES["partial-blocks"])
     plan = attend._Plan(None, True, 0.2, None, k.shape[2] - q.shape[2], False)
     result = attend._forward_kernel(plan, (), q, k, v)
@@ -357,6 +357,7 @@ def _non_finite(t):
     return t.isnan(), t.isposinf(), t.isneginf()
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize(
     ("tensor", "causal"),

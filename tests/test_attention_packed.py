@@ -82,6 +82,7 @@ def test_packed_equals_each_document_alone_float64(bias_name, causal):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("bias_name", ["none", "alibi", "t5", "kerple"])
 def test_packed_kernel_within_the_bounds_of_each_document(bias_name, causal, monkeypatch):
@@ -200,13 +201,17 @@ def _document_bounds(q, k, v, dout, block, bias_error, *, causal, rotary):
 @pytest.mark.parametrize("backend", ["kernel", "blockwise"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("case", FLOAT32_CASES)
-def test_packed_float32_within_the_bounds_of_each_document(case, causal, backend, monkeypatch):
+def test_packed_float32_within_the_bounds_of_each_document(
+    case, causal, backend, monkeypatch, request
+):
     # the packed float32 call (the compiled loops or torch's blockwise ops, forward and
     # backward) against each document alone in dense float64, rotated here, its bias
     # the float64 module's; the bounds of each document hold for the packed call: the
     # other documents' keys weigh exactly 0 and the bounds hold for any order of the
     # sums. The float64 reference's own errors are 2**-29 of the float32 ones: the
     # bounds' doubling covers them
+    if backend == "kernel":
+        request.getfixturevalue("compiled_kernels")  # without the build this one skips
     other = "blockwise" if backend == "kernel" else "kernel"
     for name in (f"_forward_{other}", f"_backward_{other}"):
         monkeypatch.setattr(attend, name, _ran(name))
@@ -246,6 +251,7 @@ def test_packed_float32_within_the_bounds_of_each_document(case, causal, backend
             assert bool((err <= t).all()), f"document {a}:{b}: error {float(err.max()):.3g}"
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 def test_packed_call_takes_the_compiled_loop(monkeypatch):
     seen = []
     forward = attend._forward_kernel

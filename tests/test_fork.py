@@ -14,8 +14,6 @@ import sys
 
 import pytest
 
-from posenc.core import kernels
-
 # The parent runs torch's parallel ops on two threads (its OpenMP team) but no posenc
 # kernel, then forks; the child sets one thread, as DataLoader workers do, and builds
 # two tables large enough for the kernel's threads; the parent then builds the same.
@@ -54,7 +52,7 @@ assert queue.get(timeout=10) == tables()
 """
 
 
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("parent", [True, False], ids=["posenc-in-parent", "posenc-in-child"])
 def test_child_of_a_parent_that_ran_torch_but_no_kernel(parent):
     proc = subprocess.Popen(
@@ -219,13 +217,13 @@ _LINUX = pytest.mark.skipif(
 
 
 @_LINUX
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernels_never_run_more_threads_than_torch_is_set_to(threads):
     _run_script(f"{_WATCH}\nthreads = {threads}\n{_AT_MOST}")
 
 
 @_LINUX
-@pytest.mark.skipif(kernels.compiled is None, reason="posenc.core._kernels not built")
+@pytest.mark.usefixtures("compiled_kernels")
 def test_forked_child_with_one_thread_starts_none():
     _run_script(_WATCH + _FORKED_ONE_THREAD)

@@ -1,7 +1,8 @@
 """The report in a real browser: Debian's chromium, headless, driven by Playwright.
 
 CI installs the ``chromium`` package (``.ci/run``); Playwright's own browser
-download is not used. The page is opened from ``file://`` with every other
+download is not used. Without it the tests skip, saying why, and under ``CI=true``
+fail (``conftest.unavailable``). The page is opened from ``file://`` with every other
 request refused: it must load with no console errors or warnings, decode every
 image, and its explorers must show what posenc computes (the values, scores and
 counts are recomputed here, not read from the page's data). A full-page and an
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 import posenc
-from conftest import anchor
+from conftest import anchor, unavailable
 from posenc.faces import explorers, report
 from posenc.integration.analysis import explorer as data
 
@@ -39,6 +40,18 @@ def _chromium() -> str | None:
         if found:
             return found
     return None
+
+
+def _executable() -> str:
+    """Debian's chromium, or :func:`unavailable`: CI installs it, so there its absence
+    fails the run instead of skipping every check of the page in a real browser."""
+    found = _chromium()
+    if found is None:
+        unavailable(
+            f"Debian's chromium is not installed (none of {', '.join(CANDIDATES)})",
+            provided_by=".ci/run installs it (apt-get install chromium)",
+        )
+    return found
 
 
 @dataclass
@@ -83,9 +96,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     sync_api = anchor("playwright.sync_api")
-    executable = _chromium()
-    if executable is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    executable = _executable()
     with sync_api.sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=executable, headless=True)
         yield launched
@@ -118,6 +129,21 @@ def opened(browser: Any, built: report.Report) -> Iterator[Opened]:
     got.page.wait_for_selector("html[data-explorers=ready]", timeout=20_000)
     yield got
     context.close()
+
+
+def test_missing_chromium_skips_saying_why_and_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # the browser fixture's lookup where no candidate exists and PATH holds nothing
+    monkeypatch.setitem(globals(), "CANDIDATES", (str(tmp_path / "chromium"), "chromium"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _chromium() is None
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+        _executable()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=r"chromium is not installed.*\.ci/run"):
+        _executable()
 
 
 def test_report_renders_offline(opened: Opened) -> None:
