@@ -253,9 +253,9 @@ def assert_within(got, want, tols):
 
 
 @pytest.fixture
-def kernel_only(monkeypatch):
+def kernel_only(monkeypatch, compiled_kernels):
     """The blockwise backward raises: a test passing with this ran the compiled one."""
-    assert attend.compiled is not None and hasattr(attend.compiled, "attend_backward")
+    assert hasattr(compiled_kernels, "attend_backward")
 
     def refuse(*args, **kwargs):
         raise AssertionError("the blockwise backward ran")
@@ -319,12 +319,11 @@ def test_fallback_when_kernel_declines(bias_name, monkeypatch):
     assert_within(got, want, tols)
 
 
-def test_head_dim_off_the_vector_width_falls_back():
+def test_head_dim_off_the_vector_width_falls_back(compiled_kernels):
     # head_dim 24 is no multiple of 16: attend_backward declines, blockwise runs
     shape = (1, 2, 2, 9, 9, 24, 16)
-    assert attend.compiled is not None
     args = [0] * 12 + [list(shape), [0, 0, 0], [0, 0, 0], [0, 0, 0], True, 0.2, 1, None, 0, None]
-    assert attend.compiled.attend_backward(*args) is False
+    assert compiled_kernels.attend_backward(*args) is False
     got, want, tols = run_case("t5", shape, causal=True)
     assert_within(got, want, tols)
 
@@ -456,6 +455,7 @@ def test_fire_past_its_threshold_takes_the_pieces(shape, causal, kernel_only):
         assert bool((err <= t).all()), f"{name}: error {float(err.max()):.3g} > bound"
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 def test_fire_routes_by_its_threshold(monkeypatch):
     # every query below L: the table; any at or past it: the pieces, through the
     # compiled loop forwards and backwards
@@ -528,14 +528,29 @@ def test_fire_with_nan_parameters_gives_nan_as_dense_does():
     assert not out[0, 0].isnan().any()
 
 
+def test_flex_backward_is_refused_on_cpu():
+    # why test_flex_backward_on_gpu below has no CPU variant: torch (2.13) refuses
+    # FlexAttention's backward on CPU tensors, compiled or eager, before it traces
+    # anything. A torch that accepts it fails this test: give that one a CPU variant
+    q, k, v = (t.requires_grad_(True) for t in make((1, 2, 2, 8, 8, 16, 16), seed=7)[:3])
+    with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
+        posenc.attention(q, k, v, bias=ALiBi(2), backend="flex")
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device: FlexAttention's backward (the GPU path) runs only where one exists",
 )
 @pytest.mark.parametrize("bias_name", ["alibi", "t5", "fire"])
 def test_flex_backward_on_gpu(bias_name):
-    # on a GPU "auto" takes compiled FlexAttention, whose backward torch derives from
-    # the score mod: the same gradients as dense attention, within float32 rounding
+    """On a GPU "auto" takes compiled FlexAttention, whose backward torch derives from
+    the score mod: the same gradients as dense attention, within float32 rounding.
+
+    GPU-only (``make gpu-check`` runs it): torch refuses FlexAttention's backward on
+    CPU tensors (test_flex_backward_is_refused_on_cpu); its forward on CPU is checked
+    by the CPU variants of tests/test_gpu_attention.py.
+    """
     torch.manual_seed(5)
     bias = BIASES[bias_name](4).cuda()
     q, k, v, dout, mask = (t.cuda() for t in make((1, 4, 2, 128, 128, 64, 64), seed=6))

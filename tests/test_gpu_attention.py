@@ -11,6 +11,10 @@ error bound is derived from the roundings of the kernel's arithmetic (see
 ``bounds``). FlexAttention compiles per distinct score mod, mask mod and dtype:
 the biases share four graphs (a table with and without a gradient, FIRE's
 pieces, none), and the shapes stay small.
+
+Each test runs twice: on CUDA (marked ``gpu``, skipped without a device; ``make
+gpu-check`` runs it) and on CPU tensors in the CPU suite, where FlexAttention runs
+eager and forward only (``on_cpu`` says why and what stays GPU-only).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,13 +34,57 @@ from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
 from posenc.integration import attention as attend
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-]
-
-DEVICE = torch.device("cuda")
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 BACKEND = "flex"
+
+
+@pytest.fixture(
+    params=[
+        # FlexAttention eager (unfused) on CPU tensors, forward only: see on_cpu
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+        ),
+        pytest.param("cuda", marks=[pytest.mark.gpu, NO_CUDA]),
+    ]
+)
+def device(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[torch.device]:
+    """Where a test runs: CUDA (marked ``gpu``: ``make gpu-check``), or on_cpu's CPU."""
+    if request.param == "cuda":
+        yield torch.device("cuda")
+        return
+    threads = on_cpu(monkeypatch)
+    try:
+        yield torch.device("cpu")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The CPU variant, which the CPU suite runs: posenc's flex path (score and mask
+    mods, block masks, the bias tables it captures) through FlexAttention's eager
+    implementation, forward only, against the same float64 reference and bounds.
+
+    What stays GPU-only: the gradients, since torch refuses FlexAttention's backward
+    on CPU tensors, compiled or eager (tests/test_attention_backward.py pins that),
+    and the compiled kernel, which inductor generates for CPUs as C++ instead of the
+    GPU's Triton and which takes seconds to compile per graph here (the CPU's compiled
+    forward is checked in tests/test_attention.py and tests/test_flex_cache.py).
+    Eager FlexAttention computes the scores, softmax and sums in float32 (float64 for
+    float64 inputs) as the kernel does, materialised: the bounds, derived for any
+    order of the sums, hold for it.
+
+    Its tensors are small: one torch thread (the caller restores the count returned),
+    where a second gains little and, on cores other processes share, waits at every
+    parallel region's barrier.
+    """
+    monkeypatch.setattr(attend, "_compiled", lambda fn: fn)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return threads
+
 
 U = 2.0**-24  # float32 unit roundoff: FlexAttention's scores, softmax and sums
 # the unit roundoff of what FlexAttention rounds to the inputs' dtype: the weights
@@ -44,6 +93,9 @@ ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0**-8}
 
 # (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim)
 SHAPE = (2, 4, 2, 192, 256, 64, 64)
+# the CPU variant's: the same lengths (the cache, padding, documents and FIRE's
+# threshold are positions), fewer and narrower heads, for time (on_cpu)
+CPU_SHAPE = (2, 2, 1, 192, 256, 32, 16)
 # packed documents of the bidirectional test (q_len = k_len): an empty one, one
 # all padding in the last row, ones across FlexAttention's blocks of 128
 CU = [0, 37, 37, 160, SHAPE[4]]
@@ -89,30 +141,30 @@ def trainable(bias):
     return [p for p in bias.parameters() if p.requires_grad]
 
 
-def make(shape, dtype, seed, cu=None):
+def make(shape, dtype, seed, device, cu=None):
     """q, k, v, the output's gradient, the key padding, and each key's document and
     position in it (one document without ``cu``)."""
     b, h, hk, lq, lk, d, dv = shape
     gen = torch.Generator().manual_seed(seed)
     q, k, v, dout = (
-        torch.randn(s, generator=gen).to(DEVICE, dtype)
+        torch.randn(s, generator=gen).to(device, dtype)
         for s in ((b, h, lq, d), (b, hk, lk, d), (b, hk, lk, dv), (b, h, lq, dv))
     )
-    mask = torch.ones(b, lk, dtype=torch.bool, device=DEVICE)
+    mask = torch.ones(b, lk, dtype=torch.bool, device=device)
     mask[-1, : lk // 3] = False  # the last row left-padded
     # each key's document and position in it, computed here, not by posenc
-    ids = torch.zeros(lk, dtype=torch.long, device=DEVICE)
-    local = torch.arange(lk, device=DEVICE)
+    ids = torch.zeros(lk, dtype=torch.long, device=device)
+    local = torch.arange(lk, device=device)
     for n, (a, e) in enumerate(itertools.pairwise(cu or [0, lk])):
         ids[a:e] = n
-        local[a:e] = torch.arange(e - a, device=DEVICE)
+        local[a:e] = torch.arange(e - a, device=device)
     return q, k, v, dout, mask, ids, local
 
 
 def allowed_pairs(mask, ids, lq, lk, causal):
     """(batch, 1, q_len, k_len): which keys each query sees, queries bottom-right."""
-    at = torch.arange(lk - lq, lk, device=DEVICE)  # each query's key position
-    keys = torch.arange(lk, device=DEVICE)
+    at = torch.arange(lk - lq, lk, device=mask.device)  # each query's key position
+    keys = torch.arange(lk, device=mask.device)
     allowed = mask[:, None, None, :] & (ids[keys][None, :] == ids[at][:, None])
     if causal:
         allowed = allowed & (keys[None, :] <= at[:, None])
@@ -130,8 +182,9 @@ def dense(q, k, v, block, allowed, scale):
     return p @ v
 
 
-def bounds(q, k, v, dout, block, allowed, scale, *, bias_error, rounding):
-    """Per-element error bounds of FlexAttention's output and q, k, v gradients.
+def bounds(q, k, v, dout, block, allowed, scale, *, bias_error, rounding, backward=True):
+    """Per-element error bounds of FlexAttention's output and q, k, v gradients (the
+    output's alone, a 1-tuple, without ``backward``).
 
     The inputs as float64 (exactly the values the kernel reads); ``block`` the
     float64 bias (heads, q_len, k_len); ``bias_error`` a bound of its float32
@@ -187,6 +240,8 @@ def bounds(q, k, v, dout, block, allowed, scale, *, bias_error, rounding):
     mean = (p * ew).sum(-1, keepdim=True)
     out, pv = p @ vv, p @ va
     t_out = (p * ew) @ va + mean * pv + ((2 * lk + 20) * U + r) * pv + (4 * U + r) * out.abs()
+    if not backward:
+        return (2 * t_out,)
     ep = ew + mean + (lk + 16) * U + 2 * U * lse.abs()
 
     dp = dout @ vv.transpose(-1, -2)
@@ -224,7 +279,7 @@ def bias_tensors(bias64, form, q_pos, lq, lk):
     """The float64 tensors posenc hands FlexAttention's score mod, as functions of the
     module's trainable parameters: the table (heads, q_len + k_len - 1) over key -
     query, or FIRE's pieces (its table, scale per query, slopes, intercepts)."""
-    rel = torch.arange(-(lk - 1), lq, device=DEVICE)
+    rel = torch.arange(-(lk - 1), lq, device=q_pos.device)
 
     class Tensors(torch.nn.Module):
         def __init__(self):
@@ -285,8 +340,8 @@ def param_bounds(bias64, form, q_pos, d, ds, p, do_out, rounding):
     """
     b, h, lq, lk = ds.shape
     n = b * lq * lk + h * (lq + lk) if form == "scaled" else b * min(lq, lk) + h * (lq + lk)
-    k_pos = torch.arange(lk, device=DEVICE)
-    entry = k_pos[None, :] - torch.arange(lk - lq, lk, device=DEVICE)[:, None] + lk - 1
+    k_pos = torch.arange(lk, device=q_pos.device)
+    entry = k_pos[None, :] - torch.arange(lk - lq, lk, device=q_pos.device)[:, None] + lk - 1
     tensors, jac = bias_tensors(bias64, form, q_pos, lq, lk)
     with torch.no_grad():
         if form == "scaled":
@@ -323,31 +378,34 @@ def param_bounds(bias64, form, q_pos, d, ds, p, do_out, rounding):
 
 def fire_knots(bias64, q_pos, lq, lk):
     """The knots of FIRE's pieces: its MLP's bends inside the range of x."""
-    return bias64.scaled_form(q_pos, torch.arange(-(lk - 1), lq, device=DEVICE)).knots
+    return bias64.scaled_form(q_pos, torch.arange(-(lk - 1), lq, device=q_pos.device)).knots
 
 
-def run_case(bias_name, *, causal, q_len=SHAPE[3], cu=None, dtype=torch.float32, seed=0):
-    """FlexAttention's output and gradients against float64, each with its bound."""
-    b, h, hk, _, lk, d, dv = SHAPE
+def run_case(bias_name, device, *, causal, q_len=SHAPE[3], cu=None, dtype=torch.float32, seed=0):
+    """FlexAttention's output and gradients against float64, each with its bound (on
+    CPU the output alone: see on_cpu)."""
+    backward = device.type != "cpu"
+    b, h, hk, _, lk, d, dv = SHAPE if backward else CPU_SHAPE
     shape = (b, h, hk, q_len, lk, d, dv)
     lq, scale = q_len, 1 / math.sqrt(d)
     torch.manual_seed(seed)
-    bias = BIASES[bias_name](h).to(DEVICE)
-    q, k, v, dout, mask, ids, local = make(shape, dtype, seed, cu)
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    params = trainable(bias)
-    cu_seqlens = None if cu is None else torch.tensor(cu, device=DEVICE)
-    out = posenc.attention(
-        *leaves, bias=bias, causal=causal, attention_mask=mask, cu_seqlens=cu_seqlens,
-        backend=BACKEND,
-    )  # fmt: skip
+    bias = BIASES[bias_name](h).to(device)
+    q, k, v, dout, mask, ids, local = make(shape, dtype, seed, device, cu)
+    leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+    params = trainable(bias) if backward else []
+    cu_seqlens = None if cu is None else torch.tensor(cu, device=device)
+    with torch.set_grad_enabled(backward):
+        out = posenc.attention(
+            *leaves, bias=bias, causal=causal, attention_mask=mask, cu_seqlens=cu_seqlens,
+            backend=BACKEND,
+        )  # fmt: skip
     assert out.dtype == dtype and out.shape == (b, h, lq, dv)
-    got = [out, *torch.autograd.grad(out, [*leaves, *params], dout)]
+    got = [out, *(torch.autograd.grad(out, [*leaves, *params], dout) if backward else ())]
 
     # the reference: the same inputs (bfloat16 values exactly) and the module in float64
-    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    q64, k64, v64 = (t.double().requires_grad_(backward) for t in (q, k, v))
     bias64 = copy.deepcopy(bias).double()
-    q_pos = local[torch.arange(lk - lq, lk, device=DEVICE)]
+    q_pos = local[torch.arange(lk - lq, lk, device=device)]
     k_pos = local
     allowed = allowed_pairs(mask, ids, lq, lk, causal)
     block, bias_error, form = None, 0.0, None
@@ -362,16 +420,20 @@ def run_case(bias_name, *, causal, q_len=SHAPE[3], cu=None, dtype=torch.float32,
         else:
             bias_error = 8 * U * block.detach().abs()
     ref = dense(q64, k64, v64, block, allowed, scale)
-    want = [ref, *torch.autograd.grad(ref, [q64, k64, v64, *trainable(bias64)], dout.double())]
+    want = [ref]
+    if backward:
+        want += torch.autograd.grad(ref, [q64, k64, v64, *trainable(bias64)], dout.double())
 
     with torch.no_grad():
         inputs = [t.detach().double() for t in (q, k, v, dout)]
         fixed = None if block is None else block.detach()
-        t_out, tq, tk, tv, ds, p, do_out = bounds(
-            *inputs, fixed, allowed, scale, bias_error=bias_error, rounding=ROUNDING[dtype]
-        )
-    tols = [t_out, tq, tk, tv]
+        found = bounds(
+            *inputs, fixed, allowed, scale, bias_error=bias_error, rounding=ROUNDING[dtype],
+            backward=backward,
+        )  # fmt: skip
+    tols = list(found[:4])  # out, and on CUDA dq, dk, dv
     if params:
+        ds, p, do_out = found[4:]
         tols += param_bounds(bias64, form, q_pos, d, ds, p, do_out, ROUNDING[dtype])
     return got, want, tols
 
@@ -390,6 +452,7 @@ def assert_off_the_bends(x, bias64):
 def assert_within(got, want, tols):
     names = ["out", "dq", "dk", "dv"] + [f"dparam{i}" for i in range(len(got) - 4)]
     assert len(got) == len(want) == len(tols)
+    names = names[: len(got)]
     for name, a, b, t in zip(names, got, want, tols, strict=True):
         err = (a.detach().double() - b.detach()).abs()
         assert bool(err.isfinite().all()), f"{name}: not finite"
@@ -399,28 +462,28 @@ def assert_within(got, want, tols):
 
 
 @pytest.mark.parametrize("bias_name", BIASES)
-def test_causal_cache_gqa_padding_equal_float64(bias_name):
+def test_causal_cache_gqa_padding_equal_float64(bias_name, device):
     # causal, 64 cached keys before 192 queries, two query heads per key head, the
     # last row's first 85 keys padding: its queries at positions 64 .. 84 see no key
-    got, want, tols = run_case(bias_name, causal=True)
+    got, want, tols = run_case(bias_name, device, causal=True)
     assert_within(got, want, tols)
     blind = SHAPE[4] // 3 - (SHAPE[4] - SHAPE[3])
-    assert got[0][1, :, :blind].eq(0).all() and got[1][1, :, :blind].eq(0).all()
+    assert all(g[1, :, :blind].eq(0).all() for g in got[:2])  # out, and dq on CUDA
 
 
-def test_bidirectional_packed_documents_equal_float64():
-    got, want, tols = run_case("t5", causal=False, q_len=SHAPE[4], cu=CU, seed=1)
+def test_bidirectional_packed_documents_equal_float64(device):
+    got, want, tols = run_case("t5", device, causal=False, q_len=SHAPE[4], cu=CU, seed=1)
     assert_within(got, want, tols)
     # the first document is all padding in the last row: zeros, not NaN
     assert got[0][1, :, :37].eq(0).all()
 
 
-def test_bfloat16_forward_and_backward_within_bfloat16_rounding():
+def test_bfloat16_forward_and_backward_within_bfloat16_rounding(device):
     # bfloat16 q, k, v go to FlexAttention as they are; the reference takes their
     # values exactly, so the bounds count what the kernel rounds to bfloat16 (the
     # weights before P v, dS before dS k and dS q, the outputs): 2**-8 each
-    got, want, tols = run_case("t5", causal=True, dtype=torch.bfloat16, seed=2)
-    assert got[0].dtype == got[1].dtype == torch.bfloat16
+    got, want, tols = run_case("t5", device, causal=True, dtype=torch.bfloat16, seed=2)
+    assert all(g.dtype == torch.bfloat16 for g in got[:2])
     assert_within(got, want, tols)
 
 
@@ -436,7 +499,13 @@ def compiles():
     )
 
 
+@pytest.mark.gpu
+@NO_CUDA
 def test_block_mask_made_once_and_second_call_compiles_nothing(monkeypatch):
+    """GPU-only: what it counts are the compiles of the forward and backward kernels,
+    and torch refuses FlexAttention's backward on CPU; on CPU the forward's block
+    masks and graphs are reused as tests/test_flex_cache.py checks."""
+    device = torch.device("cuda")
     builds = []
     compiled = attend._compiled
 
@@ -454,8 +523,8 @@ def test_block_mask_made_once_and_second_call_compiles_nothing(monkeypatch):
     monkeypatch.setattr(attend, "_compiled", counting)
     attend._BLOCK_MASKS.clear()
     torch.manual_seed(3)
-    bias = T5Bias(SHAPE[1]).to(DEVICE)
-    q, k, v, dout, mask, _, _ = make(SHAPE, torch.float32, seed=3)
+    bias = T5Bias(SHAPE[1]).to(device)
+    q, k, v, dout, mask, _, _ = make(SHAPE, torch.float32, 3, device)
 
     def call(mask):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]

@@ -194,3 +194,12 @@ def test_bench_steps_name_cases_that_run_on_cuda(cases):
 
     for name in cases:
         assert "cuda" in bench.CASES[name].devices
+
+
+def test_the_modules_with_cuda_variants_are_selected():
+    # each of these has tests (or CUDA variants of tests) marked gpu: gpu-check must
+    # import it. tests/gpu_markers.py fails, on every CPU run, any test that skips for
+    # lack of CUDA where gpu-check would not run it; this names the modules outright
+    modules = ("gpu", "gpu_attention", "triton_rotary", "llama4", "sinusoidal")
+    modules += ("attention_backward",)
+    assert {f"tests/test_{m}.py" for m in modules} <= set(gpu_check.gpu_test_files())

@@ -208,6 +208,7 @@ def test_chunks_match_transformers_mask_with_left_padding():
         assert torch.equal(out[row] > 0, theirs.expand(2, -1, -1))
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_chunked_float32_kernel_within_the_bounds_of_each_chunk(causal, monkeypatch):
     # float32 through the compiled loops, forward and backward, against each chunk's
@@ -246,6 +247,7 @@ def _refuse(name):
     return refuse
 
 
+@pytest.mark.usefixtures("compiled_kernels")
 def test_chunked_call_skips_keys_in_the_compiled_loop(monkeypatch):
     # the chunks reach the loop as documents: it reads only the keys of a block's chunks
     seen = []
@@ -262,36 +264,47 @@ def test_chunked_call_skips_keys_in_the_compiled_loop(monkeypatch):
     assert seen == [(True, True)]
 
 
-def _chunks_and_documents(backend, device, dtype):
-    """Chunked attention and the same call with the chunks given as documents, with
-    their gradients: without rotary and with a relative bias, the two are the same
-    computation (the documents' restarted positions reach no table of key - query)."""
+def _chunk_inputs(device, dtype):
+    """q, k, v, the output's gradient, the key padding and T5's bias of the chunk tests."""
     gen = torch.Generator().manual_seed(14)
     shape = [(2, 4, 200, 16), (2, 2, 200, 16), (2, 2, 200, 16), (2, 4, 200, 16)]
     q, k, v, dout = (torch.randn(*s, generator=gen).to(device, dtype) for s in shape)
     mask = torch.ones(2, 200, dtype=torch.bool, device=device)
     mask[1, :30] = False
-    ids = torch.arange(200, device=device) // 48
     torch.manual_seed(15)
-    t5 = T5Bias(4).to(device)
+    return q, k, v, dout, mask, T5Bias(4).to(device)
+
+
+def _chunks_and_documents(backend, device, dtype, backward=True):
+    """Chunked attention and the same call with the chunks given as documents, with
+    their gradients (``backward``): without rotary and with a relative bias, the two
+    are the same computation (the documents' restarted positions reach no table of
+    key - query)."""
+    q, k, v, dout, mask, t5 = _chunk_inputs(device, dtype)
+    ids = torch.arange(200, device=device) // 48
     results = []
     for kw in ({"chunk_size": 48}, {"document_ids": ids}):
         bias = copy.deepcopy(t5)
-        inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
-        out = posenc.attention(
-            *inputs, bias=bias, causal=True, attention_mask=mask, backend=backend, **kw
-        )
+        inputs = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+        with torch.set_grad_enabled(backward):
+            out = posenc.attention(
+                *inputs, bias=bias, causal=True, attention_mask=mask, backend=backend, **kw
+            )
         params = [bias.relative_attention_bias.weight]
-        results.append((out, *torch.autograd.grad(out, [*inputs, *params], dout)))
+        grads = torch.autograd.grad(out, [*inputs, *params], dout) if backward else ()
+        results.append((out, *grads))
     return results
 
 
 @pytest.mark.parametrize("backend", ["kernel", "blockwise"])
-def test_chunks_are_documents_that_keep_positions(backend):
-    # the same masks and sums as packed documents (tested against each document alone
-    # in tests/test_attention_packed.py): equal to the bit, forward and backward. One
-    # thread: the compiled backward adds the threads' dq and table gradients in the order
-    # they took the key blocks, reproducible to rounding only with more (core/csrc/attend.c)
+def test_chunks_take_the_documents_path_bit_for_bit(backend):
+    # bookkeeping, not evidence of correctness: chunk_size=48 reaches the loops as the
+    # documents position // 48, so the call equals the same call given those documents,
+    # to the bit, forward and backward. Chunked attention itself is checked against
+    # dense float64 attention masked to the chunks (test_chunked_equals_dense_float64,
+    # test_chunked_float32_kernel_within_the_bounds_of_each_chunk). One thread: the
+    # compiled backward adds the threads' dq and table gradients in the order they took
+    # the key blocks, reproducible to rounding only with more (core/csrc/attend.c)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -302,14 +315,73 @@ def test_chunks_are_documents_that_keep_positions(backend):
         assert torch.equal(a, b)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_chunks_are_documents_on_flex():
-    # FlexAttention's block mask of the chunks is the documents' (tested against dense
-    # float64 in tests/test_gpu_attention.py): equal to the bit, forward and backward
-    chunked, packed = _chunks_and_documents("flex", "cuda", torch.float32)
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param(
+            "cpu",
+            marks=pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+        ),
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+            ],
+        ),
+    ],
+)
+def test_chunked_flex_equals_dense_float64(device, monkeypatch):
+    """Chunked attention through FlexAttention (what "auto" takes on a GPU) against
+    attention computed densely in float64 with the mask written out here: same chunk
+    (``key // 48 == query // 48``), causal, not padding; T5's bias over the global
+    ``key - query``. Within the FlexAttention bounds of tests/test_gpu_attention.py,
+    derived from its float32 arithmetic; then, as bookkeeping, equal to the bit to the
+    same call with the chunks given as documents.
+
+    On CUDA compiled, forward and backward (q, k, v and T5's table); on CPU eager and
+    forward only: torch refuses FlexAttention's backward on CPU tensors, and compiling
+    it for CPUs generates C++, not the GPU's Triton (test_gpu_attention.on_cpu).
+    """
+    import test_gpu_attention as flex
+
+    device = torch.device(device)
+    backward = device.type == "cuda"
+    threads = torch.get_num_threads()
+    if not backward:
+        flex.on_cpu(monkeypatch)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # IEEE float32 products, as the bounds
+    try:
+        chunked, packed = _chunks_and_documents("flex", device, torch.float32, backward)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+        torch.set_num_threads(threads)
     for a, b in zip(chunked, packed, strict=True):
         assert torch.equal(a, b)
+
+    q, k, v, dout, mask, t5 = _chunk_inputs(device, torch.float32)
+    d, keys = q.shape[3], torch.arange(q.shape[2], device=device)
+    same = (keys[None, :] // 48) == (keys[:, None] // 48)
+    allowed = mask[:, None, None, :] & same & (keys[None, :] <= keys[:, None])
+    bias64 = copy.deepcopy(t5).double()
+    block = bias64(keys[:, None], keys[None, :])  # (heads, n, n) over key - query
+    q64, k64, v64 = (t.double().requires_grad_(backward) for t in (q, k, v))
+    ref = flex.dense(q64, k64, v64, block, allowed, d**-0.5)
+    want = [ref]
+    if backward:
+        params64 = [bias64.relative_attention_bias.weight]
+        want += torch.autograd.grad(ref, [q64, k64, v64, *params64], dout.double())
+    with torch.no_grad():
+        inputs = [t.double() for t in (q, k, v, dout)]
+        found = flex.bounds(
+            *inputs, block.detach(), allowed, d**-0.5, bias_error=8 * flex.U * block.abs(),
+            rounding=0.0, backward=backward,
+        )  # fmt: skip
+    tols = list(found[:4])
+    if backward:
+        tols += flex.param_bounds(bias64, "table", keys, d, *found[4:], 0.0)
+    flex.assert_within(list(chunked), want, tols)
 
 
 def test_gradcheck_chunked_blockwise_float64():

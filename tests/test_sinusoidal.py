@@ -369,12 +369,29 @@ def test_device_gives_a_torch_tensor_there(device):
         assert torch.equal(got, sinusoidal(300, 8, dtype=as_torch))  # the CPU table, cast
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_device_moves_to_cuda():
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+            ],
+        ),
+    ],
+)
+def test_device_moves_there(device):
+    # the table of an int, numpy or torch positions, on ``device``: computed there in
+    # float64 and rounded once to float32, as on the CPU, so it equals the CPU table or,
+    # where the two float64 values straddle a rounding boundary, is one float32 ulp
+    # away: at most 2**-24 for values below 1. The CPU variant runs these calls in CI,
+    # the CUDA one under `make gpu-check`
     cpu = sinusoidal(torch.arange(300), 8)
     for positions in (300, np.arange(300), torch.arange(300)):
-        got = sinusoidal(positions, 8, device="cuda")
-        assert got.device.type == "cuda"
+        got = sinusoidal(positions, 8, device=device)
+        assert got.device.type == device
         torch.testing.assert_close(got.cpu(), cpu, rtol=0, atol=2.0**-24)
 
 
