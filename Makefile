@@ -6,6 +6,10 @@ PIP := $(BIN)/python -m pip
 # Anchors whose declared dependencies (torchvision) do not install beside the pinned
 # CPU torch; the tests load only their torch-only modules.
 NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
+# fla-core (pinned in constraints-dev.txt): tests/test_fla.py loads its two dense references
+# by path from here. Not in site-packages: with `fla` importable, transformers sends some
+# families' linear attention to fla's Triton kernels, which the family test cannot run.
+FLA_CORE := $(VENV)/fla-core
 
 .PHONY: demo test lint types pytest clean gpu-wheels gpu-check
 
@@ -22,6 +26,7 @@ $(VENV)/.demo: pyproject.toml setup.py $(KERNEL_SOURCES) constraints-dev.txt | $
 $(VENV)/.test: pyproject.toml setup.py $(KERNEL_SOURCES) constraints-dev.txt | $(BIN)/python
 	$(PIP) install -q -c constraints-dev.txt -e ".[torch,plot,test]"
 	$(PIP) install -q --no-deps $(NODEPS_ANCHORS)
+	$(PIP) install -q --no-deps --upgrade --target $(FLA_CORE) -c constraints-dev.txt fla-core
 	touch $@ $(VENV)/.demo
 
 # the main job: the explainer, written to posenc-report/index.html (its path is printed)

@@ -84,6 +84,91 @@ def bound(q, k, v, scale=None, u=U64, lk=None):
     return u * terms * max(1.0, v.abs().max().item())
 
 
+def grad_bounds(q, k, v, dout, drem, *, attend_current=False, scale=None, u=U64):
+    """Per-element bounds of out, rem, dq, dk and dv of one computation, unit roundoff u.
+
+    posenc's blocks (the backward's ``dz_ij = g_ij - beta_ij F_ij``, F_ij = sum_{m
+    <= j} g_im + rem_i drem_i taken as ``dout . out + rem drem`` minus the nearer
+    keys' g) or fla-core's dense reference (autograd through ``logsigmoid`` and
+    a reversed cumsum: ``g_ij sigmoid(-z_ij) - beta_ij (F_ij - g_ij)``, the same
+    value), for the loss ``sum dout . out + drem rem``; first order, built from the
+    float64 magnitudes of the terms (g_ij = A_ij G_ij, G_ij = dout_i . v_j), then
+    doubled for the second-order terms (every relative error below is under 1e-3,
+    asserted):
+
+    - a score errs by dz_ij = (D + 2) u scale |q_i|.|k_j| (the dot product, the scale);
+    - log A_ij sums logsigmoid(z_ij) and the -softplus(z_im) of the nearer keys, all
+      of one sign (fla: a reversed cumsum that also holds softplus(z_ij), then takes
+      it off): at most L + 1 roundings of sums below |log A_ij| + softplus(z_ij),
+      each term's own (min(z, 0) - log1p(exp(-|z|)): exp, log1p, the subtraction,
+      6 u relative) and each score's error (slope below 1), twice for fla's own
+      term: A relatively by alpha_ij = (L + 8) u (|log A_ij| + softplus(z_ij)) + 2
+      sum dz + 2 u (exp within 1 ulp); log rem likewise, without the own term;
+    - out_i = sum_j A_ij v_j: sum_j A |v| (alpha + (L + 1) u);
+    - G (DV terms) errs by DV u |dout_i|.|v_j|, so g by |g| (alpha + u) + A DV u
+      |dout|.|v|; F_ij, whichever way, by the sum of the row's g errors, dout .
+      err out (posenc's total), rem |drem| (alpha_rem + 2 u) and (L + 3) u times the
+      row's sum_m |g_im| + rem |drem| (L terms and three adds);
+    - beta = sigmoid(z), or fla's sigmoid(-z) from logsigmoid's backward: 8 u
+      relative and dz (slope beta (1 - beta)); dz_ij then errs by 2 err g + beta err
+      F + (|g| + beta (|F| + |g|)) (12 u + dz) (either form, its products and
+      subtraction);
+    - dq_i = scale sum_j dz_ij k_j: scale (sum_j err dz |k_j| + (L + 2) u sum_j |dz|
+      |k_j|); dk likewise over the group's queries; dv_j = sum_i A_ij dout_i:
+      sum_i A alpha |dout| + (group q_len + 1) u sum_i A |dout|.
+    """
+    q, k, v, dout, drem = (t.detach().double() for t in (q, k, v, dout, drem))
+    b, h, lq, d = q.shape
+    hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
+    group = h // hk
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    pos = torch.arange(lq) + lk - lq
+    keys = torch.arange(lk)[None, :]
+    seen = keys <= pos[:, None] if attend_current else keys < pos[:, None]
+    z = q @ kr.mT * scale
+    dz = (d + 2) * u * (q.abs() @ kr.abs().mT) * scale * seen
+    softplus = -F.logsigmoid(-z) * seen
+
+    def after(x):  # sum over the nearer keys m > j
+        return x.flip(-1).cumsum(-1).flip(-1) - x
+
+    log_a = (F.logsigmoid(z) - after(softplus)) * seen
+    a = torch.exp(log_a) * seen
+    alpha = ((lk + 8) * u * (log_a.abs() + softplus) + 2 * (dz + after(dz)) + 2 * u) * seen
+    assert float(alpha.max()) < 1e-3, "second-order terms no longer negligible"
+    log_rem = -softplus.sum(-1)
+    rem = torch.exp(log_rem)
+    alpha_rem = (lk + 7) * u * log_rem.abs() + dz.sum(-1) + 2 * u
+    out = a @ vr
+    t_out = (a * (alpha + (lk + 1) * u)) @ vr.abs()
+    big = dout @ vr.mT
+    big_abs = dout.abs() @ vr.abs().mT
+    g = a * big
+    err_g = a * (big.abs() * (alpha + u) + dv * u * big_abs)
+    stick = rem * drem
+    f = g.cumsum(-1) + stick[..., None]
+    err_f = (
+        err_g.sum(-1)
+        + (a * (alpha + (lk + 1) * u) * big_abs).sum(-1)
+        + dv * u * (dout * out).abs().sum(-1)
+        + stick.abs() * (alpha_rem + 2 * u)
+        + (lk + 3) * u * (g.abs().sum(-1) + stick.abs())
+    )[..., None]
+    beta = torch.sigmoid(z) * seen
+    grad_z = (g - beta * f) * seen
+    err_z = 2 * err_g + (g.abs() + beta * (f.abs() + g.abs())) * (12 * u + dz) + beta * err_f
+    err_z = err_z * seen
+
+    def to_kv(x):
+        return x.view(b, hk, group, lk, -1).sum(2)
+
+    t_q = scale * (err_z @ kr.abs() + (lk + 2) * u * grad_z.abs() @ kr.abs())
+    t_k = scale * to_kv(err_z.mT @ q.abs() + (group * lq + 2) * u * grad_z.abs().mT @ q.abs())
+    t_v = to_kv((a * alpha).mT @ dout.abs() + (group * lq + 1) * u * a.mT @ dout.abs())
+    return [2 * t for t in (t_out, rem * alpha_rem, t_q, t_k, t_v)]
+
+
 def inputs(b, h, hk, length, d, dv, seed, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(b, h, length, d, generator=gen, dtype=dtype)
