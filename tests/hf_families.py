@@ -23,9 +23,11 @@ runs it before and after :func:`posenc.hf.patch_model`. The outcome is one of:
 
 Run as a script (``python tests/hf_families.py [family ...]``) it checks every
 family in a few worker processes and writes ``survey.json`` plus a summary.
-Workers run families one after another, each under a deadline; a worker that
-overruns one, or dies, is replaced, and the phase it last reported (build,
-patch, forward) decides whether that family ``build-failed`` or ``crash``-ed.
+Workers run families one after another, each in a child with a CPU-time limit
+(:data:`CPU_LIMIT`) and a wall-clock deadline that only a hung child reaches; a
+worker whose child overruns either, or dies, is replaced, and the phase it last
+reported (build, patch, forward) decides whether that family ``build-failed`` or
+``crash``-ed.
 
 The sizes are small but the depth is the config's own: per-layer settings
 (``layer_types``, ``mlp_layer_types``, layer index lists, KV-sharing sources)
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import re
+import resource
 import selectors
 import signal
 import subprocess
@@ -69,7 +72,17 @@ TOP_K = EXPERTS
 # tests/test_hf.py's 0.5, with which deep models come near hard attention and their
 # output jumps when a near tie flips
 INIT_RANGE = 0.2
-DEFAULT_TIMEOUT = 180.0
+# The work of one family is bounded, not its wall time: the child that checks it may use
+# CPU_LIMIT seconds of CPU (RLIMIT_CPU, all its threads; torch runs one), whatever the
+# machine's load, and the kernel stops it past that (SIGXCPU). The slowest family, blt,
+# used 11 s of CPU (transformers 5.24; the survey records each one's cpu_seconds; all 199
+# took 134 s): 120 s leaves room for slower CPUs without letting a runaway family eat the
+# suite. The wall clock only catches a child that hangs using no CPU (a lock held at
+# fork time): HANG_TIMEOUT is far beyond what any family takes even on a loaded machine
+# (CPU_LIMIT at a tenth of a core), and such a family runs once more before it counts as
+# lost.
+CPU_LIMIT = 120
+HANG_TIMEOUT = 1200.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +100,7 @@ class Outcome:
     rotary: tuple[str, ...] = ()
     exercised: tuple[str, ...] = ()
     read_config: str = ""
+    cpu_seconds: float = 0.0
 
 
 # --------------------------------------------------------------------------------------
@@ -1544,10 +1558,12 @@ def check(family: str, report: Callable[[str], None] | None = None) -> Outcome:
     from posenc import hf
 
     say = report or (lambda _phase: None)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
 
     def done(status: str, detail: str, **extra: Any) -> Outcome:
-        return Outcome(family, status, detail, seconds=round(time.monotonic() - start, 2), **extra)
+        seconds = round(time.monotonic() - start, 2)
+        used = round(time.process_time() - cpu, 2)
+        return Outcome(family, status, detail, seconds=seconds, cpu_seconds=used, **extra)
 
     say("build")
     try:
@@ -1661,7 +1677,7 @@ def _worker() -> None:
 
     torch.set_num_threads(1)
     for line in sys.stdin:
-        family = line.strip()
+        family, _, limit = line.strip().partition("\t")
         if not family:
             continue
         # the family's modules are imported here, before the fork, so that later
@@ -1673,6 +1689,11 @@ def _worker() -> None:
         pid = os.fork()
         if pid == 0:
             try:
+                # the family's CPU budget (module constants): past it the kernel stops
+                # the child with SIGXCPU, and no core file is written
+                seconds = int(limit or CPU_LIMIT)
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 10))
 
                 def report(phase: str, family: str = family) -> None:
                     out.write(json.dumps({"family": family, "phase": phase}) + "\n")
@@ -1734,11 +1755,11 @@ class _Worker:
         *done, self.buffer = self.buffer.split("\n")
         return done
 
-    def send(self, family: str, timeout: float) -> None:
+    def send(self, family: str, timeout: float, cpu_limit: int) -> None:
         self.family, self.phase = family, "start"
         self.deadline = time.monotonic() + timeout
         assert self.proc.stdin is not None
-        self.proc.stdin.write(family + "\n")
+        self.proc.stdin.write(f"{family}\t{cpu_limit}\n")
         self.proc.stdin.flush()
 
     def kill(self) -> None:
@@ -1763,10 +1784,15 @@ def _lost(family: str, phase: str, why: str, seconds: float) -> Outcome:
 def run(
     names: Iterable[str] | None = None,
     workers: int = 2,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float = HANG_TIMEOUT,
     log: Any = subprocess.DEVNULL,
+    cpu_limit: int = CPU_LIMIT,
 ) -> list[Outcome]:
-    """:func:`check` every family in ``names`` (default: all) in ``workers`` processes."""
+    """:func:`check` every family in ``names`` (default: all) in ``workers`` processes.
+
+    Each family may use ``cpu_limit`` seconds of CPU; ``timeout`` (wall clock) only
+    catches a hung check (see :data:`CPU_LIMIT`).
+    """
     todo = list(families() if names is None else names)
     results: dict[str, Outcome] = {}
     pool = [_Worker(log) for _ in range(min(workers, len(todo)))]
@@ -1778,7 +1804,7 @@ def run(
         if todo:
             family = todo.pop(0)
             started[family] = time.monotonic()
-            w.send(family, timeout)
+            w.send(family, timeout, cpu_limit)
         else:
             w.family = None
             w.deadline = math.inf
@@ -1814,8 +1840,10 @@ def run(
                 if "phase" in msg:
                     w.phase = msg["phase"]
                 elif "died" in msg:
-                    fam = msg["died"]
-                    why = f"checking process died (wait status {msg['status']})"
+                    fam, status = msg["died"], msg["status"]
+                    why = f"checking process died (wait status {status})"
+                    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+                        why = f"used its {cpu_limit} s of CPU"
                     results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
                     feed(w)
                 elif "outcome" in msg:
@@ -1833,7 +1861,7 @@ def run(
                     retried.add(fam)
                     todo.insert(0, fam)
                 else:
-                    why = f"timed out twice after {timeout:.0f}s"
+                    why = f"hung twice (no result after {timeout:.0f}s)"
                     results[fam] = _lost(fam, w.phase, why, now - started[fam])
                 pool[i] = replace(w)
                 feed(pool[i])
@@ -1874,14 +1902,15 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("families", nargs="*")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--timeout", type=float, default=HANG_TIMEOUT)
+    parser.add_argument("--cpu-limit", type=int, default=CPU_LIMIT)
     out = Path(__file__).parents[1] / "artifacts" / "hf-families"
     parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(args.out / "workers.log", "w") as log:
-        outcomes = run(args.families or None, args.workers, args.timeout, log)
+        outcomes = run(args.families or None, args.workers, args.timeout, log, args.cpu_limit)
     elapsed = time.monotonic() - start
     name = "survey.json" if not args.families else "survey-partial.json"
     payload = {"seconds": round(elapsed, 1), "outcomes": [dataclasses.asdict(o) for o in outcomes]}

@@ -16,6 +16,15 @@ must still be unjudged: a family the harness learns to check leaves the list).
 The families run in two worker processes (tests/hf_families.py ``run``), once for
 the module; the per-family tests read the results, and the counts README.md states
 for the transformers it names (same, refused, in all) are checked against them.
+Each family's check may use a fixed budget of CPU time (``hf_families.CPU_LIMIT``),
+not of wall time: a loaded machine slows it down without failing it.
+
+transformers' own torch code is what the families run: with a package named ``fla``
+importable, transformers sends the linear attention of Qwen3-Next, OLMo-hybrid,
+GLM-5-next and others to flash-linear-attention's Triton kernels, which fail without
+a GPU driver. tests/test_fla.py needs fla-core's dense references only, so ``make
+test`` installs fla-core into ``$(VENV)/fla-core``, on no import path, and that test
+loads the two files by path; ``test_fla_is_not_importable`` holds the line.
 """
 
 from __future__ import annotations
@@ -65,6 +74,17 @@ def outcomes() -> dict[str, hf_families.Outcome]:
 
 def test_families_found() -> None:
     assert len(FAMILIES) >= 100, FAMILIES
+
+
+def test_fla_is_not_importable() -> None:
+    # see the module docstring: fla importable would route some families' layers to
+    # Triton kernels this CPU run cannot execute
+    import importlib.util
+
+    assert importlib.util.find_spec("fla") is None, (
+        "a package named fla is importable: transformers would route linear attention "
+        "to its Triton kernels; install fla-core as the Makefile does (FLA_CORE)"
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
