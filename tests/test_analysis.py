@@ -557,18 +557,71 @@ def test_add_concat_arguments():
 # ------------------------------------------------------------- timesteps and the index
 
 
+U64 = 2.0**-53  # float64 unit roundoff: the timestep tables and their cosines are float64
+
+
+def _gamma(n: int) -> float:
+    """gamma_n = n u / (1 - n u): the relative error of n float64 roundings in a row."""
+    return n * U64 / (1 - n * U64)
+
+
+def timestep_cosine_error(omega: np.ndarray, first: float, second: float) -> float:
+    """Bound on the float64 cosine of two unit-amplitude timestep rows at ``t <= first`` and
+    ``t + k <= second``, against its exact value ``mean_i cos(k omega_i)`` (``omega_i`` the
+    float64 frequencies, ``inv_freq``; ``n`` pairs, ``u = 2**-53``), to first order in ``u``
+    (products of two of these errors, squares of the angle errors included, stay below
+    1e-24: ten orders under the bound).
+
+    - The angles: a float64 table evaluates ``t omega_i`` within ``2 u t omega_i`` (its
+      frequency one rounding from ``omega_i``, the product one more). A pair contributes
+      ``cos(angle(t + k) - angle(t))`` to the dot product and exactly 1 to each squared
+      norm, so the cosine moves by at most the mean over the pairs of the two angle
+      errors: ``2 u (first + second) mean(omega)``.
+    - The values: one ulp of each entry (<= u, as ``|entry| <= 1``), ``sqrt(2n) u`` for a
+      row of 2n channels. A row ``a`` of norm ``sqrt(n)`` moves the cosine by at most
+      ``|delta a| / |a|`` (its gradient in ``a`` has norm ``sqrt(1 - cos^2) / |a|``):
+      ``sqrt(2) u`` a row, ``2 sqrt(2) u`` the two.
+    - The cosine itself: the dot product of 2n terms is off by ``gamma_2n |a| |b|``
+      (Cauchy-Schwarz); each norm by ``gamma_2n / 2 + u`` relative (a sum of squares, then
+      a square root); their product and the division add ``2 u``: ``2 gamma_2n + 4 u``.
+    """
+    n = len(omega)
+    angles = 2 * U64 * (first + second) * float(np.mean(omega))
+    values = 2 * math.sqrt(2) * U64
+    cosine = 2 * _gamma(2 * n) + 4 * U64
+    return angles + values + cosine
+
+
 def test_timestep_presets_compare_one_t_under_three_conventions():
-    got = analysis.timestep_presets(64, timesteps=np.arange(0, 1000, 7.5))
+    t = np.arange(0, 1000, 7.5)
+    got = analysis.timestep_presets(64, timesteps=t)
     mean, low, high = got.mismatch("ddpm", "ldm")
     assert low <= mean <= high < 0.5  # [sin | cos] against [cos | sin]: far apart
     assert got.cosine[0, 1, 0] == 0.0  # t = 0: [0 | 1] against [1 | 0]
+    omegas = {name: resolve(name).inv_freq(64) for name in got.presets}
+    assert all(resolve(name).amplitude_for(64) == 1.0 for name in got.presets)
+    # the same convention: the cosine of a row with itself is 1 (k = 0 in the bound)
     _, same_low, _ = got.mismatch("ddpm", "annotated-diffusion")
-    assert 1 - same_low <= got.tolerance
-    assert got.neighbour_spread <= got.tolerance  # e(t) . e(t + k) depends on k alone
-    for p, name in enumerate(got.presets):  # and equals the mean of cos(k omega) over pairs
-        omega = resolve(name).inv_freq(64)
+    assert 1 - same_low <= timestep_cosine_error(omegas["ddpm"], t[-1], t[-1])
+    # e(t) . e(t + k) depends on k alone: each timestep's cosine lies within the bound of
+    # the exact value; their mean (T values of magnitude <= 1 summed, gamma_T, then divided,
+    # u) within that plus gamma_T + u; the difference of the two, one more rounding (u)
+    averaged = _gamma(len(t)) + U64
+    spread_bound = max(
+        2 * timestep_cosine_error(omegas[name], t[-1], t[-1] + k) + averaged + U64
+        for name in got.presets
+        for k in got.offsets
+    )
+    assert got.neighbour_spread <= spread_bound
+    # the library's own verdict on its numbers holds (a tolerance below its spread fails)
+    assert got.neighbour_spread <= got.tolerance
+    # and the mean equals the mean of cos(k omega) over the pairs, summed exactly (mpmath)
+    for p, name in enumerate(got.presets):
+        omega = omegas[name]
         for k, v in zip(got.offsets, got.neighbour[p], strict=True):
-            assert v == pytest.approx(np.cos(k * omega).mean(), abs=got.tolerance)
+            exact = mpmath.fsum(mpmath.cos(k * mpmath.mpf(w)) for w in omega) / len(omega)
+            bound = timestep_cosine_error(omega, t[-1], t[-1] + k) + averaged
+            assert abs(mpmath.mpf(v) - exact) <= bound, (name, k)
     with pytest.raises(ValueError, match="preset"):
         analysis.timestep_presets(64, presets=("ddpm", "wrong"))
     with pytest.raises(ValueError, match="presets"):
