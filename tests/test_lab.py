@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -28,6 +27,10 @@ from posenc.faces.lab.run import (
     text_lengths,
     train,
 )
+
+#: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
+#: cores shared with other processes two OpenMP threads made them several times slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TINY = LabConfig(
     task="copy", encodings=("alibi",), train_len=3, test_len=5, seeds=1, steps=40,
@@ -273,10 +276,16 @@ def test_a_training_in_pieces_is_the_training_in_one_go(tmp_path):
     assert pieces == straight
 
 
-def test_worker_processes_train_as_this_process_does(tmp_path):
+def test_worker_processes_train_as_this_process_does(tmp_path, one_torch_thread):
     config = replace(TINY, encodings=("alibi", "t5", "rope", "rope-linear"))
-    here = run(config, tmp_path / "here", progress=False, workers=1)
-    pool = run(config, tmp_path / "pool", progress=False, workers=2)
+    # this process on the threads it had before the module's one: as a user's, which hands
+    # each of its workers its share of them
+    torch.set_num_threads(one_torch_thread)
+    try:
+        here = run(config, tmp_path / "here", progress=False, workers=1)
+        pool = run(config, tmp_path / "pool", progress=False, workers=2)
+    finally:
+        torch.set_num_threads(1)
     assert len(pool.trained) == len(here.trained) == 3  # rope-linear evaluates rope's model
     assert [(r.encoding, r.seed, r.length) for r in pool.records] == [
         (r.encoding, r.seed, r.length) for r in here.records
@@ -358,27 +367,19 @@ def test_learned_and_randomized_positions_have_a_limit(encoding):
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_gloo_processes_equal_one(tmp_path):
+def test_two_gloo_processes_equal_one(tmp_path, capsys, torchrun_gloo):
     argv = [
         "lab", "run", "--task", "copy", "--encodings", "t5", "--train-len", "3",
         "--test-len", "4", "--seeds", "1", "--steps", "6", "--batch-size", "8",
         "--d-model", "16", "--layers", "1", "--heads", "2", "--eval-examples", "4",
         "--no-progress",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the one process is this one, on one thread (one_torch_thread) as each gloo process
     one = tmp_path / "one"
-    subprocess.run([sys.executable, "-m", "posenc.cli", *argv, "--out", str(one)],
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    assert torch.get_num_threads() == 1
+    assert main([*argv, "--out", str(one)]) == 0, capsys.readouterr().err
     two = tmp_path / "two"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port()), "-m", "posenc.cli"]  # fmt: skip
-    subprocess.run([*torchrun, *argv, "--out", str(two)], check=True, env=env, capture_output=True)
+    torchrun_gloo([*argv, "--out", str(two)])  # 2 gloo processes, a free port of their own
 
     def losses(out: Path) -> list[float]:
         (final,) = [p for p in (out / "runs").iterdir() if p.suffix == ".pt"]
@@ -407,8 +408,9 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
     assert "\n" not in err and words in err and "Traceback" not in err
 
 
-def test_page_and_report_embed_the_results(tmp_path):
+def test_page_and_report_embed_the_results(tmp_path, monkeypatch):
     from posenc import report
+    from posenc.faces import plot
     from posenc.faces.lab import results
 
     outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path / "lab", progress=False)
@@ -418,9 +420,25 @@ def test_page_and_report_embed_the_results(tmp_path):
     assert paths["svg"].read_text().lstrip().startswith("<?xml")
     rows = results.summary(outcome.records, TINY.train_len)
     assert [r["encoding"] for r in rows] == ["alibi", "nope"]
+    # the report: the figures drawn from the lab run are rendered; the explainer's others
+    # (rendered and checked by test_report.py, two thirds of this test's time) are written
+    # as placeholders, which the page embeds as it does any figure
+    lab_figures, real_save, rendered = set(report._lab_figures(())), plot.save, []
+
+    def save(fig, path, *more):
+        if Path(path).stem in lab_figures:
+            rendered.append(Path(path).stem)
+            return real_save(fig, path, *more)
+        plot.pyplot().close(fig)
+        for p in (Path(path), *map(Path, more)):
+            p.write_bytes(b"<svg/>" if p.suffix == ".svg" else b"\x89PNG\r\n\x1a\n")
+        return Path(path)
+
+    monkeypatch.setattr(plot, "save", save)
     built = report.build(tmp_path / "report", dim=8, length=4, train_steps=2, lab=tmp_path / "lab")
     page = built.index.read_text()
     assert 'id="lab-copy"' in page and 'id="lab-text"' not in page  # replaces the bundled runs
+    assert sorted(rendered) == sorted(lab_figures) and lab_figures <= set(built.figures)
 
 
 def _partial_then_full(target, data=b"partial"):

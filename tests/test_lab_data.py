@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pickle
 import shutil
-import socket
-import subprocess
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +16,10 @@ import torch
 from posenc.faces.cli import main
 from posenc.faces.lab.run import LabConfig, config_from, run, text_corpus
 from posenc.faces.lab.tasks import TextCorpus
+
+#: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
+#: cores shared with other processes two OpenMP threads made them several times slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 TINY = LabConfig(
     task="text", encodings=("alibi",), train_len=8, test_len=16, seeds=1, steps=2,
@@ -240,22 +240,14 @@ def test_lab_run_on_a_directory(text_tree, tmp_path, capsys):
     assert len(list((out / "runs").glob("*.pt"))) == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_gloo_processes_read_the_same_data(text_tree, tmp_path):
+def test_two_gloo_processes_read_the_same_data(text_tree, tmp_path, capsys, torchrun_gloo):
     root, _ = text_tree
     argv = [*ARGV, "--data", str(root)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "posenc.cli", *argv, "--out", str(one)],
-                   check=True, env=env, capture_output=True)  # fmt: skip
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port()), "-m", "posenc.cli"]  # fmt: skip
-    subprocess.run([*torchrun, *argv, "--out", str(two)], check=True, env=env, capture_output=True)
+    # the one process is this one, on one thread (one_torch_thread) as each gloo process
+    assert torch.get_num_threads() == 1
+    assert main([*argv, "--out", str(one)]) == 0, capsys.readouterr().err
+    torchrun_gloo([*argv, "--out", str(two)])  # 2 gloo processes, a free port of their own
 
     def saved(out: Path) -> tuple[str, list[float]]:
         (final,) = [p for p in (out / "runs").iterdir() if p.suffix == ".pt"]

@@ -17,6 +17,10 @@ from posenc.faces.lab.encodings import REGISTRY, Encoding, lookup
 from posenc.faces.lab.model import _ROTATIONS, ModelConfig, _attend
 from posenc.faces.lab.run import DEFAULT_ENCODINGS, LabConfig, _World, run, train
 
+#: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
+#: cores shared with other processes two OpenMP threads made them several times slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SMALL = LabConfig(
     task="copy", encodings=("alibi",), train_len=3, test_len=5, seeds=1, steps=10,
     batch_size=8, lr=3e-3, d_model=32, layers=2, heads=2, eval_examples=4,

@@ -22,6 +22,10 @@ from posenc.faces.lab.suite import (
     run_suite,
 )
 
+#: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
+#: cores shared with other processes two OpenMP threads made them several times slower
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TINY = SuiteConfig(
     tasks=(SuiteSplit("copy", 2, 4), SuiteSplit("addition", 1, 2)), seeds=2, steps=2,
     batch_size=4, d_model=8, layers=1, heads=2, eval_examples=2,
