@@ -46,6 +46,17 @@ def _cuda_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def no_cuda(reason: str = "no CUDA device") -> pytest.MarkDecorator:
+    """Skip, saying ``reason``, where torch sees no CUDA device.
+
+    For a test's CUDA variant, which also carries ``pytest.mark.gpu`` written in its
+    module (gpu-check selects modules by that text)::
+
+        pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])
+    """
+    return pytest.mark.skipif(not _cuda_present(), reason=reason)
+
+
 @cache
 def _selected(root: Path) -> frozenset[Path]:
     """The test modules ``make gpu-check`` runs ``pytest -m gpu`` on, under ``root``."""

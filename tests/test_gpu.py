@@ -40,11 +40,12 @@ import torch
 
 import posenc
 from conftest import anchor
+from gpu_markers import no_cuda
 from posenc.families.rotary import apply
 from posenc.families.rotary.apply import _angles, _rotate_functional
 
 U = 2.0**-24
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+NO_CUDA = no_cuda()
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, NO_CUDA])])

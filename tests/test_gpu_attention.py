@@ -30,11 +30,12 @@ from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_block_mask
 
 import posenc
+from gpu_markers import no_cuda
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
 from posenc.integration import attention as attend
 
-NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+NO_CUDA = no_cuda()
 BACKEND = "flex"
 
 

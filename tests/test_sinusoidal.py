@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from gpu_markers import no_cuda
 from posenc import PRESETS, Sinusoid, shift_matrix, sinusoidal
 from posenc.families.absolute import sinusoidal as sinusoidal_module
 from posenc.families.absolute.sinusoidal import resolve
@@ -370,17 +371,7 @@ def test_device_gives_a_torch_tensor_there(device):
 
 
 @pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-            ],
-        ),
-    ],
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])]
 )
 def test_device_moves_there(device):
     # the table of an int, numpy or torch positions, on ``device``: computed there in

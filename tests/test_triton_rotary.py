@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import missing_anchor
+from gpu_markers import no_cuda
 from posenc.core import triton_rotary
 from posenc.families.rotary.apply import _rotate_functional
 
@@ -34,7 +35,6 @@ if not triton_rotary.available():
 LAYOUTS = ("half", "interleaved")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 F32_EPS = 2.0**-24  # unit roundoff of float32
-CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -459,21 +459,10 @@ def test_compiles_for_gpus_without_fused_multiply_add(monkeypatch):
         assert "mul.rn.f32" in ptx and "fma" not in ptx
 
 
-@pytest.mark.parametrize(
-    "device",
-    [
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif(
-                    not CUDA, reason="no CUDA device: the compiled kernel runs only on a GPU"
-                ),
-            ],
-        ),
-    ],
-)
+ON_GPU = [pytest.mark.gpu, no_cuda("no CUDA device: the compiled kernel runs only on a GPU")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_GPU)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_bit_for_bit(monkeypatch, layout, dtype, device):
