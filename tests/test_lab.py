@@ -422,8 +422,9 @@ def test_page_and_report_embed_the_results(tmp_path, monkeypatch):
     assert [r["encoding"] for r in rows] == ["alibi", "nope"]
     # the report: the figures drawn from the lab run are rendered; the explainer's others
     # (rendered and checked by test_report.py, two thirds of this test's time) are written
-    # as placeholders, which the page embeds as it does any figure
-    lab_figures, real_save, rendered = set(report._lab_figures(())), plot.save, []
+    # as placeholders, which the page embeds as it does any figure. The lab's figures: the
+    # position probes and the NoPE-in-some-layers comparison
+    lab_figures, real_save, rendered = {"probes", "nope-layers"}, plot.save, []
 
     def save(fig, path, *more):
         if Path(path).stem in lab_figures:
