@@ -60,7 +60,8 @@ def nerf_truth(x, num_freqs, *, pi=False, log_sampling=True, include_input=True)
 def nerf_reference_float32(x, num_freqs, *, pi=False, log_sampling=True):
     """NeRF run_nerf_helpers.py Embedder (include_input, sin and cos), float32 torch.
 
-    Transcribed from the formula in shared/ANCHORS.md section 3; ``pi`` as tiny-cuda-nn.
+    The formula of the reference Embedder (bands 2**linspace(0, L - 1, L), or linspace of
+    2**0 to 2**(L - 1) without log sampling), written out; ``pi`` as tiny-cuda-nn.
     """
     x = torch.as_tensor(x, dtype=torch.float32)
     top = num_freqs - 1
