@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import settings
@@ -178,3 +178,37 @@ def torchrun_gloo() -> Callable[[list[str]], None]:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
 
     return run
+
+
+@pytest.fixture
+def figure_placeholders(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[str]]:
+    """Have ``posenc.faces.plot.save`` write placeholders for a test, except figures kept.
+
+    ``figure_placeholders(keep={"probes"})`` patches the save for the test and returns the
+    list the kept figures' names are appended to as they are rendered for real. Every
+    other figure is still drawn (its code runs) and closed, but its files hold a minimal
+    SVG or the PNG signature: encoding is most of a report's build time, and
+    tests/test_report.py renders and checks every figure of the explainer.
+    """
+    from pathlib import Path
+
+    from posenc.faces import plot
+
+    real_save = plot.save
+
+    def use(keep: Iterable[str] = ()) -> list[str]:
+        kept, rendered = set(keep), []
+
+        def save(fig: Any, path: Any, *more: Any) -> Path:
+            if Path(path).stem in kept:
+                rendered.append(Path(path).stem)
+                return real_save(fig, path, *more)
+            plot.pyplot().close(fig)
+            for p in (Path(path), *map(Path, more)):
+                p.write_bytes(b"<svg/>" if p.suffix == ".svg" else b"\x89PNG\r\n\x1a\n")
+            return Path(path)
+
+        monkeypatch.setattr(plot, "save", save)
+        return rendered
+
+    return use

@@ -408,9 +408,8 @@ def test_bad_options_end_with_one_line(tmp_path, capsys, argv, words):
     assert "\n" not in err and words in err and "Traceback" not in err
 
 
-def test_page_and_report_embed_the_results(tmp_path, monkeypatch):
+def test_page_and_report_embed_the_results(tmp_path, figure_placeholders):
     from posenc import report
-    from posenc.faces import plot
     from posenc.faces.lab import results
 
     outcome = run(replace(TINY, encodings=("alibi", "nope")), tmp_path / "lab", progress=False)
@@ -420,22 +419,11 @@ def test_page_and_report_embed_the_results(tmp_path, monkeypatch):
     assert paths["svg"].read_text().lstrip().startswith("<?xml")
     rows = results.summary(outcome.records, TINY.train_len)
     assert [r["encoding"] for r in rows] == ["alibi", "nope"]
-    # the report: the figures drawn from the lab run are rendered; the explainer's others
-    # (rendered and checked by test_report.py, two thirds of this test's time) are written
-    # as placeholders, which the page embeds as it does any figure. The lab's figures: the
-    # position probes and the NoPE-in-some-layers comparison
-    lab_figures, real_save, rendered = {"probes", "nope-layers"}, plot.save, []
-
-    def save(fig, path, *more):
-        if Path(path).stem in lab_figures:
-            rendered.append(Path(path).stem)
-            return real_save(fig, path, *more)
-        plot.pyplot().close(fig)
-        for p in (Path(path), *map(Path, more)):
-            p.write_bytes(b"<svg/>" if p.suffix == ".svg" else b"\x89PNG\r\n\x1a\n")
-        return Path(path)
-
-    monkeypatch.setattr(plot, "save", save)
+    # the report: the figures drawn from the lab run (the position probes and the
+    # NoPE-in-some-layers comparison) are rendered; the explainer's others (rendered and
+    # checked by test_report.py, two thirds of this test's time) as placeholders
+    lab_figures = {"probes", "nope-layers"}
+    rendered = figure_placeholders(keep=lab_figures)
     built = report.build(tmp_path / "report", dim=8, length=4, train_steps=2, lab=tmp_path / "lab")
     page = built.index.read_text()
     assert 'id="lab-copy"' in page and 'id="lab-text"' not in page  # replaces the bundled runs

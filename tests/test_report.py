@@ -217,7 +217,8 @@ def test_every_plot_kind_renders(tmp_path, kind):
     assert ET.parse(tmp_path / f"{kind}.svg").getroot().tag.endswith("svg")
 
 
-def test_cli_report_prints_summary_and_path(tmp_path, capsys):
+def test_cli_report_prints_summary_and_path(tmp_path, capsys, figure_placeholders):
+    figure_placeholders()  # the command's output is checked here, the figures by `small`
     out = tmp_path / "r"
     assert (
         main(["report", "--out", str(out), "--dim", "16", "--length", "8", "--train-steps", "3"])
@@ -257,7 +258,7 @@ def test_unwritable_out_is_one_line(tmp_path, capsys):
     assert err.startswith("posenc: error: cannot write") and "\n" not in err
 
 
-def test_rope_config_from_a_config_json(tmp_path):
+def test_rope_config_from_a_config_json(tmp_path, figure_placeholders):
     config = {
         "hidden_size": 256, "num_attention_heads": 4, "rope_theta": 10000.0,
         "max_position_embeddings": 4096,
@@ -270,6 +271,9 @@ def test_rope_config_from_a_config_json(tmp_path):
     settings = report.rope_settings(path)
     assert settings["head_dim"] == 64 and settings["factor"] == 4.0 and settings["original"] == 1024
     assert settings["schedules"][0].rope_type == "yarn"  # the model's schedule first
+    # the config reaches the extension section's numbers and explorer, no figure: every
+    # figure (rendered and checked through `small`) a placeholder
+    figure_placeholders()
     built = report.build(tmp_path / "r", dim=8, length=4, train_steps=2, rope_config=path)
     rows = dict(next(s for s in built.sections if s.key == "extension").numbers)
     assert next(iter(rows)) == "config.json: yarn"
@@ -367,7 +371,9 @@ def test_report_write_failing_part_way_keeps_the_previous_files(tmp_path, monkey
     assert sorted(p.name for p in out.rglob("*")) == sorted(["figures", *previous])
 
 
-def test_a_lab_run_without_probes_leaves_them_to_the_bundled_copy_run(tmp_path):
+def test_a_lab_run_without_probes_leaves_them_to_the_bundled_copy_run(
+    tmp_path, figure_placeholders
+):
     from importlib import resources
 
     from posenc.faces.lab import results
@@ -377,7 +383,10 @@ def test_a_lab_run_without_probes_leaves_them_to_the_bundled_copy_run(tmp_path):
     text = (resources.files("posenc.faces") / "data" / "lab-text.json").read_text()
     (lab / "results.json").write_text(text)
     assert results.read(json.loads(text)).probes == []  # the bundled text run has none
+    # the probes figure (from the bundled copy run) is rendered; the others are placeholders
+    rendered = figure_placeholders(keep={"probes"})
     built = report.build(tmp_path / "r", dim=8, length=4, train_steps=2, lab=lab)
+    assert rendered == ["probes"]
     by_key = {s.key: s for s in built.sections}
     assert "the lab's copy run" in by_key["layers"].text  # the bundled copy run's probes
     assert "the lab's copy run" in by_key["nope"].text
