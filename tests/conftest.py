@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -137,21 +138,31 @@ def perturbed_lab_model(config, encoding):  # type: ignore[no-untyped-def]
     return model
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread() -> Iterator[int]:
-    """torch on one intra-op thread for a module (restored after); yields the count before.
+@contextlib.contextmanager
+def one_thread() -> Iterator[int]:
+    """torch on one intra-op thread inside the block (restored after); yields the count before.
 
-    For the lab's modules, whose tensors are tiny: a second OpenMP thread gains little on
-    them, and where other processes share the cores every parallel region waits at its
-    barrier for a thread the kernel descheduled. The lab's probes (thousands of small
-    float64 ops) ran 4 to 12 times slower on 2 threads than on 1 on 2 loaded cores.
+    For tests whose tensors are tiny (the lab's, the GPU tests' CPU variants): a second
+    OpenMP thread gains little on them, and where other processes share the cores every
+    parallel region waits at its barrier for a thread the kernel descheduled. The lab's
+    probes (thousands of small float64 ops) ran 4 to 12 times slower on 2 threads than
+    on 1 on 2 loaded cores.
     """
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield before
-    torch.set_num_threads(before)
+    try:
+        yield before
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[int]:
+    """:func:`one_thread` for a whole module (the lab's); yields the count before."""
+    with one_thread() as before:
+        yield before
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ import pytest
 import torch
 
 import posenc
-from conftest import anchor
+from conftest import anchor, one_thread
 from gpu_markers import no_cuda
 from posenc.families.rotary import apply
 from posenc.families.rotary.apply import _angles, _rotate_functional
@@ -52,19 +52,14 @@ NO_CUDA = no_cuda()
 def device(request: pytest.FixtureRequest) -> Iterator[torch.device]:
     """The CPU variant (the CPU suite) and the CUDA one (``make gpu-check``) of a test.
 
-    The CPU variants' tensors are tiny: they run on one torch thread (restored after),
-    where a second gains nothing and, on cores other processes share, waits at every
-    parallel region's barrier (the lab's training here: 20x slower on 2 loaded cores).
+    The CPU variants' tensors are tiny: they run on one torch thread
+    (conftest.one_thread; the lab's training here: 20x slower on 2 loaded cores).
     """
     if request.param == "cuda":
         yield torch.device("cuda")
         return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         yield torch.device("cpu")
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture

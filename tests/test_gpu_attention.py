@@ -30,6 +30,7 @@ from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_block_mask
 
 import posenc
+from conftest import one_thread
 from gpu_markers import no_cuda
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
@@ -56,14 +57,12 @@ def device(
     if request.param == "cuda":
         yield torch.device("cuda")
         return
-    threads = on_cpu(monkeypatch)
-    try:
+    on_cpu(monkeypatch)
+    with one_thread():  # the CPU variant's tensors are small
         yield torch.device("cpu")
-    finally:
-        torch.set_num_threads(threads)
 
 
-def on_cpu(monkeypatch: pytest.MonkeyPatch) -> int:
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU variant, which the CPU suite runs: posenc's flex path (score and mask
     mods, block masks, the bias tables it captures) through FlexAttention's eager
     implementation, forward only, against the same float64 reference and bounds.
@@ -76,15 +75,8 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch) -> int:
     Eager FlexAttention computes the scores, softmax and sums in float32 (float64 for
     float64 inputs) as the kernel does, materialised: the bounds, derived for any
     order of the sums, hold for it.
-
-    Its tensors are small: one torch thread (the caller restores the count returned),
-    where a second gains little and, on cores other processes share, waits at every
-    parallel region's barrier.
     """
     monkeypatch.setattr(attend, "_compiled", lambda fn: fn)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    return threads
 
 
 U = 2.0**-24  # float32 unit roundoff: FlexAttention's scores, softmax and sums
