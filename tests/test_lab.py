@@ -155,12 +155,12 @@ def test_the_rotations_are_posencs_own():
 
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "rope", "xpos", "learned", "randomized"])
 def test_the_loss_of_the_scored_span_is_the_whole_loss(encoding):
-    from posenc.faces.lab.run import _loss
+    from posenc.faces.lab.run import batch_loss
 
     model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
     batch = tasks.make_batch("copy", 6, 8, torch.Generator().manual_seed(2))
     assert batch.scored == (7, 14)
-    span = _loss(model, batch, torch.Generator().manual_seed(3))
+    span = batch_loss(model, batch, torch.Generator().manual_seed(3))
     span.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)

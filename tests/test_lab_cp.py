@@ -26,11 +26,11 @@ from posenc.faces.lab.encodings import ENCODINGS, REGISTRY, training_encoding
 from posenc.faces.lab.model import ContextParallel, LabModel
 from posenc.faces.lab.run import (
     LabConfig,
-    _loss,
     _sharded_loss,
     _share,
     _World,
     _world,
+    batch_loss,
     run,
     train,
 )
@@ -68,7 +68,7 @@ def _gradients(encoding: str, batch: T.Batch, world: _World | None) -> dict[str,
     model = LabModel(CONFIG.model, encoding)
     positions = torch.Generator().manual_seed(3)
     if world is None:
-        loss = _loss(model, batch, positions)
+        loss = batch_loss(model, batch, positions)
     else:
         net = nn.parallel.DistributedDataParallel(model)
         scored = int((batch.targets != T.IGNORE).sum())

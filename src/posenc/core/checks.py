@@ -141,7 +141,12 @@ def check_number(value: Any, name: str, *, positive: bool = False) -> float:
     return v
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
+    """Whether torch.compile is tracing the caller (False when torch is not imported).
+
+    Under tracing a tensor's values are unknown, so the checks that read them
+    (ranges, exactness) are skipped; without torch nothing can be tracing.
+    """
     torch = sys.modules.get("torch")
     return torch is not None and bool(torch.compiler.is_compiling())
 
@@ -172,7 +177,7 @@ def check_positions(positions: Any, offset: float = 0.0, *, name: str = "positio
             )
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (seq,); got shape {tuple(arr.shape)}")
-    if arr.shape[0] and not _compiling():
+    if arr.shape[0] and not compiling():
         check_range(arr, offset, name)
     return arr
 
@@ -331,7 +336,7 @@ def check_position_tensor(
     ):
         kind = "int or float" if floats else "int"
         raise TypeError(f"{name} must hold {kind} values; got {t.dtype}")
-    if exact and t.numel() and not _compiling():
+    if exact and t.numel() and not compiling():
         check_range(t, 0.0, name)
     return t
 

@@ -306,7 +306,7 @@ def _check_cu_seqlens(cu_seqlens: Any, total: Any) -> tuple[Any, Any]:
         raise ValueError("cu_seqlens must hold at least its leading 0; got an empty array")
     cu = _int64(cu)
     if total is None:
-        if checks._compiling():
+        if checks.compiling():
             raise ValueError(
                 "pass total (the packed length) under torch.compile: cu_seqlens[-1] is a "
                 "value, unknown while tracing"
@@ -314,7 +314,7 @@ def _check_cu_seqlens(cu_seqlens: Any, total: Any) -> tuple[Any, Any]:
         total = int(cu[-1])
     else:
         total = _check_int(total, "total")
-    if checks._compiling():
+    if checks.compiling():
         return cu, total
     checks.check_exact(0, total - 1, "packed positions 0 .. total - 1")
     # one sync of a device tensor: the first and last entries and the first decrease

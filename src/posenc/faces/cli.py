@@ -357,10 +357,10 @@ def _lab_config(args: argparse.Namespace) -> Any:
 
 def _lab_profile(args: argparse.Namespace) -> int:
     from posenc.faces.lab.profile import format_profile, profile
-    from posenc.faces.lab.run import _usable_cpus
+    from posenc.faces.lab.run import usable_cpus
 
     result = profile(_lab_config(args), steps=args.sample, threads=args.threads)
-    print(format_profile(result, workers=_usable_cpus()))
+    print(format_profile(result, workers=usable_cpus()))
     return 0
 
 

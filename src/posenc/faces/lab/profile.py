@@ -26,11 +26,11 @@ from posenc.faces.lab.encodings import training_encoding
 from posenc.faces.lab.model import LabModel
 from posenc.faces.lab.run import (
     LabConfig,
-    _loss,
-    _training_state,
-    _update,
+    batch_loss,
     evaluate,
     text_corpus,
+    training_state,
+    update,
 )
 
 __all__ = ["KINDS", "PHASES", "Profile", "format_profile", "profile"]
@@ -115,7 +115,7 @@ def _profile_one(result: Profile, encoding: str, warmup: int, corpus: Any) -> No
     config, device = result.config, torch.device("cpu")
     torch.manual_seed(0)
     model = LabModel(config.model, encoding)
-    opt, sched, data, positions = _training_state(model, config, 0, device, corpus)
+    opt, sched, data, positions = training_state(model, config, 0, device, corpus)
     model.train()
     clock = time.perf_counter
 
@@ -123,12 +123,12 @@ def _profile_one(result: Profile, encoding: str, warmup: int, corpus: Any) -> No
         t0 = clock()
         batch = data.next()
         t1 = clock()
-        loss = _loss(model, batch, positions)
+        loss = batch_loss(model, batch, positions)
         t2 = clock()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         t3 = clock()
-        _update(model, opt, sched)
+        update(model, opt, sched)
         float(loss.detach())  # the training loop reads every loss
         if times is not None:
             for phase, spent in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, clock() - t3), strict=True):

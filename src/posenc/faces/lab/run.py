@@ -403,11 +403,26 @@ def _rms(p: torch.Tensor) -> float:
     return float(p.detach().double().pow(2).mean().sqrt())
 
 
-def _training_state(
+def training_state(
     model: LabModel, config: LabConfig, seed: int, device: torch.device, corpus: Any
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR, _Data, torch.Generator]:
-    """A fresh training's AdamW over :func:`param_groups`, its warm-up and cosine
-    schedule, its batches and the generator of its randomized positions."""
+    """The optimiser, schedule, batches and position generator of a fresh training.
+
+    :func:`train` starts every run from these, and ``posenc lab profile`` times
+    the same steps from them.
+
+    Args:
+        model: the model to train (its parameters, grouped by :func:`param_groups`).
+        config: the run: its learning rate, steps, task and batch size.
+        seed: the training's seed (of its batches and its randomized positions).
+        device: where the model is (AdamW is fused on CPU and CUDA).
+        corpus: the text task's corpus (:func:`text_corpus`), or None.
+
+    Returns:
+        ``(optimiser, schedule, data, positions)``: AdamW over :func:`param_groups`,
+        its warm-up and cosine schedule, the training's global batches (``data.next()``)
+        and the generator of its randomized positions.
+    """
     # fused: one pass over every parameter instead of a dozen ops per tensor (same update)
     fused = device.type in ("cpu", "cuda")
     opt = torch.optim.AdamW(
@@ -418,10 +433,16 @@ def _training_state(
     return opt, sched, _Data(config, seed, corpus), torch.Generator().manual_seed(7 * seed + 3)
 
 
-def _update(
+def update(
     model: nn.Module, opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LRScheduler
 ) -> None:
-    """One step from the gradients: their norm clipped to 1, then AdamW and the schedule."""
+    """One optimiser step: the gradients' norm clipped to 1, then AdamW and the schedule.
+
+    Args:
+        model: the trained model, its gradients computed.
+        opt: its optimiser (from :func:`training_state`).
+        sched: the optimiser's learning-rate schedule, advanced by one step.
+    """
     nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     sched.step()
@@ -452,7 +473,18 @@ def _share(batch: T.Batch, world: _World) -> T.Batch:
     return T.Batch(batch.tokens[rows].to(where), batch.targets[rows].to(where), batch.length)
 
 
-def _loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
+def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
+    """The mean cross-entropy over a batch's scored targets (the loss without context parallelism).
+
+    Args:
+        model: the lab model.
+        batch: its tokens and targets; the loss covers ``batch.scored``, less its
+            ``IGNORE`` targets.
+        positions: the generator of the model's randomized positions.
+
+    Returns:
+        The scalar loss, with its graph for ``backward``.
+    """
     # the logits of the scored positions alone: the loss of the whole pass (its other
     # targets are ignored) at a fraction of its work
     start, stop = batch.scored
@@ -514,7 +546,7 @@ def train(
         saved = torch.load(final, map_location=world.device, weights_only=False)
         model.load_state_dict(saved["model"])
         return model, saved["losses"]
-    opt, sched, data, positions = _training_state(model, config, seed, world.device, corpus)
+    opt, sched, data, positions = training_state(model, config, seed, world.device, corpus)
     losses: list[float] = []
     start = 0
     if partial.exists():
@@ -545,13 +577,13 @@ def train(
         batch = data.next()
         local = _share(batch, world)
         if world.cp == 1:
-            loss = _loss(net, local, positions)
+            loss = batch_loss(net, local, positions)
         else:
             scored = int((batch.targets != T.IGNORE).sum())
             loss = _sharded_loss(net, local, positions, world, scored)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        _update(model, opt, sched)
+        update(model, opt, sched)
         value = loss.detach()
         if world.size > 1:
             import torch.distributed as dist
@@ -632,7 +664,8 @@ def evaluate(
 # ------------------------------------------------------------------ the whole run
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on: ``posenc lab run``'s default number of workers."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS, Windows
@@ -645,7 +678,7 @@ def _worker_count(workers: int | None, world: _World, trainings: int) -> int:
         workers = checks.check_int(workers, "workers", minimum=1)
     if world.size > 1 or world.device.type != "cpu" or trainings <= 1:
         return 1
-    return min(trainings, workers if workers is not None else _usable_cpus())
+    return min(trainings, workers if workers is not None else usable_cpus())
 
 
 @dataclass(frozen=True)

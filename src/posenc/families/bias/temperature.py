@@ -75,7 +75,7 @@ def attn_temperature(positions: Any, floor_scale: float = 8192, attn_scale: floa
 def _check_values(p: Any, count: int) -> None:
     """Positions (float64) finite and in ``0 .. 2**31 - 1``: the log of a negative step has
     no value (position -2 gives log1p(-1))."""
-    if not count or checks._compiling():
+    if not count or checks.compiling():
         return
     lo, _ = checks.check_range(p.reshape(-1), 0.0, "positions")
     if lo < 0:
