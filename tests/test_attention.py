@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import posenc
-from posenc import attend
+from posenc.integration.attention import kernel, layout, softmax
 from posenc.faces.bench import peak_memory
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
@@ -187,11 +187,11 @@ def test_padded_keys_do_not_leak():
 def test_kernel_and_blockwise_agree_and_kernel_runs(compiled_kernels):
     assert hasattr(compiled_kernels, "attend")
     q, k, v = inputs(SHAPES["partial-blocks"])
-    plan = attend._Plan(None, True, 0.2, None, k.shape[2] - q.shape[2], False)
-    result = attend._forward_kernel(plan, (), q, k, v)
+    plan = softmax.Plan(layout.Mask(True, None, k.shape[2] - q.shape[2]), 0.2)
+    result = kernel.forward(plan, (), q, k, v)
     assert result is not None  # this machine has AVX-512: the kernel took it
     out, lse = result
-    ref_out, ref_lse = attend._forward_blockwise(plan, (), q, k, v)
+    ref_out, ref_lse = softmax.forward_blockwise(plan, (), q, k, v)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
 
@@ -371,11 +371,11 @@ def test_non_finite_inputs_propagate_as_in_softmax(tensor, causal, value):
     q, k, v = inputs(shape)
     target = {"q": q, "k": k, "v": v}[tensor]
     target[0, 0, 40, 3] = value
-    plan = attend._Plan(None, causal, 0.25, None, 0, False)
-    result = attend._forward_kernel(plan, (), q, k, v)
+    plan = softmax.Plan(layout.Mask(causal, None, 0), 0.25)
+    result = kernel.forward(plan, (), q, k, v)
     assert result is not None  # the kernel ran
     out, lse = result
-    ref_out, ref_lse = attend._forward_blockwise(plan, (), q, k, v)
+    ref_out, ref_lse = softmax.forward_blockwise(plan, (), q, k, v)
     marks = _non_finite(out)
     assert any(m.any() for m in marks)
     for got, want in zip(marks, _non_finite(ref_out), strict=True):

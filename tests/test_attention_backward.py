@@ -18,7 +18,8 @@ import torch
 import posenc
 from posenc.families.bias import FIRE, KERPLE, NoPE, T5Bias
 from posenc.families.bias.modules import ALiBi
-from posenc.integration import attention as attend
+from posenc.families.terms import TermContext
+from posenc.integration.attention import kernel, layout, softmax
 
 U = 2.0**-24  # float32 unit roundoff
 
@@ -260,7 +261,7 @@ def kernel_only(monkeypatch, compiled_kernels):
     def refuse(*args, **kwargs):
         raise AssertionError("the blockwise backward ran")
 
-    monkeypatch.setattr(attend, "_backward_blockwise", refuse)
+    monkeypatch.setattr(softmax, "backward_blockwise", refuse)
 
 
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
@@ -301,7 +302,7 @@ def test_nan_query_gives_nan_where_the_blockwise_backward_does(monkeypatch):
         return torch.autograd.grad(out, [qq, kk, vv], dout)
 
     fused = grads()
-    monkeypatch.setattr(attend, "_backward_kernel", lambda *a: None)
+    monkeypatch.setattr(kernel, "backward", lambda *a: None)
     blockwise = grads()
     for a, b in zip(fused, blockwise, strict=True):
         assert torch.equal(a.isnan(), b.isnan())
@@ -312,7 +313,7 @@ def test_nan_query_gives_nan_where_the_blockwise_backward_does(monkeypatch):
 def test_fallback_when_kernel_declines(bias_name, monkeypatch):
     # the blockwise backward of a compiled forward: the kernel declining (as it
     # does without AVX-512) must still give the dense gradients
-    monkeypatch.setattr(attend, "_backward_kernel", lambda *a: None)
+    monkeypatch.setattr(kernel, "backward", lambda *a: None)
     got, want, tols = run_case(bias_name, SHAPES["cache-gqa"], causal=True)
     # the blockwise path sums in torch's order, a different one: the same first-order
     # bound holds for any order of the sums
@@ -395,12 +396,14 @@ def fire_case(shape, causal, init_l, seed=0):
     q, k, v, dout, mask = make(shape, seed)
     scale = 1 / math.sqrt(d)
     cpu = torch.device("cpu")
-    fn, params, form, knots = attend._bias_plan(bias, h, lq, lk, scale, cpu, torch.float32)
-    assert form == "scaled" and 0 < knots.numel() <= attend._MAX_KNOTS
-    plan = attend._Plan(fn, causal, scale, mask, lk - lq, form, knots)
+    ctx = TermContext(b, h, d, lq, lk, scale, causal, torch.float32, cpu)
+    found = bias.score_form(ctx)
+    params, knots = found.tensors, found.knots
+    assert found.operand == "pieces" and 0 < knots.numel() <= kernel.MAX_KNOTS
+    plan, _ = softmax.Plan.of(layout.Mask(causal, mask, lk - lq), scale, [found])
     leaves = [p.detach().requires_grad_(True) for p in params]
     inputs = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out = attend._Attention.apply(*inputs, plan, True, *leaves)
+    out = softmax.SoftmaxAttention.apply(*inputs, plan, True, *leaves)
     got = torch.autograd.grad(out, [*inputs, *leaves], dout)
 
     q_pos, k_pos = torch.arange(lk - lq, lk), torch.arange(lk)
@@ -460,16 +463,16 @@ def test_fire_routes_by_its_threshold(monkeypatch):
     # every query below L: the table; any at or past it: the pieces, through the
     # compiled loop forwards and backwards
     calls = []
-    forward = attend._forward_kernel
+    forward = kernel.forward
 
     def spy(plan, params, q, k, v, *gate):
         result = forward(plan, params, q, k, v, *gate)
-        calls.append((plan.form, result is not None))
+        calls.append((plan.forms[0].operand, result is not None))
         return result
 
-    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    monkeypatch.setattr(kernel, "forward", spy)
     q, k, v, _, _ = make((1, 2, 2, 90, 100, 16, 16), seed=4)
-    for init_l, form in ((100.5, "table"), (40.5, "scaled"), (1.0, "scaled")):
+    for init_l, form in ((100.5, "table"), (40.5, "pieces"), (1.0, "pieces")):
         bias = FIRE(2, mlp_width=8, init_L=init_l)
         out = posenc.attention(q, k, v, bias=bias, causal=True)
         assert calls.pop() == (form, True) and out.isfinite().all()
@@ -486,20 +489,20 @@ def _many_knots(heads, knots):
 
 def test_fire_with_more_knots_than_the_loop_holds_goes_blockwise(monkeypatch):
     calls = []
-    forward = attend._forward_kernel
+    forward = kernel.forward
 
     def spy(plan, params, q, k, v, *gate):
         result = forward(plan, params, q, k, v, *gate)
-        calls.append((plan.form, plan.knots.numel(), result is None))
+        calls.append((plan.forms[0].operand, plan.forms[0].knots.numel(), result is None))
         return result
 
-    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    monkeypatch.setattr(kernel, "forward", spy)
     shape = (1, 2, 2, 40, 40, 16, 16)
     q, k, v, dout, mask = make(shape, seed=8)
     bias = _many_knots(2, 100)
     out = posenc.attention(q, k, v, bias=bias, causal=True, attention_mask=mask)
     (form, knots, declined), *_ = calls
-    assert form == "scaled" and knots > attend._MAX_KNOTS and declined
+    assert form == "pieces" and knots > kernel.MAX_KNOTS and declined
     exact = copy.deepcopy(bias).double()
     ref = dense(*(t.double() for t in (q, k, v)), exact, causal=True, scale=0.25, mask=mask)
     # the pieces in float32: x = psi / norm off by 7 U relative (log1p twice, the

@@ -19,7 +19,7 @@ import torch
 import posenc
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
-from posenc.integration import attention as attend
+from posenc.integration.attention import kernel, softmax
 from test_attention_backward import U, bounds, dense, table_block, weight_stats
 
 BIASES = {
@@ -90,7 +90,7 @@ def test_packed_kernel_within_the_bounds_of_each_document(bias_name, causal, mon
     # document's dense float64 attention; the bounds of each document hold for the
     # packed call too: the other documents' keys weigh exactly 0 and the bounds
     # hold for any order of the sums
-    monkeypatch.setattr(attend, "_backward_blockwise", _refuse)
+    monkeypatch.setattr(softmax, "backward_blockwise", _refuse)
     torch.manual_seed(3)
     bias = BIASES[bias_name](4)
     q, k, v, dout = _inputs(2, CU[-1], seed=4, dtype=torch.float32)
@@ -213,8 +213,14 @@ def test_packed_float32_within_the_bounds_of_each_document(
     if backend == "kernel":
         request.getfixturevalue("compiled_kernels")  # without the build this one skips
     other = "blockwise" if backend == "kernel" else "kernel"
-    for name in (f"_forward_{other}", f"_backward_{other}"):
-        monkeypatch.setattr(attend, name, _ran(name))
+    # the other path's forward and backward: the compiled loop's or the blockwise ones
+    engines = {
+        "kernel": (kernel, "forward", "backward"),
+        "blockwise": (softmax, "forward_blockwise", "backward_blockwise"),
+    }
+    module, *names = engines[other]
+    for name in names:
+        monkeypatch.setattr(module, name, _ran(name))
     rotated, bias_name = FLOAT32_CASES[case]
     torch.manual_seed(12)
     bias = BIASES[bias_name](4)
@@ -254,14 +260,14 @@ def test_packed_float32_within_the_bounds_of_each_document(
 @pytest.mark.usefixtures("compiled_kernels")
 def test_packed_call_takes_the_compiled_loop(monkeypatch):
     seen = []
-    forward = attend._forward_kernel
+    forward = kernel.forward
 
     def spy(plan, params, q, k, v, *gate):
         result = forward(plan, params, q, k, v, *gate)
-        seen.append((plan.docs is not None, result is not None))
+        seen.append((plan.mask.docs is not None, result is not None))
         return result
 
-    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    monkeypatch.setattr(kernel, "forward", spy)
     q, k, v, _ = _inputs(1, CU[-1], seed=5, dtype=torch.float32)
     posenc.attention(q, k, v, bias=ALiBi(4), causal=True, cu_seqlens=torch.tensor(CU))
     assert seen == [(True, True)]

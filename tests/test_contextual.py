@@ -20,7 +20,7 @@ from torch import nn
 from torch.func import functional_call
 
 import posenc
-from posenc.integration import contextual
+from posenc.integration.attention import checkpointed as contextual
 
 # (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim)
 SHAPES = {
@@ -147,7 +147,7 @@ def dense_dape(q, k, v, dape, *, causal, scale, mask=None):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks of a few queries: every test crosses block boundaries."""
-    monkeypatch.setattr(contextual, "_BLOCK_SCORES", 64)
+    monkeypatch.setattr(contextual, "BLOCK_SCORES", 64)
 
 
 def padding(b, lk):
@@ -464,7 +464,7 @@ def test_the_blocking_does_not_change_the_result(small_blocks, monkeypatch):
     q, k, v = inputs(SHAPES["square"])
     dape = posenc.DAPE(posenc.ALiBi(4)).double()
     small = posenc.attention(q, k, v, bias=dape, causal=True)
-    monkeypatch.setattr(contextual, "_BLOCK_SCORES", 1 << 20)
+    monkeypatch.setattr(contextual, "BLOCK_SCORES", 1 << 20)
     whole = posenc.attention(q, k, v, bias=dape, causal=True)
     assert (small - whole).abs().max() <= F64
 

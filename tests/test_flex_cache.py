@@ -22,7 +22,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import posenc
 from posenc.families.bias.modules import ALiBi
-from posenc.integration import attention as attend
+from posenc.integration.attention import flex as flex_engine
+from posenc.integration.attention import layout
 from test_attention import dense, inputs, padding, tolerance
 
 # (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim): grouped-query attention
@@ -35,16 +36,16 @@ SCALE = 0.25  # 1 / sqrt(head_dim)
 
 @pytest.fixture(autouse=True)
 def empty_cache():
-    attend._BLOCK_MASKS.clear()
+    flex_engine.BLOCK_MASKS.clear()
     yield
-    attend._BLOCK_MASKS.clear()
+    flex_engine.BLOCK_MASKS.clear()
 
 
 @pytest.fixture
 def builds(monkeypatch):
     """The (q_len, k_len) of every block mask built, through the compiled create_block_mask."""
     calls = []
-    compiled = attend._compiled
+    compiled = flex_engine.compiled
 
     def counting(fn):
         made = compiled(fn)
@@ -57,7 +58,7 @@ def builds(monkeypatch):
 
         return count
 
-    monkeypatch.setattr(attend, "_compiled", counting)
+    monkeypatch.setattr(flex_engine, "compiled", counting)
     return calls
 
 
@@ -106,13 +107,13 @@ def test_block_mask_is_built_once_and_reused(builds):
     first = flex(q, k, v, bias, mask)
     # new tensors of the same content (another layer, the next call): the same mask
     again = flex(q, k, v, bias, mask.clone(), cu=list(CU))
-    assert builds == [(24, 24)] and len(attend._BLOCK_MASKS) == 1
+    assert builds == [(24, 24)] and len(flex_engine.BLOCK_MASKS) == 1
     assert torch.equal(first, again)
     # the block mask those calls used comes back, the same object, for equal masks
-    docs, _ = attend._documents(torch.tensor(CU), None, 2, 24, torch.device("cpu"))
-    plan = attend._Plan(None, True, SCALE, mask.clone(), 0, None, docs=docs)
-    made = attend._block_mask(plan, 2, 24, 24, torch.device("cpu"), compiling=False)
-    assert attend._block_mask(plan, 2, 24, 24, torch.device("cpu"), compiling=False) is made
+    docs, _ = layout.documents(torch.tensor(CU), None, 2, 24, torch.device("cpu"))
+    plan = layout.Mask(True, mask.clone(), 0, docs)
+    made = flex_engine._block_mask(plan, 2, 24, 24, torch.device("cpu"), compiling=False)
+    assert flex_engine._block_mask(plan, 2, 24, 24, torch.device("cpu"), compiling=False) is made
     assert builds == [(24, 24)]
 
 
@@ -171,7 +172,7 @@ def test_decode_steps_compile_nothing_after_the_second():
 
 def test_bfloat16_goes_to_flex_as_it_is(monkeypatch):
     seen = []
-    compiled = attend._compiled
+    compiled = flex_engine.compiled
 
     def spy(fn):
         made = compiled(fn)
@@ -184,7 +185,7 @@ def test_bfloat16_goes_to_flex_as_it_is(monkeypatch):
 
         return run
 
-    monkeypatch.setattr(attend, "_compiled", spy)
+    monkeypatch.setattr(flex_engine, "compiled", spy)
     bias = ALiBi(SHAPE[1])
     q, k, v = (t.bfloat16() for t in inputs(SHAPE, seed=3))
     mask = padding(SHAPE[0], SHAPE[4])
@@ -211,7 +212,7 @@ def _key(n):
 
 
 def test_cache_is_bounded_least_recently_used_first():
-    cache = attend._BlockMasks(3)
+    cache = flex_engine.BlockMasks(3)
     made = []
 
     def build(*tensors):
@@ -230,7 +231,7 @@ def test_cache_is_bounded_least_recently_used_first():
 
 
 def test_cache_compares_tensors_by_content_and_keeps_clones():
-    cache = attend._BlockMasks(4)
+    cache = flex_engine.BlockMasks(4)
     seen = []
 
     def build(mask, docs):
@@ -248,7 +249,7 @@ def test_cache_compares_tensors_by_content_and_keeps_clones():
 
 
 def test_cache_holds_its_bound_across_threads():
-    cache = attend._BlockMasks(5)
+    cache = flex_engine.BlockMasks(5)
     errors = []
 
     def work(offset):

@@ -108,7 +108,7 @@ def kernels():
     # through the compiled kernels, which a spy counts
     from posenc.core import angles, kernels as glue
     from posenc.families.rotary import apply
-    from posenc.integration import attention
+    from posenc.integration.attention import kernel as attention
 
     calls = []
 

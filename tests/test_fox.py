@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.families.bias import ALiBi, ForgetGate
-from posenc.integration import attention as attend
+from posenc.integration.attention import softmax
 from test_attention_backward import U, bounds
 
 
@@ -341,8 +341,8 @@ def assert_within(got, exact, bounds, names=NAMES):
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_float32_within_the_bounds(case, backend, monkeypatch):
     if backend == "kernel":  # the compiled loop, forwards and backwards, or a failure
-        monkeypatch.setattr(attend, "_forward_blockwise", refuse("the blockwise forward"))
-        monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
+        monkeypatch.setattr(softmax, "forward_blockwise", refuse("the blockwise forward"))
+        monkeypatch.setattr(softmax, "backward_blockwise", refuse("the blockwise backward"))
     shape = case["shape"]
     q, k, v, dout, lf = make(shape, seed=3)
     mask = torch.ones(shape[0], shape[4], dtype=torch.bool)
@@ -395,8 +395,8 @@ def test_kernel_gate_gradient_is_its_own_dS(cache, monkeypatch):
     # (R, C: |dS| summed along s's row and column, from float64: doubled for the
     # float32 dS's own error) plus U |dc_s| for the kernel's row-minus-column, and
     # d log f_t by the sum of those over s >= t plus U |d log f_t|.
-    monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
-    monkeypatch.setattr(attend, "_forward_blockwise", refuse("the blockwise forward"))
+    monkeypatch.setattr(softmax, "backward_blockwise", refuse("the blockwise backward"))
+    monkeypatch.setattr(softmax, "forward_blockwise", refuse("the blockwise forward"))
     lq, lk = (70, 200) if cache else (150, 150)
     q, k, v, dout, lf = make((2, 2, 2, lq, lk, 16, 16), seed=14)
     mask = torch.ones(2, lk, dtype=torch.bool)
@@ -429,8 +429,8 @@ def test_kernel_gate_gradient_is_its_own_dS(cache, monkeypatch):
 @pytest.mark.parametrize("backend", ["kernel", "blockwise"])
 def test_with_alibi_and_rotary(backend, monkeypatch):
     if backend == "kernel":
-        monkeypatch.setattr(attend, "_forward_blockwise", refuse("the blockwise forward"))
-        monkeypatch.setattr(attend, "_backward_blockwise", refuse("the blockwise backward"))
+        monkeypatch.setattr(softmax, "forward_blockwise", refuse("the blockwise forward"))
+        monkeypatch.setattr(softmax, "backward_blockwise", refuse("the blockwise backward"))
     # rotary= rotates q and k in float32 before the scores (the output is bit for bit
     # that of the rotated q and k passed in: the forward sums in a fixed order), so the
     # float64 formula is taken at those rotated inputs, with fox_bounds; the gradients

@@ -34,7 +34,7 @@ from conftest import one_thread
 from gpu_markers import no_cuda
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
-from posenc.integration import attention as attend
+from posenc.integration.attention import flex as flex_engine
 
 NO_CUDA = no_cuda()
 BACKEND = "flex"
@@ -76,7 +76,7 @@ def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     float64 inputs) as the kernel does, materialised: the bounds, derived for any
     order of the sums, hold for it.
     """
-    monkeypatch.setattr(attend, "_compiled", lambda fn: fn)
+    monkeypatch.setattr(flex_engine, "compiled", lambda fn: fn)
 
 
 U = 2.0**-24  # float32 unit roundoff: FlexAttention's scores, softmax and sums
@@ -500,7 +500,7 @@ def test_block_mask_made_once_and_second_call_compiles_nothing(monkeypatch):
     masks and graphs are reused as tests/test_flex_cache.py checks."""
     device = torch.device("cuda")
     builds = []
-    compiled = attend._compiled
+    compiled = flex_engine.compiled
 
     def counting(fn):
         made = compiled(fn)
@@ -513,8 +513,8 @@ def test_block_mask_made_once_and_second_call_compiles_nothing(monkeypatch):
 
         return count
 
-    monkeypatch.setattr(attend, "_compiled", counting)
-    attend._BLOCK_MASKS.clear()
+    monkeypatch.setattr(flex_engine, "compiled", counting)
+    flex_engine.BLOCK_MASKS.clear()
     torch.manual_seed(3)
     bias = T5Bias(SHAPE[1]).to(device)
     q, k, v, dout, mask, _, _ = make(SHAPE, torch.float32, 3, device)
@@ -530,5 +530,5 @@ def test_block_mask_made_once_and_second_call_compiles_nothing(monkeypatch):
     before = compiles()
     second = call(mask.clone())  # a new tensor of the same content: the same block mask
     assert compiles() == before, "a second call at the same shapes compiled"
-    assert builds == [(SHAPE[3], SHAPE[4])] and len(attend._BLOCK_MASKS) == 1
+    assert builds == [(SHAPE[3], SHAPE[4])] and len(flex_engine.BLOCK_MASKS) == 1
     assert torch.equal(first, second)

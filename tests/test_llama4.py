@@ -28,7 +28,7 @@ from conftest import anchor, one_thread
 from posenc.faces import rope as rope_cli
 from posenc.families.bias import T5Bias
 from posenc.families.bias.modules import ALiBi
-from posenc.integration import attention as attend
+from posenc.integration.attention import kernel, softmax
 from posenc.integration.analysis import rope_reading
 from test_attention_backward import bounds, dense
 
@@ -215,8 +215,8 @@ def test_chunked_float32_kernel_within_the_bounds_of_each_chunk(causal, monkeypa
     # dense float64 attention: without rotary and with a relative bias, chunked attention
     # is the chunks' own, the other chunks' keys weighing exactly 0, so each chunk's
     # bounds (tests/test_attention_backward.py, derived for any order of the sums) hold
-    for name in ("_forward_blockwise", "_backward_blockwise"):
-        monkeypatch.setattr(attend, name, _refuse(name))
+    for name in ("forward_blockwise", "backward_blockwise"):
+        monkeypatch.setattr(softmax, name, _refuse(name))
     torch.manual_seed(7)
     bias = ALiBi(4)
     q, k, v, dout = _inputs(2, 4, 2, 330, 330, 16, seed=8, dtype=torch.float32)
@@ -251,14 +251,14 @@ def _refuse(name):
 def test_chunked_call_skips_keys_in_the_compiled_loop(monkeypatch):
     # the chunks reach the loop as documents: it reads only the keys of a block's chunks
     seen = []
-    forward = attend._forward_kernel
+    forward = kernel.forward
 
     def spy(plan, params, *tensors):
         result = forward(plan, params, *tensors)
-        seen.append((plan.docs is not None, result is not None))
+        seen.append((plan.mask.docs is not None, result is not None))
         return result
 
-    monkeypatch.setattr(attend, "_forward_kernel", spy)
+    monkeypatch.setattr(kernel, "forward", spy)
     q, k, v, _ = _inputs(1, 4, 4, 200, 200, 16, seed=9, dtype=torch.float32)
     posenc.attention(q, k, v, causal=True, chunk_size=64)
     assert seen == [(True, True)]

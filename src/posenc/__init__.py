@@ -61,7 +61,7 @@ _LAZY = {
     "Sandwich": "posenc.families.bias.modules",
     "T5Bias": "posenc.families.bias.modules",
     "attention": "posenc.integration.attention",
-    "stick_breaking_attention": "posenc.integration.stick_breaking",
+    "stick_breaking_attention": "posenc.integration.attention.stick_breaking",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
 _SUBMODULES = ("absolute", "analysis", "bench", "bias", "context_parallel", "hf", "rotary")

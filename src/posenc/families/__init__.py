@@ -8,6 +8,8 @@
   Sandwich, NoPE).
 - :mod:`posenc.families.contextual`: position signals that read the
   attention scores (CoPE, DAPE).
+- :mod:`posenc.families.terms`: the score-term protocol every bias, FoX's
+  gates, CoPE and DAPE implement: what attention's engines read of them.
 
 Users import them as ``posenc.absolute``, ``posenc.rotary`` and ``posenc.bias``.
 """

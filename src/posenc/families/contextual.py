@@ -1,10 +1,12 @@
 """Position signals that read the attention scores: CoPE and DAPE.
 
 Both need ``q . k`` itself, not only positions, so they are not an
-:class:`posenc.bias.AttentionBias`; :func:`posenc.attention` takes a
-:class:`CoPE` as ``cope=`` and a :class:`DAPE` as ``bias=`` and computes their
-attention block by block in :mod:`posenc.integration.contextual`. The modules
-here hold the parameters and the formulas of one block of scores.
+:class:`posenc.bias.AttentionBias`: they are score terms
+(:class:`posenc.families.terms.ScoreTerm`) whose form *reads* the scores.
+:func:`posenc.attention` takes a :class:`CoPE` as ``cope=``, a :class:`DAPE` as
+``bias=`` (either in ``terms=``) and computes their attention block by block on
+its checkpointed path. The modules here hold the parameters and the formulas of
+one block of scores.
 
 Shapes::
 
@@ -16,6 +18,9 @@ This module imports torch; ``import posenc`` does not import it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -23,6 +28,7 @@ from torch.nn import functional as F
 from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
 from posenc.families.bias.modules import AttentionBias
+from posenc.families.terms import TermContext, TermForm
 
 __all__ = ["DAPE", "CoPE"]
 
@@ -112,6 +118,48 @@ class CoPE(DerivedBuffers):
         above = at_positions.gather(-1, p.detach().ceil().long())
         return above * w + below * (1 - w)
 
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """CoPE as a score term: its parameters tracked, its logits read from the scores.
+
+        The gates are ``sigmoid`` of the scaled scores ``z`` on the keys a query
+        sees (0 elsewhere); the addition is the position logits (times the scale
+        when ``scale_with_logits``).
+
+        Raises:
+            ValueError: a non-causal call (its positions count the keys up to the
+                query), or q's head_dim not this module's.
+        """
+        if not ctx.causal:
+            raise ValueError(
+                "cope needs causal=True: CoPE's positions sum the gates of the keys "
+                "from each key up to the query (Golovneva et al. 2024)"
+            )
+        if ctx.head_dim != self.head_dim:
+            raise ValueError(f"cope has head_dim={self.head_dim}; q and k have {ctx.head_dim}")
+        own = dict(self.named_parameters())
+        names = tuple(own)
+        factor = ctx.scale if self.scale_with_logits else 1.0
+
+        def read(
+            tensors: Sequence[torch.Tensor],
+            z: torch.Tensor,
+            q: torch.Tensor,
+            q_pos: torch.Tensor,
+            k_pos: torch.Tensor,
+            unseen: torch.Tensor | None,
+        ) -> torch.Tensor:
+            gates = torch.sigmoid(z)  # the paper's gates: 0 on the keys not seen
+            if unseen is not None:
+                gates = gates.masked_fill(unseen, 0.0)
+            # the parameters enter as the block's inputs: torch.func.functional_call works
+            call = dict(zip(names, tensors, strict=True))
+            pos = torch.func.functional_call(self, call, (q, gates))
+            return pos * factor if factor != 1.0 else pos
+
+        tensors = tuple(own.values())
+        # q . pos_emb, gathered from
+        return TermForm(tensors, read=read, row_values=ctx.heads * self.npos_max)
+
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, npos_max={self.npos_max}, "
@@ -179,20 +227,56 @@ class DAPE(nn.Module):
             )
         if bias is None:
             bias = scores.new_zeros(scores.shape[1:])
-        if tuple(bias.shape) != tuple(scores.shape[1:]):
+        if tuple(bias.shape[-3:]) != tuple(scores.shape[1:]) or bias.ndim not in (3, 4):
             raise ValueError(
-                f"bias must be (heads, n, m) = {tuple(scores.shape[1:])}; got {tuple(bias.shape)}"
+                f"bias must be (heads, n, m) = {tuple(scores.shape[1:])} (or with the batch "
+                f"first); got {tuple(bias.shape)}"
             )
-        bias = bias.to(scores.dtype)
-        both = torch.cat((scores, bias.expand_as(scores)), 1).movedim(1, -1)  # (b, n, m, 2H)
-        first, act, last = self.mlp
-        assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
-        assert isinstance(act, nn.LeakyReLU)
+        return scores + self._refine(scores, bias, tuple(self.mlp.parameters()))
+
+    def _refine(
+        self, scores: torch.Tensor, bias: torch.Tensor, params: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """``B + mlp([S ; B])`` with the MLP's weights and biases ``params``, in S's dtype."""
         dtype = scores.dtype
-        hidden = F.linear(both, first.weight.to(dtype), first.bias.to(dtype))
-        hidden = F.leaky_relu(hidden, act.negative_slope)
-        refined = F.linear(hidden, last.weight.to(dtype), last.bias.to(dtype)).movedim(-1, 1)
-        return scores + bias + refined
+        bias = bias.to(dtype)
+        both = torch.cat((scores, bias.expand_as(scores)), 1).movedim(1, -1)  # (b, n, m, 2H)
+        w1, b1, w2, b2 = (p.to(dtype) for p in params)
+        act = self.mlp[1]
+        assert isinstance(act, nn.LeakyReLU)
+        hidden = F.leaky_relu(F.linear(both, w1, b1), act.negative_slope)
+        return bias + F.linear(hidden, w2, b2).movedim(-1, 1)
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """DAPE as a score term: its base's tensors and its MLP's tracked, ``B + mlp([S ;
+        B])`` read from the scaled scores ``S`` (``B`` zero above the diagonal when causal,
+        as the reference's lower-triangular base bias).
+
+        Raises:
+            ValueError: ``num_heads`` not the call's heads.
+        """
+        base = self.base.score_form(replace(ctx, pieces=False))
+        n_base = len(base.tensors)
+        causal = ctx.causal
+
+        def read(
+            tensors: Sequence[torch.Tensor],
+            z: torch.Tensor,
+            q: torch.Tensor,
+            q_pos: torch.Tensor,
+            k_pos: torch.Tensor,
+            unseen: torch.Tensor | None,
+        ) -> torch.Tensor:
+            bias = z.new_zeros(z.shape[1:])
+            if base.block is not None:
+                bias = base.block(tensors[:n_base], q_pos, k_pos)
+                if causal:
+                    bias = bias.masked_fill(k_pos[None, :] > q_pos[:, None], 0.0)
+            return self._refine(z, bias, tensors[n_base:])
+
+        tensors = (*base.tensors, *self.mlp.parameters())
+        # [S ; B] and the MLP's hidden units
+        return TermForm(tensors, read=read, row_values=(3 * ctx.heads + self.width) * ctx.k_len)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, width={self.width}"

@@ -1,9 +1,12 @@
 """Layer 3, integration: the families put to work, on top of core and families.
 
-- :mod:`posenc.integration.attention`: ``posenc.attention``, one entry point
-  for attention with a rotary encoding and/or a bias.
-- :mod:`posenc.integration.stick_breaking`: ``posenc.stick_breaking_attention``,
-  attention by stick-breaking (a sigmoid share per key, the nearest first).
+- :mod:`posenc.integration.attention`: the attention engine, a package whose
+  parts show it (layout, the softmax engine, the compiled loop's operands,
+  FlexAttention, the checkpointed path for terms that read the scores); its entry
+  ``posenc.attention`` takes a rotary encoding and any score terms;
+  ``posenc.stick_breaking_attention`` (a sigmoid share per key, the nearest
+  first) is an engine with its own normaliser on the same layout.
+- :mod:`posenc.integration.context_parallel`: ring attention and sharding.
 - :mod:`posenc.integration.hf`: patching HF transformers models.
 - :mod:`posenc.integration.analysis`: every measured property that the report,
   the figures and ``posenc check`` show.

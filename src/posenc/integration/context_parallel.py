@@ -42,8 +42,10 @@ from typing import Any, Literal
 import torch
 
 from posenc.core import checks
+from posenc.families.bias.forms import pieces_block, table_block
 from posenc.families.bias.modules import AttentionBias, NoPE
-from posenc.integration import attention as att
+from posenc.families.terms import TermContext, TermForm
+from posenc.integration.attention import layout, softmax
 
 __all__ = ["LAYOUTS", "gather", "ring_attention", "shard", "shard_positions", "unshard"]
 
@@ -260,7 +262,7 @@ class _Ring:
     seq_len: int  # the whole sequence's
     causal: bool
     scale: float
-    form: str | None  # "table", "scaled" or None (no bias)
+    form: str | None  # "table", "pieces" or None (no bias)
     knots: torch.Tensor | None
 
 
@@ -286,23 +288,25 @@ def _pairs(ring: _Ring, src: int) -> list[tuple[tuple[int, int, int], tuple[int,
 
 def _plan(
     ring: _Ring, tensors: Sequence[torch.Tensor], qc: tuple[int, int, int], kc: tuple[int, int, int]
-) -> tuple[att._Plan, tuple[torch.Tensor, ...], slice]:
+) -> tuple[softmax.Plan, tuple[torch.Tensor, ...], slice]:
     """The plan of one pair, its slices of the bias tensors, and the table slice."""
     (a, m, qa), (c, mk, _) = qc, kc
     offset = a - c  # query i of the chunk sits at key position i + offset
     base = m - 1 + offset  # the pair's table index of distance 0
     start = ring.seq_len - 1 - base  # its first entry in the sequence's table
     span = slice(start, start + m + mk - 1)
-    fn: att.BiasFn | None = None
+    forms: tuple[TermForm, ...] = ()
     params: tuple[torch.Tensor, ...] = ()
     if ring.form == "table":
-        fn, params = att.table_fn(base), (tensors[0][:, span],)
-    elif ring.form == "scaled":
+        forms, params = (TermForm(block=table_block(base), operand="table"),), (tensors[0][:, span],)
+    elif ring.form == "pieces":
         assert ring.knots is not None
         table, row_scale, slopes, intercepts = tensors
-        fn = att.pieces_fn(base, offset, ring.knots)
+        block = pieces_block(base, offset, ring.knots)
+        forms = (TermForm(block=block, operand="pieces", knots=ring.knots),)
         params = (table[span], row_scale[qa : qa + m], slopes, intercepts)
-    plan = att._Plan(fn, ring.causal, ring.scale, None, offset, ring.form, ring.knots)
+    sizes = (len(params),) if forms else ()
+    plan = softmax.Plan(layout.Mask(ring.causal, None, offset), ring.scale, forms, sizes)
     return plan, params, span
 
 
@@ -361,7 +365,7 @@ class _RingAttention(torch.autograd.Function):
                 plan, params, _ = _plan(ring, tensors, qc, kc)
                 qs, ks = slice(qc[2], qc[2] + qc[1]), slice(kc[2], kc[2] + kc[1])
                 args = (plan, params, q[:, :, qs], kb[:, :, ks], vb[:, :, ks])
-                part, part_lse, used = att.forward_block(*args, True)
+                part, part_lse, used = softmax.forward_block(*args, True)
                 kernel = kernel and used
                 out[:, :, qs], lse[:, :, qs] = _merge(out[:, :, qs], lse[:, :, qs], part, part_lse)
             if pending is not None:
@@ -392,7 +396,7 @@ class _RingAttention(torch.autograd.Function):
                 qs, ks = slice(qc[2], qc[2] + qc[1]), slice(kc[2], kc[2] + kc[1])
                 rows = (lse[:, :, qs].contiguous(), dout[:, :, qs], delta[:, :, qs].contiguous())
                 args = (plan, params, wanted, q[:, :, qs], kb[:, :, ks], vb[:, :, ks], *rows)
-                grads = att.backward_block(*args, ctx.kernel)
+                grads = softmax.backward_block(*args, ctx.kernel)
                 dq_part, dk_part, dv_part = grads[:3]
                 assert dq_part is not None and dk_part is not None and dv_part is not None
                 dq[:, :, qs] += dq_part
@@ -425,7 +429,7 @@ def _add_bias_grads(
     """Add one pair's gradients of its slices into those of the whole tensors."""
     if ring.form == "table" and grads and grads[0] is not None:
         dtensors[0][:, span] += grads[0]
-    elif ring.form == "scaled":
+    elif ring.form == "pieces":
         rows = slice(qc[2], qc[2] + qc[1])
         for index, where in enumerate((span, rows, slice(None), slice(None))):
             g = grads[index] if index < len(grads) else None
@@ -484,7 +488,7 @@ def ring_attention(
         )
     checks.check_choice(layout, "layout", LAYOUTS)
     checks.check_bool(causal, "causal")
-    att._check_inputs(q, k, v)
+    layout.check_qkv(q, k, v)
     n = q.shape[2]
     if k.shape[2] != n:
         raise ValueError(
@@ -509,7 +513,7 @@ def ring_attention(
     positions = shard_positions(seq_len, world, rank, layout, device=q.device)
     if rotary is not None:
         # the shard's global positions; one launch for q and k on CUDA
-        q, k = att._rotate(rotary, q, k, 0, positions[None])
+        q, k = layout.rotate(rotary, q, k, 0, positions[None])
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()
@@ -532,10 +536,8 @@ def _bias_tensors(
     if bias is None or isinstance(bias, NoPE):
         return None, None, ()
     if bias.relative or bias.relative_below() > seq_len - 1:
-        _, params, form, knots = att._bias_plan(
-            bias, heads, seq_len, seq_len, scale, positions.device, dtype
-        )
-        return form, knots, params
+        ctx = TermContext(1, heads, 1, seq_len, seq_len, scale, False, dtype, positions.device)
+        return "table", None, bias.score_form(ctx).tensors
     rel = torch.arange(-(seq_len - 1), seq_len, device=positions.device)
     found = bias.scaled_form(positions, rel)
     if found is None:
@@ -546,4 +548,4 @@ def _bias_tensors(
     factor = scale if bias.scale_with_logits else 1.0
     slopes, intercepts = found.slopes.to(dtype) * factor, found.intercepts.to(dtype) * factor
     tensors = (found.table.to(dtype), found.scale.to(dtype), slopes, intercepts)
-    return "scaled", found.knots.detach().to(dtype), tensors
+    return "pieces", found.knots.detach().to(dtype), tensors

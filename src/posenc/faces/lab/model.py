@@ -58,7 +58,7 @@ from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
 from posenc.integration.context_parallel import ring_attention, shard
-from posenc.integration.stick_breaking import stick_breaking_attention
+from posenc.integration.attention.stick_breaking import stick_breaking_attention
 
 __all__ = [
     "ENCODINGS",

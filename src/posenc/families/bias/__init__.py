@@ -3,7 +3,8 @@
 :mod:`posenc.bias.functional` is the numpy core (ALiBi slopes, T5 buckets);
 :mod:`posenc.bias.temperature` Llama 4's query scale of its NoPE layers;
 :mod:`posenc.bias.modules` holds the torch modules, imported on first use, as is
-:mod:`posenc.bias.forget` (the Forgetting Transformer's gate, a bias the tokens choose).
+:mod:`posenc.bias.forget` (the Forgetting Transformer's gate, a bias the tokens choose,
+and :class:`ForgetGateTerm`, its score term).
 """
 
 from typing import Any
@@ -23,7 +24,7 @@ _MODULES = (
     "relu_pieces",
 )
 
-__all__ = ["ForgetGate", "alibi_slopes", "attn_temperature", "t5_bucket", *_MODULES]
+__all__ = ["ForgetGate", "ForgetGateTerm", "alibi_slopes", "attn_temperature", "t5_bucket", *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,8 +32,8 @@ def __getattr__(name: str) -> Any:
         from posenc.families.bias import modules
 
         return getattr(modules, name)
-    if name == "ForgetGate":
-        from posenc.families.bias.forget import ForgetGate
+    if name in ("ForgetGate", "ForgetGateTerm"):
+        from posenc.families.bias import forget
 
-        return ForgetGate
+        return getattr(forget, name)
     raise AttributeError(f"module 'posenc.bias' has no attribute {name!r}")

@@ -7,7 +7,9 @@ gives every head a forget gate ``f_t = sigmoid(w . x_t + b)``; query ``i`` weigh
 key ``j`` by the product of the gates after ``j`` up to ``i``, that is the score
 gains ``sum_{j < t <= i} log f_t = c_i - c_j`` with ``c`` the gates' cumulative
 log sum. :func:`posenc.attention` takes the log gates as ``log_fgate`` and adds
-that term in its loops, without a ``(q_len, k_len)`` tensor.
+that term in its loops, without a ``(q_len, k_len)`` tensor: :class:`ForgetGateTerm`
+is the score term (:class:`posenc.families.terms.ScoreTerm`) it makes of them, and
+the one home of the gates' cumulative sum.
 
 Shapes::
 
@@ -17,12 +19,17 @@ Shapes::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
 from posenc.core import checks
+from posenc.families.terms import AddMod, TermContext, TermForm
 
-__all__ = ["ForgetGate"]
+__all__ = ["ForgetGate", "ForgetGateTerm", "forget_cumsum"]
 
 
 class ForgetGate(nn.Module):
@@ -80,3 +87,97 @@ class ForgetGate(nn.Module):
 
     def extra_repr(self) -> str:
         return f"hidden={self.hidden}, heads={self.heads}, init_std={self.init_std}"
+
+
+def forget_cumsum(
+    log_fgate: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """c, the forget gates' cumulative sum along the keys ``(batch, heads, k_len)``.
+
+    Summed in float64 (float32 on MPS, which has none), so that restarting it at
+    each document (subtracting the sum before the document) cancels nothing, then
+    cast to ``dtype``. Gates of padding (``key_mask`` False) are 0: a left-padded
+    row's c starts at its first token, as the Forgetting Transformer's reference
+    sets them. ``positions`` ``(1 or batch, k_len)``: each key's position within
+    its packed document (c restarts with each), or None.
+    """
+    b, h, k_len = log_fgate.shape
+    wide = torch.float32 if log_fgate.device.type == "mps" else torch.float64
+    gates = log_fgate.to(wide)
+    if key_mask is not None:
+        gates = gates.masked_fill(~key_mask[:, None], 0.0)
+    c = gates.cumsum(-1)
+    if positions is not None:
+        # each key's document starts at its position minus its position in the document
+        start = torch.arange(k_len, device=c.device) - positions
+        before = torch.nn.functional.pad(c, (1, 0))
+        c = c - before.gather(-1, start[:, None].expand(b, h, k_len))
+    return c.to(dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class ForgetGateTerm:
+    """The Forgetting Transformer's decay as a score term: query ``p`` and key ``j``
+    score ``c[p] - c[j]`` more, the log gates summed over ``(j, p]``.
+
+    What :func:`posenc.attention` makes of ``log_fgate=``; pass it in ``terms=``
+    to combine it with other terms explicitly. ``c`` is :func:`forget_cumsum` of the
+    gates (float32, float64 for float64 scores), restarting with each packed
+    document; causal calls only. The compiled loop reads ``c`` as its ``"gate"``
+    operand and sums the gate's gradient as each position's row sum of the score
+    gradient minus its column sum.
+
+    Attributes:
+        log_fgate: ``(batch, heads, k_len)`` log forget gates (<= 0), one per key
+            position and head (q's heads), from :class:`ForgetGate`.
+    """
+
+    log_fgate: torch.Tensor
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """The gate's form: ``c`` tracked, and ``c[query] - c[key]`` on every block.
+
+        Raises:
+            ValueError: a non-causal call; ``log_fgate`` not ``(batch, heads, k_len)``
+                or on another device.
+            TypeError: ``log_fgate`` not a float tensor.
+        """
+        log_fgate = self.log_fgate
+        if not ctx.causal:
+            raise ValueError(
+                "log_fgate (the Forgetting Transformer) needs causal=True: a query "
+                "decays the keys before it"
+            )
+        checks.check_float_tensor(log_fgate, "log_fgate")
+        want = (ctx.batch, ctx.heads, ctx.k_len)
+        if tuple(log_fgate.shape) != want:
+            raise ValueError(
+                f"log_fgate must be (batch, heads, k_len) = {want}; got {tuple(log_fgate.shape)}"
+            )
+        if log_fgate.device != ctx.device:
+            raise ValueError(f"log_fgate must be on q's device {ctx.device}; got {log_fgate.device}")
+        dtype = torch.float64 if ctx.dtype == torch.float64 else torch.float32
+        c = forget_cumsum(log_fgate, ctx.key_mask, ctx.positions, dtype).to(ctx.dtype)
+        offset = ctx.offset
+
+        def block(
+            tensors: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+        ) -> torch.Tensor:
+            gate = tensors[0]
+            return gate[:, :, q_pos, None] - gate[:, :, None, k_pos]
+
+        def flex(tensors: Sequence[torch.Tensor]) -> AddMod:
+            # the queries' c is a copy of its own: FlexAttention's backward scatters the
+            # gradient of a captured tensor by index and takes each tensor indexed once
+            at_keys = tensors[0]
+            at_queries = at_keys[:, :, offset:].clone()
+
+            def add(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+                return at_queries[bi, hi, qi] - at_keys[bi, hi, ki]
+
+            return add
+
+        return TermForm((c,), block, flex, "gate")

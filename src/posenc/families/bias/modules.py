@@ -38,7 +38,9 @@ from torch import nn
 
 from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
+from posenc.families.bias.forms import pieces_form, table_form
 from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
+from posenc.families.terms import AddMod, TermContext, TermForm
 
 __all__ = [
     "FIRE",
@@ -225,6 +227,67 @@ class AttentionBias(DerivedBuffers):
         device = self._device()
         q_pos = torch.arange(k_len - q_len, k_len, device=device)
         return self(q_pos[:, None], torch.arange(k_len, device=device)[None, :])
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """The bias as a score term (:class:`posenc.families.terms.ScoreTerm`).
+
+        A bias of ``key - query`` (and FIRE's queries below its threshold) is a
+        table over the call's relative positions; FIRE past it, its scaled form
+        (when ``ctx.pieces`` allows and every row has the same documents); any
+        other bias is evaluated per block by the module itself, at positions
+        within documents where the call is packed. Values are cast to
+        ``ctx.dtype`` and multiplied by the scale when ``scale_with_logits``.
+
+        Raises:
+            ValueError: ``num_heads`` not the call's heads, or a table or scaled
+                form of the wrong shape.
+        """
+        if self.num_heads != ctx.heads:
+            raise ValueError(f"bias has {self.num_heads} heads; q has {ctx.heads}")
+        factor = ctx.scale if self.scale_with_logits else 1.0
+        rel = torch.arange(-(ctx.k_len - 1), ctx.q_len, device=ctx.device)
+        if self.relative or self.relative_below() > ctx.k_len - 1:
+            table = self.relative_bias(rel).to(ctx.dtype)
+            return table_form(table * factor if factor != 1.0 else table, ctx, type(self).__name__)
+        rows = ctx.positions
+        queries = torch.arange(ctx.offset, ctx.k_len, device=ctx.device)
+        if ctx.pieces and (rows is None or rows.shape[0] == 1):
+            form = self.scaled_form(queries if rows is None else rows[0][queries], rel)
+            if form is not None:
+                return pieces_form(form, ctx, factor)
+        return self._per_score(ctx, factor)
+
+    def _per_score(self, ctx: TermContext, factor: float) -> TermForm:
+        """The module evaluated per block (and per score on FlexAttention)."""
+        own = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        names, tensors = tuple(own), tuple(own.values())
+        rows, dtype = ctx.positions, ctx.dtype
+
+        def block(
+            params: Sequence[torch.Tensor], q_pos: torch.Tensor, k_pos: torch.Tensor
+        ) -> torch.Tensor:
+            call = dict(zip(names, params, strict=True))
+            if rows is None:
+                out = torch.func.functional_call(self, call, (q_pos[:, None], k_pos[None, :]))
+            else:  # positions within documents, per row: (heads, rows, n, m) -> rows first
+                qp, kp = rows[:, q_pos, None], rows[:, None, k_pos]
+                out = torch.func.functional_call(self, call, (qp, kp)).movedim(1, 0)
+            out = out.to(dtype)
+            return out * factor if factor != 1.0 else out
+
+        offset = torch.full((), ctx.offset, device=ctx.device)
+        times = torch.full((), factor, dtype=dtype, device=ctx.device)
+        where = torch.arange(ctx.k_len, device=ctx.device)[None] if rows is None else rows
+        single = where.shape[0] == 1
+
+        def flex(_: Sequence[torch.Tensor]) -> AddMod:
+            def add(bi: Any, hi: Any, qi: Any, ki: Any) -> Any:
+                row = 0 if single else bi
+                return self.score(hi, where[row, qi + offset], where[row, ki]) * times
+
+            return add
+
+        return TermForm(tensors, block, flex)
 
     def _device(self) -> torch.device:
         for t in [*self.parameters(), *self.buffers()]:
@@ -595,3 +658,9 @@ class NoPE(AttentionBias):
     def relative_bias(self, rel: torch.Tensor) -> torch.Tensor:
         self._check_size("rel", rel.shape)
         return torch.zeros((self.num_heads, *rel.shape), device=rel.device)
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """No term: the scores are left as they are (heads checked)."""
+        if self.num_heads != ctx.heads:
+            raise ValueError(f"bias has {self.num_heads} heads; q has {ctx.heads}")
+        return TermForm()

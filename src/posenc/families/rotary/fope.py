@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import decimal
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -255,6 +256,37 @@ class FoPE(DerivedBuffers):
             c, s = c.movedim(-2, -3), s.movedim(-2, -3)  # (..., heads, seq, head_dim)
         xw = x.to(c.dtype)
         return (xw * c + _rotate_half(xw) * s).to(x.dtype)
+
+    def rotate(
+        self, xs: Sequence[torch.Tensor], positions: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Every ``x`` ``(batch, heads, seq, head_dim)`` of ``xs`` turned by FoPE at ``positions``.
+
+        The :class:`posenc.rotary.rotation.Rotation` protocol that
+        :func:`posenc.attention` reads: ``positions`` ``(seq,)`` or ``(rows, seq)``;
+        each tensor's heads a multiple of ``num_heads`` (its coefficient heads).
+
+        Raises:
+            ValueError: a tensor without ``head_dim`` channels or whose heads are no
+                multiple of ``num_heads``.
+        """
+        if not xs:
+            return ()
+        c, s = self.cos_sin(positions, dtype=checks.work_dtype(xs[0].dtype))
+        c, s = c.to(xs[0].device).movedim(-2, -3), s.to(xs[0].device).movedim(-2, -3)
+        out = []
+        for x in xs:
+            heads = x.shape[1]
+            if x.ndim != 4 or x.shape[-1] != self.head_dim or heads % self.num_heads:
+                raise ValueError(
+                    f"FoPE takes (batch, heads, seq, head_dim={self.head_dim}) with heads a "
+                    f"multiple of num_heads={self.num_heads}; got shape {tuple(x.shape)}"
+                )
+            group = heads // self.num_heads
+            cc, ss = (c, s) if group == 1 else (t.repeat_interleave(group, dim=-3) for t in (c, s))
+            xw = x.to(cc.dtype)
+            out.append((xw * cc + _rotate_half(xw) * ss).to(x.dtype))
+        return tuple(out)
 
     def forward(
         self,

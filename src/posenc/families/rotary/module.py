@@ -18,7 +18,7 @@ one Triton launch on CUDA).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -313,6 +313,28 @@ class Rotary(ExactTables, DerivedBuffers):
         positions = checks.check_position_tensor(positions, "positions")
         c, s = self._lookup(positions, positions.device, checks.work_dtype(dtype))
         return c.to(dtype), s.to(dtype)
+
+    def rotate(
+        self, xs: Sequence[torch.Tensor], positions: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Every ``x`` ``(batch, heads, seq, head_dim)`` of ``xs`` rotated at ``positions``.
+
+        The :class:`posenc.rotary.rotation.Rotation` protocol that
+        :func:`posenc.attention` reads: ``positions`` ``(seq,)`` for every row or
+        ``(rows, seq)`` per row; on CUDA one launch rotates them all.
+
+        Raises:
+            ValueError: a tensor without ``head_dim`` channels.
+        """
+        for x in xs:
+            if x.shape[-1] != self.head_dim:
+                raise ValueError(
+                    f"rotary has head_dim={self.head_dim}; q and k have {x.shape[-1]} channels"
+                )
+        c, s = self.cos_sin(positions)
+        if positions.ndim == 2:  # per row: broadcast over the heads
+            c, s = c[:, None], s[:, None]
+        return rotate_all(xs, c, s, layout=self.layout, rotary_dim=self.rotary_dim)
 
     # ------------------------------------------------------------------ KV-cache re-rotation
 

@@ -1,5 +1,8 @@
 """``posenc.stick_breaking_attention``: stick-breaking attention in linear memory.
 
+An engine with its own normaliser on the attention package's layout (its input
+checks and packed documents).
+
 Stick-breaking attention (Tan et al. 2024, "Scaling Stick-Breaking Attention:
 An Efficient Implementation and In-depth Study"; shawntan/stickbreaking-attention,
 whose ``sb_ref.stickbreaking`` this matches) replaces the softmax by a stick
@@ -43,13 +46,10 @@ import torch
 import torch.nn.functional as F
 
 from posenc.core import checks
-from posenc.integration._blocks import grouped
-from posenc.integration.attention import _check_inputs, _documents
+from posenc.integration.attention.layout import BLOCK_SCORES, check_qkv, documents, grouped
 
 __all__ = ["stick_breaking_attention"]
 
-# Scores per block by default (4 MiB of float32), as posenc.attention's blockwise path
-_BLOCK_SCORES = 1 << 20
 # keys per block at least, however many queries: fewer make the loop the cost
 _MIN_BLOCK = 16
 
@@ -269,7 +269,7 @@ def stick_breaking_attention(
             block size; ``cu_seqlens`` not rising from 0 to ``k_len``; a block or
             result of more than ``posenc.core.checks.MAX_ELEMENTS`` elements.
     """
-    _check_inputs(q, k, v)
+    check_qkv(q, k, v)
     checks.check_bool(attend_current, "attend_current")
     b, h, lq, d = q.shape
     lk, dv = k.shape[2], v.shape[-1]
@@ -283,13 +283,13 @@ def stick_breaking_attention(
     )
     rows = b * h * lq
     if block_size is None:
-        block_size = max(_MIN_BLOCK, _BLOCK_SCORES // max(1, rows))
+        block_size = max(_MIN_BLOCK, BLOCK_SCORES // max(1, rows))
     block_size = min(checks.check_int(block_size, "block_size", 1), lk)
     checks.check_elements(
         rows * max(dv, 1), "stick-breaking attention's output (batch, heads, q_len, v_dim)"
     )
     checks.check_elements(rows * block_size, "a block of scores (batch, heads, q_len, block_size)")
-    docs = _documents(cu_seqlens, None, b, lk, q.device)
+    docs = documents(cu_seqlens, None, b, lk, q.device)
     bounds = None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens.tolist())
     plan = _Plan(
         scale, attend_current, lk - lq, block_size, None if docs is None else docs[0][0], bounds

@@ -1,0 +1,143 @@
+"""Score terms: the one door through which a position signal changes attention's scores.
+
+Softmax attention scores a query ``i`` against a key ``j`` as ``q_i . k_j * scale``;
+every position signal that is not a rotation of q and k changes that score. A
+*score term* is anything that implements :class:`ScoreTerm`: one method,
+:meth:`~ScoreTerm.score_form`, that is given the call's sizes
+(:class:`TermContext`) and says, in a :class:`TermForm`, everything an attention
+engine needs from it:
+
+- ``tensors``: the tensors autograd tracks through the engine (a bias table, FoX's
+  cumulative gates, CoPE's embeddings ...);
+- ``block``: its form on a block of scores, ``block(tensors, q_pos, k_pos)``, the
+  value it adds to the scores of queries ``q_pos`` ``(n,)`` and keys ``k_pos``
+  ``(m,)`` (both as key positions, queries bottom-right), broadcastable to
+  ``(batch, heads, n, m)``;
+- ``flex``: its FlexAttention form, ``flex(tensors)`` returning ``add(b, h, q_idx,
+  kv_idx)``, the value added to a scaled score (FlexAttention's ``score_mod``,
+  less the score), or None where it has none;
+- ``operand``: what the compiled loop reads of it, ``"table"`` (``tensors[0]`` a
+  ``(heads, q_len + k_len - 1)`` table over ``key - query``), ``"pieces"`` (a
+  :class:`posenc.bias.ScaledForm`'s table, scale, slopes and intercepts, ``knots``
+  beside them) or ``"gate"`` (``tensors[0]`` a ``(batch, heads, k_len)`` tensor
+  ``c``, the score gaining ``c[query] - c[key]``), or None;
+- ``read``: for a term that reads the scores themselves (CoPE, DAPE),
+  ``read(tensors, z, q, q_pos, k_pos, unseen)`` returns its addition from the
+  scaled scores ``z`` of a block; None for every other term; ``row_values``, the
+  values it keeps per query row beyond the scores (what sizes the blocks).
+
+Every bias module (:class:`posenc.bias.AttentionBias`), the Forgetting
+Transformer's gates (:class:`posenc.bias.ForgetGateTerm`), :class:`posenc.CoPE`
+and :class:`posenc.DAPE` implement it; :func:`posenc.attention` takes any list of
+them as ``terms=`` and adds their values in order. A new method plugs in here, and
+gets the compiled loop, the blockwise path, FlexAttention and training without a
+line changed in the engines (which name no family: they read forms).
+
+Shapes::
+
+    q_pos    (n,)        key positions of a block's queries
+    k_pos    (m,)        key positions of its keys
+    block    (heads, n, m) or (batch, heads, n, m)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["OPERANDS", "ScoreTerm", "TermContext", "TermForm"]
+
+#: The kinds of operand the compiled loop reads (see the module docstring).
+OPERANDS: tuple[str, ...] = ("table", "pieces", "gate")
+
+Operand = Literal["table", "pieces", "gate"]
+BlockFn = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
+AddMod = Callable[[Any, Any, Any, Any], Any]
+FlexFn = Callable[[Sequence[torch.Tensor]], AddMod]
+ReadFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TermContext:
+    """What a term may know of one attention call when it states its form.
+
+    Attributes:
+        batch, heads, head_dim, q_len, k_len: the call's sizes (q's heads).
+        scale: the score scale.
+        causal: whether each query sees keys up to its own position only.
+        dtype: the scores' dtype; a term's values are cast to it.
+        device: where the scores are.
+        key_mask: ``(batch, k_len)`` bool, True for keys to attend, or None.
+        docs: ``(1 or batch, k_len)`` each key position's document (numbered
+            along a row from 0), or None without packing.
+        positions: ``(1 or batch, k_len)`` each key position's position within
+            its document, or None (every position is its key position).
+        pieces: whether a term may give a ``"pieces"`` form (False where its
+            value is read per block anyway, as for a term beside one that reads
+            the scores).
+    """
+
+    batch: int
+    heads: int
+    head_dim: int
+    q_len: int
+    k_len: int
+    scale: float
+    causal: bool
+    dtype: torch.dtype
+    device: torch.device
+    key_mask: torch.Tensor | None = None
+    docs: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    pieces: bool = True
+
+    @property
+    def offset(self) -> int:
+        """The key position of query 0: queries are the last ``q_len`` keys."""
+        return self.k_len - self.q_len
+
+
+@dataclass(frozen=True)
+class TermForm:
+    """A term's form at one call: its tensors and how each engine reads them.
+
+    See the module docstring for each field; a form with neither ``block`` nor
+    ``read`` adds nothing (NoPE).
+    """
+
+    tensors: tuple[torch.Tensor, ...] = ()
+    block: BlockFn | None = None
+    flex: FlexFn | None = None
+    operand: Operand | None = None
+    knots: torch.Tensor | None = None
+    read: ReadFn | None = None
+    row_values: int = 0
+
+    def __post_init__(self) -> None:
+        if self.operand is not None and self.operand not in OPERANDS:
+            raise ValueError(f"operand must be one of {OPERANDS} or None; got {self.operand!r}")
+        if self.operand == "pieces" and self.knots is None:
+            raise ValueError("a 'pieces' operand needs its knots")
+
+    def without_tensors(self) -> TermForm:
+        """The form with its tensors left out: what an engine keeps beside them."""
+        return TermForm(
+            (), self.block, self.flex, self.operand, self.knots, self.read, self.row_values
+        )
+
+
+@runtime_checkable
+class ScoreTerm(Protocol):
+    """Anything that changes attention's scores: it states its :class:`TermForm`."""
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        """The term's form at a call of these sizes.
+
+        Raises:
+            ValueError: a call the term cannot take part in (another head count,
+                a non-causal call for a causal-only term ...), naming what is needed.
+        """
+        ...
