@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import posenc
-from posenc.integration.attention import kernel, layout, softmax
 from posenc.faces.bench import peak_memory
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
+from posenc.integration.attention import kernel, layout, softmax
 
 BIASES = {
     "none": lambda h: None,

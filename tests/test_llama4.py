@@ -28,8 +28,8 @@ from conftest import anchor, one_thread
 from posenc.faces import rope as rope_cli
 from posenc.families.bias import T5Bias
 from posenc.families.bias.modules import ALiBi
-from posenc.integration.attention import kernel, softmax
 from posenc.integration.analysis import rope_reading
+from posenc.integration.attention import kernel, softmax
 from test_attention_backward import bounds, dense
 
 # --------------------------------------------------------------------------------------

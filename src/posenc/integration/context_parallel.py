@@ -45,7 +45,8 @@ from posenc.core import checks
 from posenc.families.bias.forms import pieces_block, table_block
 from posenc.families.bias.modules import AttentionBias, NoPE
 from posenc.families.terms import TermContext, TermForm
-from posenc.integration.attention import layout, softmax
+from posenc.integration.attention import softmax
+from posenc.integration.attention.layout import Mask, Plan, check_qkv, rotate
 
 __all__ = ["LAYOUTS", "gather", "ring_attention", "shard", "shard_positions", "unshard"]
 
@@ -288,7 +289,7 @@ def _pairs(ring: _Ring, src: int) -> list[tuple[tuple[int, int, int], tuple[int,
 
 def _plan(
     ring: _Ring, tensors: Sequence[torch.Tensor], qc: tuple[int, int, int], kc: tuple[int, int, int]
-) -> tuple[softmax.Plan, tuple[torch.Tensor, ...], slice]:
+) -> tuple[Plan, tuple[torch.Tensor, ...], slice]:
     """The plan of one pair, its slices of the bias tensors, and the table slice."""
     (a, m, qa), (c, mk, _) = qc, kc
     offset = a - c  # query i of the chunk sits at key position i + offset
@@ -298,7 +299,10 @@ def _plan(
     forms: tuple[TermForm, ...] = ()
     params: tuple[torch.Tensor, ...] = ()
     if ring.form == "table":
-        forms, params = (TermForm(block=table_block(base), operand="table"),), (tensors[0][:, span],)
+        forms, params = (
+            (TermForm(block=table_block(base), operand="table"),),
+            (tensors[0][:, span],),
+        )
     elif ring.form == "pieces":
         assert ring.knots is not None
         table, row_scale, slopes, intercepts = tensors
@@ -306,7 +310,7 @@ def _plan(
         forms = (TermForm(block=block, operand="pieces", knots=ring.knots),)
         params = (table[span], row_scale[qa : qa + m], slopes, intercepts)
     sizes = (len(params),) if forms else ()
-    plan = softmax.Plan(layout.Mask(ring.causal, None, offset), ring.scale, forms, sizes)
+    plan = Plan(Mask(ring.causal, None, offset), ring.scale, forms, sizes)
     return plan, params, span
 
 
@@ -488,7 +492,7 @@ def ring_attention(
         )
     checks.check_choice(layout, "layout", LAYOUTS)
     checks.check_bool(causal, "causal")
-    layout.check_qkv(q, k, v)
+    check_qkv(q, k, v)
     n = q.shape[2]
     if k.shape[2] != n:
         raise ValueError(
@@ -513,7 +517,7 @@ def ring_attention(
     positions = shard_positions(seq_len, world, rank, layout, device=q.device)
     if rotary is not None:
         # the shard's global positions; one launch for q and k on CUDA
-        q, k = layout.rotate(rotary, q, k, 0, positions[None])
+        q, k = rotate(rotary, q, k, 0, positions[None])
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()

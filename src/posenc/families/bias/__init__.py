@@ -24,7 +24,14 @@ _MODULES = (
     "relu_pieces",
 )
 
-__all__ = ["ForgetGate", "ForgetGateTerm", "alibi_slopes", "attn_temperature", "t5_bucket", *_MODULES]
+__all__ = [
+    "ForgetGate",
+    "ForgetGateTerm",
+    "alibi_slopes",
+    "attn_temperature",
+    "t5_bucket",
+    *_MODULES,
+]
 
 
 def __getattr__(name: str) -> Any:

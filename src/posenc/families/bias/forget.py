@@ -158,7 +158,9 @@ class ForgetGateTerm:
                 f"log_fgate must be (batch, heads, k_len) = {want}; got {tuple(log_fgate.shape)}"
             )
         if log_fgate.device != ctx.device:
-            raise ValueError(f"log_fgate must be on q's device {ctx.device}; got {log_fgate.device}")
+            raise ValueError(
+                f"log_fgate must be on q's device {ctx.device}; got {log_fgate.device}"
+            )
         dtype = torch.float64 if ctx.dtype == torch.float64 else torch.float32
         c = forget_cumsum(log_fgate, ctx.key_mask, ctx.positions, dtype).to(ctx.dtype)
         offset = ctx.offset

@@ -18,16 +18,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from posenc.families.terms import AddMod, BlockFn, TermContext, TermForm
 
-if TYPE_CHECKING:
-    from posenc.families.bias.modules import ScaledForm
+__all__ = ["ScaledForm", "pieces_block", "pieces_form", "table_block", "table_form"]
 
-__all__ = ["pieces_block", "pieces_form", "table_block", "table_form"]
+
+@dataclass(frozen=True)
+class ScaledForm:
+    """A bias of queries ``q_pos`` and relative positions ``rel`` in linear pieces.
+
+    ``bias_h(i, r) = slopes[h, s] * x + intercepts[h, s]`` with ``x = table[r] *
+    scale[i]`` and ``s`` the number of ``knots`` below ``x`` (``torch.bucketize``):
+    piecewise linear in ``x``, continuous at the knots. Every tensor but the knots
+    carries the module's gradient.
+
+    Attributes:
+        table: ``(n_rel,)``, over the relative positions ``rel`` it was made for.
+        scale: ``(n_q,)``, over the query positions ``q_pos``.
+        knots: ``(n_knots,)`` ascending, no gradient.
+        slopes, intercepts: ``(heads, n_knots + 1)``.
+    """
+
+    table: torch.Tensor
+    scale: torch.Tensor
+    knots: torch.Tensor
+    slopes: torch.Tensor
+    intercepts: torch.Tensor
 
 
 def table_block(base: int) -> BlockFn:

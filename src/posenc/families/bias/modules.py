@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from torch import nn
 
 from posenc.core import checks
 from posenc.core.buffers import DerivedBuffers
-from posenc.families.bias.forms import pieces_form, table_form
+from posenc.families.bias.forms import ScaledForm, pieces_form, table_form
 from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
 from posenc.families.terms import AddMod, TermContext, TermForm
 
@@ -61,29 +60,6 @@ def _check_heads(num_heads: Any) -> int:
     n = checks.check_int(num_heads, "num_heads", minimum=1)
     checks.check_elements(n, f"a table of one value per head, num_heads={n},")
     return n
-
-
-@dataclass(frozen=True)
-class ScaledForm:
-    """A bias of queries ``q_pos`` and relative positions ``rel`` in linear pieces.
-
-    ``bias_h(i, r) = slopes[h, s] * x + intercepts[h, s]`` with ``x = table[r] *
-    scale[i]`` and ``s`` the number of ``knots`` below ``x`` (``torch.bucketize``):
-    piecewise linear in ``x``, continuous at the knots. Every tensor but the knots
-    carries the module's gradient.
-
-    Attributes:
-        table: ``(n_rel,)``, over the relative positions ``rel`` it was made for.
-        scale: ``(n_q,)``, over the query positions ``q_pos``.
-        knots: ``(n_knots,)`` ascending, no gradient.
-        slopes, intercepts: ``(heads, n_knots + 1)``.
-    """
-
-    table: torch.Tensor
-    scale: torch.Tensor
-    knots: torch.Tensor
-    slopes: torch.Tensor
-    intercepts: torch.Tensor
 
 
 def relu_pieces(

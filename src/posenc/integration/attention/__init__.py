@@ -43,9 +43,9 @@ import torch
 from posenc.core import checks
 from posenc.families.bias.forget import ForgetGateTerm
 from posenc.families.terms import ScoreTerm, TermContext
-from posenc.integration.attention import checkpointed, layout
-from posenc.integration.attention import flex
-from posenc.integration.attention.softmax import Plan, SoftmaxAttention
+from posenc.integration.attention import checkpointed, flex, layout
+from posenc.integration.attention.layout import Plan
+from posenc.integration.attention.softmax import SoftmaxAttention
 
 __all__ = ["BACKENDS", "attention"]
 
@@ -168,7 +168,9 @@ def attention(
             f"causal attention needs q_len <= k_len (queries are the last keys); got "
             f"q_len={lq}, k_len={lk}"
         )
-    scale = checks.check_number(1.0 / math.sqrt(d) if scale is None else scale, "scale", positive=True)
+    scale = checks.check_number(
+        1.0 / math.sqrt(d) if scale is None else scale, "scale", positive=True
+    )
     given = _terms(bias, cope, log_fgate, terms)
     key_mask = None if attention_mask is None else layout.key_mask(attention_mask, b, lk, q.device)
     docs = layout.documents(cu_seqlens, document_ids, b, lk, q.device)
@@ -216,9 +218,7 @@ def attention(
     return out.to(dtype)
 
 
-def _terms(
-    bias: Any, cope: Any, log_fgate: Any, terms: Sequence[Any]
-) -> list[ScoreTerm]:
+def _terms(bias: Any, cope: Any, log_fgate: Any, terms: Sequence[Any]) -> list[ScoreTerm]:
     """The call's score terms in order: cope, bias, the forget gates, then ``terms``.
 
     Raises:

@@ -27,8 +27,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from posenc.integration.attention.layout import BLOCK_SCORES, allowed, grouped
-from posenc.integration.attention.softmax import Plan
+from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
 
 __all__ = ["attend"]
 

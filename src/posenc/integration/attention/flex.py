@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from posenc.integration.attention.layout import Mask
-from posenc.integration.attention.softmax import Plan
+from posenc.integration.attention.layout import Mask, Plan
 
 __all__ = ["BLOCK_MASKS", "BlockMasks", "attend", "compiled"]
 

@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import torch
 
 from posenc.core.kernels import compiled
-
-if TYPE_CHECKING:
-    from posenc.integration.attention.softmax import Plan
+from posenc.integration.attention.layout import Plan
 
 __all__ = ["MAX_KNOTS", "Operands", "backward", "forward", "operands"]
 
@@ -103,15 +100,14 @@ def operands(
         offset = plan.mask.offset
         docs = (keys[:, offset : offset + q_len].contiguous(), keys)
     gate = None if gate_at < 0 else tensors[gate_at].detach().float().contiguous()
-    common = {"docs": docs, "gate": gate, "gate_at": gate_at}
+    plain = Operands(None, mask, docs=docs, gate=gate, gate_at=gate_at)
     if tables:
         total = sum(tensors[i].detach().float() for i in tables)
         assert isinstance(total, torch.Tensor)
         # reversed, so that a row of keys reads it forwards
-        table = total.flip(-1).contiguous()
-        return Operands(table, mask, tables=tuple(tables), **common)  # type: ignore[arg-type]
+        return replace(plain, table=total.flip(-1).contiguous(), tables=tuple(tables))
     if not scaled:
-        return Operands(None, mask, **common)  # type: ignore[arg-type]
+        return plain
     assert knots is not None
     n = knots.numel()
     padded = torch.full((MAX_KNOTS + 1,), math.inf)
@@ -121,9 +117,8 @@ def operands(
         torch.nn.functional.pad(t, (0, MAX_KNOTS - n)).contiguous() for t in (slopes, intercepts)
     )
     pieces = (scale.contiguous(), padded, slopes, intercepts)
-    return Operands(
-        table.flip(-1).contiguous(), mask, pieces, n.bit_length(), scaled=tuple(scaled), **common
-    )  # type: ignore[arg-type]
+    table = table.flip(-1).contiguous()
+    return replace(plain, table=table, pieces=pieces, levels=n.bit_length(), scaled=tuple(scaled))
 
 
 def forward(

@@ -11,11 +11,14 @@ stick-breaking, PaTH and ring attention read one description of a call's layout:
 - Llama 4's chunks (:func:`chunks`), cut within the documents;
 - the rotation of q and k at their positions (:func:`rotate`, any
   :class:`posenc.rotary.rotation.Rotation`);
-- a block's mask (:func:`allowed`) and grouped-query heads (:func:`grouped`).
+- a block's mask (:func:`allowed`) and grouped-query heads (:func:`grouped`);
+- the :class:`Plan` the softmax engine's paths read: the mask, the scale and the
+  score terms' forms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +27,11 @@ import torch
 from posenc.core import checks
 from posenc.core.positions import document_positions, packed_document_ids, packed_positions
 from posenc.families.rotary.rotation import Rotation
+from posenc.families.terms import TermForm
 
 __all__ = [
     "Mask",
+    "Plan",
     "allowed",
     "check_chunk_size",
     "check_qkv",
@@ -58,6 +63,45 @@ class Mask:
     key_mask: torch.Tensor | None
     offset: int
     docs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything but the tensors autograd tracks: how to score a block.
+
+    Attributes:
+        mask: which keys each query sees.
+        scale: the score scale.
+        forms: the terms' forms without their tensors, in order.
+        sizes: how many of the call's tensors each form has.
+    """
+
+    mask: Mask
+    scale: float
+    forms: tuple[TermForm, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def of(
+        cls, mask: Mask, scale: float, forms: Sequence[TermForm]
+    ) -> tuple[Plan, tuple[torch.Tensor, ...]]:
+        """The plan of ``forms`` and their tensors, flattened in order."""
+        tensors = tuple(t for f in forms for t in f.tensors)
+        plan = cls(
+            mask,
+            scale,
+            tuple(f.without_tensors() for f in forms),
+            tuple(len(f.tensors) for f in forms),
+        )
+        return plan, tensors
+
+    def split(self, tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
+        """The call's tensors as one tuple per form."""
+        out, start = [], 0
+        for size in self.sizes:
+            out.append(tuple(tensors[start : start + size]))
+            start += size
+        return out
 
 
 def check_qkv(q: Any, k: Any, v: Any) -> None:

@@ -1,6 +1,7 @@
 """The softmax engine: exact attention over blocks, forward and backward, in linear memory.
 
-``softmax(q . k * scale + sum of terms + mask) v`` for a :class:`Plan` (a call's
+``softmax(q . k * scale + sum of terms + mask) v`` for a
+:class:`~posenc.integration.attention.layout.Plan` (a call's
 layout, scale and score terms' forms) and the terms' tensors:
 
 - the compiled loop (:mod:`posenc.integration.attention.kernel`, float32 on the
@@ -20,52 +21,14 @@ chunks and merges them by their log-sum-exps.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from posenc.families.terms import TermForm
 from posenc.integration.attention import kernel
-from posenc.integration.attention.layout import BLOCK_SCORES, Mask, allowed, grouped
+from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
 
-__all__ = ["Plan", "SoftmaxAttention", "backward_block", "block_scores", "forward_block"]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything but the tensors autograd tracks: how to score a block.
-
-    Attributes:
-        mask: which keys each query sees.
-        scale: the score scale.
-        forms: the terms' forms without their tensors, in order.
-        sizes: how many of the call's tensors each form has.
-    """
-
-    mask: Mask
-    scale: float
-    forms: tuple[TermForm, ...] = ()
-    sizes: tuple[int, ...] = ()
-
-    @classmethod
-    def of(
-        cls, mask: Mask, scale: float, forms: Sequence[TermForm]
-    ) -> tuple[Plan, tuple[torch.Tensor, ...]]:
-        """The plan of ``forms`` and their tensors, flattened in order."""
-        tensors = tuple(t for f in forms for t in f.tensors)
-        plan = cls(
-            mask, scale, tuple(f.without_tensors() for f in forms), tuple(len(f.tensors) for f in forms)
-        )
-        return plan, tensors
-
-    def split(self, tensors: Sequence[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
-        """The call's tensors as one tuple per form."""
-        out, start = [], 0
-        for size in self.sizes:
-            out.append(tuple(tensors[start : start + size]))
-            start += size
-        return out
+__all__ = ["SoftmaxAttention", "backward_block", "block_scores", "forward_block"]
 
 
 def block_scores(
