@@ -57,8 +57,8 @@ from posenc.families.rotary.multiaxis import xpos_tables
 from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
-from posenc.integration.context_parallel import ring_attention, shard
 from posenc.integration.attention.stick_breaking import stick_breaking_attention
+from posenc.integration.context_parallel import ring_attention, shard
 
 __all__ = [
     "ENCODINGS",

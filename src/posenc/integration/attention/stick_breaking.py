@@ -55,8 +55,8 @@ _MIN_BLOCK = 16
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """Everything but the tensors autograd tracks."""
+class _Breaking:
+    """How the stick breaks at one call: everything but the tensors autograd tracks."""
 
     scale: float
     attend_current: bool
@@ -66,7 +66,7 @@ class _Plan:
     cu_seqlens: tuple[int, ...] | None  # the documents' bounds, or None
 
 
-def _blocks(plan: _Plan, q_len: int, k_len: int) -> list[tuple[int, int, int, int]]:
+def _blocks(plan: _Breaking, q_len: int, k_len: int) -> list[tuple[int, int, int, int]]:
     """``(first, last, j0, j1)`` per block of keys ``j0 .. j1 - 1``, the last keys first.
 
     Queries ``first .. last - 1`` are those that may see a key of the block: none
@@ -89,7 +89,7 @@ def _blocks(plan: _Plan, q_len: int, k_len: int) -> list[tuple[int, int, int, in
 
 
 def _block_scores(
-    plan: _Plan, qb: torch.Tensor, kb: torch.Tensor, first: int, j0: int
+    plan: _Breaking, qb: torch.Tensor, kb: torch.Tensor, first: int, j0: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores ``(B, H, n, m)`` of queries ``qb`` (``first ..``) against keys ``kb``
     (``j0 ..``), and which of them a query sees (``(1, 1, n, m)`` bool)."""
@@ -126,7 +126,7 @@ def _block_weights(
 
 
 def _forward(
-    plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    plan: _Breaking, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out`` and the log of ``rem`` (the final log-survival)."""
     b, h, lq, _ = q.shape
@@ -143,7 +143,7 @@ def _forward(
 
 
 def _backward(
-    plan: _Plan,
+    plan: _Breaking,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -193,7 +193,7 @@ class _StickBreaking(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Breaking
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out, log_rem = _forward(plan, q, k, v)
         ctx.plan = plan
@@ -291,7 +291,7 @@ def stick_breaking_attention(
     checks.check_elements(rows * block_size, "a block of scores (batch, heads, q_len, block_size)")
     docs = documents(cu_seqlens, None, b, lk, q.device)
     bounds = None if cu_seqlens is None else tuple(int(c) for c in cu_seqlens.tolist())
-    plan = _Plan(
+    plan = _Breaking(
         scale, attend_current, lk - lq, block_size, None if docs is None else docs[0][0], bounds
     )
     dtype = q.dtype
