@@ -17,9 +17,10 @@ NoPE layers, biases, grids.
 Static figures (:mod:`posenc.plot`) are embedded as SVG and also written to
 ``out/figures/*.{png,svg}``.
 
-By default the page also shows the lab's bundled results (a copy task and a
-byte-level language model, trained at one length and tested beyond it, and
-the copy run's position probes and trained T5 table); ``lab=DIR`` shows a
+By default the page also shows the lab's bundled results (a copy task, a
+byte-level language model and the flip-flop task, trained at one length and
+tested beyond it, and the copy run's position probes and trained T5 table);
+``lab=DIR`` shows a
 fresh ``posenc lab run`` instead (a section whose data that run lacks, such
 as probes, falls back to the bundled copy run).
 """
@@ -52,8 +53,9 @@ MAX_LENGTH = 128
 MAX_DIM = 1024
 
 #: The lab results shown when no ``lab`` directory is given: ``posenc lab run`` and
-#: ``posenc lab run --task text`` at their defaults (results.json of each).
-BUNDLED_LAB = ("lab-copy.json", "lab-text.json")
+#: ``posenc lab run --task text`` at their defaults, and the flip-flop run of PaTH,
+#: PaTH-FoX, FoX, RoPE and NoPE (results.json of each).
+BUNDLED_LAB = ("lab-copy.json", "lab-text.json", "lab-flipflop.json")
 
 
 @dataclass

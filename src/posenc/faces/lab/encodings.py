@@ -2,14 +2,20 @@
 
 An :class:`Encoding` says which position pieces the lab's model gets (an
 absolute table added to the token embedding, a rotation of queries and keys
-in every layer or in all but every k-th, an attention-bias module, randomized
-positions) and which rope scaling it applies at test time.
-:mod:`posenc.lab.model` builds every model from these fields alone, and
-:mod:`posenc.lab.run` keys and evaluates runs through them, so adding an
-encoding is adding one entry here.
+in every layer or in all but every k-th, an attention-bias module, a position
+module of each layer, the attention kernel, randomized positions) and which
+rope scaling it applies at test time. :mod:`posenc.lab.model` builds every
+model from these fields alone, and :mod:`posenc.lab.run` keys and evaluates
+runs through them, so adding an encoding is adding one entry here.
+
+A per-layer method (FoX's gates, CoPE, DAPE, PaTH's transforms) is one entry of
+:data:`PER_LAYER`: its name and the builder of one layer's
+:class:`~posenc.lab.layers.PositionModule`, whose inputs the layer's attention
+call takes.
 
 Importable without torch (the command line lists the names before torch is
-imported): the bias factories import their modules when called.
+imported): the bias factories and the per-layer builders import their modules
+when called.
 """
 
 from __future__ import annotations
@@ -25,19 +31,27 @@ from posenc.core import checks
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from posenc.faces.lab.layers import PositionModule
+    from posenc.faces.lab.model import ModelConfig
     from posenc.families.bias.modules import AttentionBias
 
-__all__ = ["ENCODINGS", "REGISTRY", "Encoding", "lookup", "scaling_for", "training_encoding"]
+__all__ = [
+    "ENCODINGS",
+    "PER_LAYER",
+    "REGISTRY",
+    "Encoding",
+    "lookup",
+    "scaling_for",
+    "training_encoding",
+]
 
 Absolute = Literal["sinusoidal", "learned"]
 Rotation = Literal["rope", "xpos", "fope"]
-Kernel = Literal["softmax", "stick-breaking"]
-PerLayer = Literal["forget-gate", "cope", "dape"]
+Kernel = Literal["softmax", "stick-breaking", "path"]
 
 _ABSOLUTE: tuple[Absolute, ...] = ("sinusoidal", "learned")
 _ROTATIONS: tuple[Rotation, ...] = ("rope", "xpos", "fope")
-_KERNELS: tuple[Kernel, ...] = ("softmax", "stick-breaking")
-_PER_LAYER: tuple[PerLayer, ...] = ("forget-gate", "cope", "dape")
+_KERNELS: tuple[Kernel, ...] = ("softmax", "stick-breaking", "path")
 # rope types whose schedule also reads the length the model was trained at (HF's YaRN
 # takes it as ``original_max_position_embeddings``)
 _READS_TRAINED_LENGTH = frozenset({"yarn"})
@@ -71,15 +85,21 @@ class Encoding:
             SmolLM3 configs lay out ``no_rope_layers`` from their
             ``no_rope_layer_interval`` (4 in both); None: every layer rotates.
             An int >= 2, with a ``rotary``.
-        kernel: ``"softmax"`` attention, or ``"stick-breaking"`` (Tan et al.
+        kernel: ``"softmax"`` attention, ``"stick-breaking"`` (Tan et al.
             2024: the nearest keys take their sigmoid's share first,
             :func:`posenc.stick_breaking_attention`, the remainder given to the
-            query's own value).
-        per_layer: a position module of each layer: ``"forget-gate"`` (FoX, Lin
-            et al. 2025: :class:`posenc.ForgetGate` of the layer's input, the
-            ``log_fgate`` of :func:`posenc.attention`), ``"cope"`` (Golovneva et
-            al. 2024: :class:`posenc.CoPE`), ``"dape"`` (Zheng et al. 2024:
-            :class:`posenc.DAPE` over ALiBi), or None.
+            query's own value), or ``"path"`` (Yang et al. 2025: softmax
+            attention through the product of the Householder transforms between
+            key and query, :func:`posenc.path_attention`; its transforms come
+            from a ``"path"`` or ``"path-fox"`` position module).
+        per_layer: the name in :data:`PER_LAYER` of each layer's position module,
+            whose :meth:`~posenc.lab.layers.PositionModule.attend_inputs` of the
+            layer's input go to its attention call: ``"forget-gate"`` (FoX, Lin
+            et al. 2025: :class:`posenc.ForgetGate`'s gates as a score term),
+            ``"cope"`` (Golovneva et al. 2024: :class:`posenc.CoPE`), ``"dape"``
+            (Zheng et al. 2024: :class:`posenc.DAPE` over ALiBi), ``"path"`` and
+            ``"path-fox"`` (PaTH's transforms, with FoX's gates for the second);
+            or None.
         temperature: the layers without RoPE scale their queries by Llama 4's
             temperature :func:`posenc.attn_temperature` (its ``floor_scale``
             the ``chunk``).
@@ -101,7 +121,7 @@ class Encoding:
     nope_every: int | None = None
     schedule: str | None = None
     kernel: Kernel = "softmax"
-    per_layer: PerLayer | None = None
+    per_layer: str | None = None
     temperature: bool = False
     chunk: int | None = None
     trains_as: str | None = None
@@ -116,7 +136,14 @@ class Encoding:
             raise ValueError(f"{self.name}: random_positions needs rotary='rope'")
         checks.check_choice(self.kernel, "kernel", _KERNELS)
         if self.per_layer is not None:
-            checks.check_choice(self.per_layer, "per_layer", _PER_LAYER)
+            checks.check_choice(self.per_layer, "per_layer", tuple(PER_LAYER))
+        if (self.kernel == "path") != (self.per_layer in _PATH):
+            raise ValueError(
+                f"{self.name}: the path kernel and the per-layer modules {_PATH} go together "
+                "(PaTH's transforms come from the layer's input)"
+            )
+        if self.kernel == "path" and (self.rotary or self.bias or self.absolute):
+            raise ValueError(f"{self.name}: PaTH's transforms are its positional encoding")
         if self.schedule is not None and self.rotary != "rope":
             raise ValueError(f"{self.name}: schedule needs rotary='rope'")
         if self.chunk is not None:
@@ -149,8 +176,9 @@ class Encoding:
     def context_parallel(self) -> bool:
         """Whether ring attention can train it: a rotation and/or a bias, softmax.
 
-        Llama 4's chunks and temperature, FoPE, stick-breaking and the per-layer
-        modules (FoX's gates, CoPE, DAPE) have no ring-attention form here.
+        Llama 4's chunks and temperature, FoPE, stick-breaking, PaTH and the per-layer
+        modules (FoX's gates, CoPE, DAPE, PaTH's transforms) have no ring-attention
+        form here.
         """
         return (
             self.kernel == "softmax" and self.per_layer is None and self.chunk is None
@@ -208,6 +236,55 @@ def _sandwich(heads: int, head_dim: int) -> AttentionBias:
     from posenc.families.bias.modules import Sandwich
 
     return Sandwich(heads, dim=head_dim)
+
+
+# ------------------------------------------------------------------ per-layer modules
+
+
+def _forget_gate(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import ForgetGates
+
+    return ForgetGates(config.d_model, config.heads)
+
+
+def _cope(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import CoPETerm
+
+    return CoPETerm(config.head_dim, config.max_positions)
+
+
+def _dape(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import DAPETerm
+    from posenc.families.bias.modules import ALiBi
+
+    return DAPETerm(ALiBi(config.heads))
+
+
+def _path(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import Householder
+
+    return Householder(config.d_model, config.heads)
+
+
+def _path_fox(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import Householder
+
+    return Householder(config.d_model, config.heads, forget_gate=True)
+
+
+#: Every per-layer position module by name (read-only): ``PER_LAYER[name](config)``
+#: builds one layer's :class:`~posenc.lab.layers.PositionModule` for a model of
+#: :class:`~posenc.lab.model.ModelConfig` ``config``. A new per-layer method is one
+#: entry here (and an :class:`Encoding` whose ``per_layer`` names it).
+PER_LAYER: Mapping[str, Callable[[ModelConfig], PositionModule]] = MappingProxyType({
+    "forget-gate": _forget_gate,
+    "cope": _cope,
+    "dape": _dape,
+    "path": _path,
+    "path-fox": _path_fox,
+})  # fmt: skip
+# the per-layer modules whose inputs only the path kernel takes
+_PATH = ("path", "path-fox")
 
 
 # ------------------------------------------------------------------ the registry
@@ -302,6 +379,19 @@ _IN_ORDER = (
         "fope",
         "a Fourier series per RoPE frequency, the untrained ones dropped (Hua et al. 2024)",
         rotary="fope",
+    ),
+    Encoding(
+        "path",
+        "PaTH: keys transformed by the product of data-dependent Householder "
+        "transforms between key and query (Yang et al. 2025)",
+        kernel="path",
+        per_layer="path",
+    ),
+    Encoding(
+        "path-fox",
+        "PaTH with FoX's forget gates added to the scores (Yang et al. 2025)",
+        kernel="path",
+        per_layer="path-fox",
     ),
 )
 

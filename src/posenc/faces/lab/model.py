@@ -3,8 +3,11 @@
 Token embedding, plus the absolute table of the encodings that have one (the
 exact sinusoidal table, or a learned one); pre-norm blocks whose attention is
 :func:`posenc.attention`, causal throughout, with the encoding's rotation of
-queries and keys (:class:`posenc.Rotary`, xPos; in every layer, or all but
-every k-th for ``hybrid-nope``) and/or its bias module (:mod:`posenc.bias`).
+queries and keys (through the rotation protocol of ``rotary=``: :class:`posenc.Rotary`,
+:class:`posenc.FoPE`, xPos's tables; in every layer, or all but every k-th for
+``hybrid-nope``), its bias module (:mod:`posenc.bias`) and the score terms of each
+layer's position module (:data:`posenc.lab.encodings.PER_LAYER`: FoX's gates,
+CoPE, DAPE); or another kernel (stick-breaking, PaTH with its layer's transforms).
 What each encoding builds is data: its :class:`~posenc.lab.encodings.Encoding`
 in :data:`posenc.lab.encodings.REGISTRY`.
 
@@ -29,6 +32,7 @@ like the tokens), and attention is ring attention over the group.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,21 +43,21 @@ from torch import nn
 from posenc.core import checks
 from posenc.faces.lab.encodings import (
     ENCODINGS,
+    PER_LAYER,
     REGISTRY,
     Encoding,
     lookup,
     scaling_for,
     training_encoding,
 )
+from posenc.faces.lab.layers import PositionModule
 from posenc.families.absolute.sinusoidal import sinusoidal
-from posenc.families.bias.forget import ForgetGate
-from posenc.families.bias.modules import ALiBi, AttentionBias
+from posenc.families.bias.modules import AttentionBias
 from posenc.families.bias.temperature import attn_temperature
-from posenc.families.contextual import DAPE, CoPE
-from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.fope import FoPE
 from posenc.families.rotary.module import Rotary
 from posenc.families.rotary.multiaxis import xpos_tables
+from posenc.families.rotary.rotation import RotaryTables, Rotation
 from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
@@ -174,50 +178,137 @@ _ABSOLUTE_TABLES: dict[str, Callable[[ModelConfig], nn.Module]] = {
 
 # ------------------------------------------------------------------ rotations
 
-# (cos, sin) of the queries and (cos, sin) of the keys, one row per kept position
-Tables = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-TablesFor = Callable[["LabModel", torch.Tensor, int, "dict[str, Any] | None"], Tables]
+
+@dataclass(frozen=True)
+class Turn:
+    """The rotation of one forward pass: queries and keys rotated through the protocol.
+
+    ``rotation`` (a :class:`posenc.rotary.rotation.Rotation`) rotates the keys at
+    ``positions`` and the queries, which may be the last keys only, at their own;
+    ``keys``, where given, rotates the keys instead (xPos scales queries and keys
+    apart). What :func:`posenc.attention`'s ``rotary=`` does, at positions of the
+    pass's own (randomized ones, a shard's).
+
+    Attributes:
+        rotation: the queries' rotation (and the keys', without ``keys``).
+        positions: ``(seq,)`` int: the keys' positions as ``rotation`` reads them.
+        keys: the keys' own rotation, or None.
+    """
+
+    rotation: Rotation
+    positions: torch.Tensor
+    keys: Rotation | None = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` ``(batch, heads, q_len, head_dim)`` and ``k`` (``k_len >= q_len``) rotated."""
+        first = k.shape[2] - q.shape[2]
+        if self.keys is None and first == 0:  # one call for both (one launch on CUDA)
+            rq, rk = self.rotation.rotate((q, k), self.positions)
+            return rq, rk
+        (rq,) = self.rotation.rotate((q,), self.positions[first:])
+        (rk,) = (self.rotation if self.keys is None else self.keys).rotate((k,), self.positions)
+        return rq, rk
 
 
-def _rope_tables(
-    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
-) -> Tables:
+TurnFor = Callable[["LabModel", torch.Tensor, int, "dict[str, Any] | None"], Turn]
+
+
+def _rope(model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None) -> Turn:
     if scaling is None and model.spec.schedule is not None:  # Resonance RoPE's, always
         scaling = {"rope_type": model.spec.schedule}
-    c, s = model._rotary(scaling).cos_sin(positions)
-    return c, s, c, s
+    return Turn(model._rotary(scaling), positions)
 
 
-def _fope_tables(
-    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
-) -> Tables:
-    # FoPE's per-head C and S, (heads, seq, head_dim): apply_rotary's half-layout
-    # formula q C + rotate_half(q) S with them is FoPE's rotation
-    fope = cast(FoPE, model.get_submodule("fope"))
-    c, s = (x.transpose(0, 1) for x in fope.cos_sin(positions))
-    return c, s, c, s
+def _fope(model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None) -> Turn:
+    # FoPE's per-head coefficients, frozen as the reference keeps them
+    return Turn(cast(FoPE, model.get_submodule("fope")), positions)
 
 
-def _xpos_tables(
-    model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None
-) -> Tables:
-    # xpos_rotate's tables, centred on the whole sequence of t tokens as there, and
-    # built once for the layers and for queries that may be a suffix of the keys
+def _xpos(model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None) -> Turn:
+    # xpos_rotate's tables, centred on the whole sequence of t tokens as there, one row
+    # per position of the pass: queries and keys scale apart, so each has its tables
     freqs = frequencies("default", model.config.head_dim, 10000.0)
-    return xpos_tables(positions, freqs, center=t // 2, layout=_LAYOUT)
+    cq, sq, ck, sk = xpos_tables(positions, freqs, center=t // 2, layout=_LAYOUT)
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    return Turn(RotaryTables(cq, sq, layout=_LAYOUT), rows, RotaryTables(ck, sk, layout=_LAYOUT))
 
 
-#: :attr:`Encoding.rotary` -> the rotation tables of one forward pass.
-_ROTATIONS: dict[str, TablesFor] = {
-    "rope": _rope_tables,
-    "xpos": _xpos_tables,
-    "fope": _fope_tables,
+#: :attr:`Encoding.rotary` -> the rotation of one forward pass, from the model, the
+#: pass's positions, its whole length and the test-time scaling.
+_ROTATIONS: dict[str, TurnFor] = {
+    "rope": _rope,
+    "xpos": _xpos,
+    "fope": _fope,
+}
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def _softmax(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: AttentionBias | None,
+    chunk: int | None, terms: Any = (),
+) -> torch.Tensor:  # fmt: skip
+    options: dict[str, Any] = {"bias": bias, "causal": True, "terms": terms}
+    if chunk is not None:
+        options["chunk_size"] = chunk
+    return attention(q, k, v, **options)
+
+
+def _stick_breaking(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: AttentionBias | None,
+    chunk: int | None,
+) -> torch.Tensor:  # fmt: skip
+    out, rem = stick_breaking_attention(q, k, v)
+    return out + rem[..., None] * v[:, :, k.shape[2] - q.shape[2] :]
+
+
+def _path_attention() -> Callable[..., torch.Tensor]:
+    """:func:`posenc.path_attention`, from the module that holds it.
+
+    Imported when a PaTH model attends, from its home in the attention package or,
+    before it moves there, from ``posenc.integration.path_attention``.
+
+    Raises:
+        ImportError: neither module exists.
+    """
+    for home in ("posenc.integration.attention.path", "posenc.integration.path_attention"):
+        try:
+            module = importlib.import_module(home)
+        except ModuleNotFoundError as exc:
+            if exc.name != home:  # the module exists and failed to import: say so
+                raise
+            continue
+        return cast(Callable[..., torch.Tensor], module.path_attention)
+    raise ImportError("the path kernel needs posenc.path_attention, which this posenc lacks")
+
+
+def _path(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: AttentionBias | None,
+    chunk: int | None, *, w: torch.Tensor, beta: torch.Tensor,
+    log_fgate: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    first = k.shape[2] - q.shape[2]
+    if first:
+        # PaTH takes as many queries as keys: the earlier positions' queries are zero
+        # rows whose outputs are dropped (a causal query's output reads its own row only)
+        q = nn.functional.pad(q, (0, 0, first, 0))
+    out = _path_attention()(q, k, v, w, beta, log_fgate=log_fgate)
+    return out[:, :, first:]
+
+
+#: :attr:`Encoding.kernel` -> ``(q, k, v, bias, chunk, **inputs) -> out``: queries the
+#: last of the keys, rotated already; ``inputs`` those of the layer's position module.
+_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "softmax": _softmax,
+    "stick-breaking": _stick_breaking,
+    "path": _path,
 }
 
 
 def _attend(
     bias: AttentionBias | None,
-    tables: Tables | None,
+    turn: Turn | None,
     context: ContextParallel | None = None,
     *,
     kernel: str = "softmax",
@@ -225,22 +316,22 @@ def _attend(
     temperature: torch.Tensor | None = None,
 ) -> Attend:
     """Causal attention of queries that are the last ``q_len`` of the keys (posenc.attention's
-    bottom-right alignment), each query rotated at its own position; under ``context``,
-    ring attention of the rank's shard (queries and keys alike) over its group.
+    bottom-right alignment), each query rotated at its own position by ``turn``; under
+    ``context``, ring attention of the rank's shard (queries and keys alike) over its group.
 
-    ``kernel="stick-breaking"``: :func:`posenc.stick_breaking_attention`, the share no key
-    took given to the query's own value. ``chunk``: keys of the query's chunk only.
-    ``temperature``: the queries' scale at every key position (Llama 4's NoPE layers).
-    Keyword arguments of the returned function (``log_fgate``, ``cope``, a per-layer
-    ``bias``) go to :func:`posenc.attention`.
+    ``kernel``: an entry of :data:`_KERNELS` (``"stick-breaking"``:
+    :func:`posenc.stick_breaking_attention`, the share no key took given to the query's
+    own value; ``"path"``: :func:`posenc.path_attention`). ``chunk``: keys of the query's
+    chunk only. ``temperature``: the queries' scale at every key position (Llama 4's NoPE
+    layers). Keyword arguments of the returned function (the layer's position module's
+    :meth:`~posenc.lab.layers.PositionModule.attend_inputs`: ``terms``, PaTH's ``w``,
+    ``beta`` and ``log_fgate``) go to the kernel.
     """
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **extra: Any) -> torch.Tensor:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **inputs: Any) -> torch.Tensor:
         first = k.shape[2] - q.shape[2]
-        if tables is not None:
-            cq, sq, ck, sk = tables
-            q = apply_rotary(q, cq[..., first:, :], sq[..., first:, :], layout=_LAYOUT)
-            k = apply_rotary(k, ck, sk, layout=_LAYOUT)
+        if turn is not None:
+            q, k = turn(q, k)
         if temperature is not None:
             q = q * temperature[first:, None].to(q.dtype)
         if context is not None:
@@ -249,35 +340,18 @@ def _attend(
             return ring_attention(
                 q, k, v, group=context.group, layout="zigzag", bias=bias, causal=True
             )
-        if kernel == "stick-breaking":
-            out, rem = stick_breaking_attention(q, k, v)
-            return out + rem[..., None] * v[:, :, first:]
-        options: dict[str, Any] = {"bias": bias, "causal": True, **extra}
-        if chunk is not None:
-            options["chunk_size"] = chunk
-        return attention(q, k, v, **options)
+        return _KERNELS[kernel](q, k, v, bias, chunk, **inputs)
 
     return attend
-
-
-def _position_module(spec: Encoding, config: ModelConfig) -> nn.Module | None:
-    """The position module of one layer (:attr:`Encoding.per_layer`), or None."""
-    if spec.per_layer == "forget-gate":
-        return ForgetGate(config.d_model, config.heads)
-    if spec.per_layer == "cope":
-        return CoPE(config.head_dim, config.max_positions)
-    if spec.per_layer == "dape":
-        return DAPE(ALiBi(config.heads))
-    return None
 
 
 # ------------------------------------------------------------------ the model
 
 
 class _Block(nn.Module):
-    def __init__(self, config: ModelConfig, position: nn.Module | None = None) -> None:
+    def __init__(self, config: ModelConfig, position: PositionModule | None = None) -> None:
         super().__init__()
-        # the layer's own position module (FoX's gates, CoPE, DAPE), or None
+        # the layer's own position module (FoX's gates, CoPE, DAPE, PaTH's transforms), or None
         self.position = position
         d = config.d_model
         self.heads = config.heads
@@ -297,14 +371,9 @@ class _Block(nn.Module):
         else:  # keys and values of every position, queries of the last ones
             q = nn.functional.linear(h[:, t - queries :], w[:d]).view(b, queries, heads, size)
             k, v = nn.functional.linear(h, w[d:]).view(b, t, 2, heads, size).unbind(2)
-        extra: dict[str, Any] = {}
-        if isinstance(self.position, ForgetGate):  # every key's gate, from the layer's input
-            extra["log_fgate"] = self.position(h)
-        elif isinstance(self.position, CoPE):
-            extra["cope"] = self.position
-        elif self.position is not None:  # DAPE: the layer's own bias
-            extra["bias"] = self.position
-        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra)
+        # the layer's position module reads every position's input (the keys')
+        inputs = {} if self.position is None else self.position.attend_inputs(h)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **inputs)
         x = x[:, t - queries :] + self.out(y.transpose(1, 2).reshape(b, queries, d))
         return x + self.mlp(self.ln2(x))
 
@@ -332,8 +401,10 @@ class LabModel(nn.Module):
         # token and learned position embeddings start at unit scale, as the sinusoidal
         # table has amplitude 1: no encoding starts drowned by the tokens or drowning them
         self.embed = nn.Embedding(config.vocab, d)
+        per_layer = None if self.spec.per_layer is None else PER_LAYER[self.spec.per_layer]
         self.blocks = nn.ModuleList(
-            _Block(config, _position_module(self.spec, config)) for _ in range(config.layers)
+            _Block(config, None if per_layer is None else per_layer(config))
+            for _ in range(config.layers)
         )
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, config.vocab, bias=False)
@@ -474,9 +545,9 @@ class LabModel(nn.Module):
         x = self.embed(tokens)
         if spec.absolute is not None:
             x = x + self.get_submodule(spec.absolute)(positions).to(x.dtype)
-        tables = None
+        turn = None
         if spec.rotary is not None:
-            tables = _ROTATIONS[spec.rotary](self, positions, t, scaling)
+            turn = _ROTATIONS[spec.rotary](self, positions, t, scaling)
         if context is not None and not spec.context_parallel:
             raise ValueError(
                 f"context parallelism: {spec.name} has no ring-attention form (rotations "
@@ -489,7 +560,7 @@ class LabModel(nn.Module):
             temperature = torch.as_tensor(
                 attn_temperature(positions, floor_scale=spec.chunk or 8192), device=device
             )
-        rotating = _attend(self.bias, tables, context, kernel=spec.kernel, chunk=spec.chunk)
+        rotating = _attend(self.bias, turn, context, kernel=spec.kernel, chunk=spec.chunk)
         plain = _attend(self.bias, None, context, kernel=spec.kernel, temperature=temperature)
         attends = [rotating if spec.rotates(i) else plain for i in range(len(self.blocks))]
         return x, attends, stop - start

@@ -15,7 +15,10 @@ SUITE_TASKS = (
     "scan",
 )  # fmt: skip
 
-TASKS = ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS)
+#: Every task of the lab (``posenc lab run --task``): its own, the suite's, and Liu et al.
+#: (2023)'s flip-flop language (:mod:`posenc.lab.flipflop`); each synthetic one is an entry
+#: of :data:`posenc.lab.tasks.SYNTHETIC`.
+TASKS = ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS, "flipflop")
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,10 @@ __all__ = [
     "write",
 ]
 
-#: The runs bundled with posenc (``posenc/faces/data``): ``posenc lab run`` and
-#: ``posenc lab run --task text`` at their defaults, the ``results.json`` of each.
-BUNDLED = ("lab-copy.json", "lab-text.json")
+#: The runs bundled with posenc (``posenc/faces/data``): ``posenc lab run``, ``posenc lab
+#: run --task text`` at their defaults, and ``posenc lab run --task flipflop --encodings
+#: path,path-fox,fox,rope,nope``, the ``results.json`` of each.
+BUNDLED = ("lab-copy.json", "lab-text.json", "lab-flipflop.json")
 
 
 # ------------------------------------------------------------------ reading a run back
@@ -142,7 +143,7 @@ def read(doc: dict[str, Any]) -> LabResults:
 
 
 def bundled() -> list[LabResults]:
-    """The runs bundled with posenc (:data:`BUNDLED`, in that order: copy, then text), read."""
+    """The runs bundled with posenc (:data:`BUNDLED`, in that order: copy, text, flipflop), read."""
     where = resources.files("posenc.faces") / "data"
     return [read(json.loads((where / name).read_text())) for name in BUNDLED]
 
@@ -330,6 +331,8 @@ def figure(records: Sequence[Any], train_len: int, title: str = "", ax: Any = No
     else:
         fig = ax.figure
     metric = records[0].metric if records else "accuracy"
+    # a task's shortest length (flipflop's is 2) starts the trained band
+    start = min((r.length for r in records), default=1) - 0.5 if metric == "accuracy" else 0
     for i, (encoding, by_len) in enumerate(_by_encoding(records).items()):
         lengths = sorted(by_len)
         vals = [by_len[n] for n in lengths]
@@ -338,8 +341,7 @@ def figure(records: Sequence[Any], train_len: int, title: str = "", ax: Any = No
         ax.plot(lengths, mean, label=encoding, color=colour, lw=1.6)
         ax.fill_between(lengths, [min(v) for v in vals], [max(v) for v in vals],
                         color=colour, alpha=0.15, lw=0)  # fmt: skip
-    ax.axvspan(0.5 if metric == "accuracy" else 0, train_len + 0.5, color="0.9", zorder=-1,
-               label="trained lengths")  # fmt: skip
+    ax.axvspan(start, train_len + 0.5, color="0.9", zorder=-1, label="trained lengths")
     ax.set_xlabel("length")
     if metric == "perplexity":
         ax.set_yscale("log")
@@ -380,12 +382,13 @@ def section(
         cells.append(f"<tr><td>{html.escape(row['encoding'])}</td><td>{fmt('within')}</td>"
                      f"<td>{fmt('beyond')}</td></tr>")  # fmt: skip
     metric = rows[0]["metric"] if rows else "accuracy"
+    shortest = min((r.length for r in records), default=1)  # flipflop's is 2
     return "\n".join([
         f'<section id="lab-{html.escape(config.task)}" class="lab">'
         f"<h3>{html.escape(_title(config))}</h3>",
         f"<p>{html.escape(_caption(config))}</p>",
         f'<img src="data:image/svg+xml;base64,{data}" alt="lab results: {config.task}">',
-        f"<table><tr><th>encoding</th><th>{metric}, lengths 1-{config.train_len} "
+        f"<table><tr><th>encoding</th><th>{metric}, lengths {shortest}-{config.train_len} "
         f"(seed min-max)</th><th>{metric}, lengths {config.train_len + 1}-{config.test_len}"
         "</th></tr>",
         *cells,

@@ -121,6 +121,11 @@ class LabConfig:
             checks.check_int(getattr(self, name), name, minimum=1)
         if self.test_len < self.train_len:
             raise ValueError(f"test_len ({self.test_len}) must be >= train_len ({self.train_len})")
+        if self.task != "text" and not T.lengths(self.task, self.train_len):
+            # flipflop's examples have 2 instructions at least: a write and a read
+            raise ValueError(
+                f"train_len ({self.train_len}) is shorter than any example of {self.task!r}"
+            )
         checks.check_number(self.lr, "lr", positive=True)
         ModelConfig(T.vocab_size(self.task), self.d_model, self.layers, self.heads)
 

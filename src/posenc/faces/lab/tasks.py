@@ -23,6 +23,16 @@ token ``4 + d``):
   ``a_0 .. a_{n-1} PLUS b_0 .. b_{n-1}``; the answer is ``a + b`` in exactly
   ``n + 1`` digits, least-significant first (the last digit is the carry).
 
+``flipflop`` (Liu et al. 2023, :mod:`posenc.lab.flipflop`) has no answer after
+``SEP``: its ``n`` instruction/bit pairs are scored at every read, whose bit is the
+last one written; the suite's tasks (:mod:`posenc.lab.suite_tasks`) pad to the
+longest example of a length.
+
+Every synthetic task is an entry of :data:`SYNTHETIC` (its vocabulary, sequence
+length, batches and lengths), which :func:`vocab_size`, :func:`sequence_length`,
+:func:`lengths` and :func:`make_batch` look up: a new task is one entry there and
+its name in :data:`posenc.lab.names.TASKS`.
+
 ``text`` is a byte-level language model (:class:`TextCorpus`) over the Python
 standard library's own source or over your own text (:meth:`TextCorpus.from_data`):
 byte ``b`` is token ``b + 4``, and every position of a window is scored.
@@ -38,15 +48,17 @@ import functools
 import hashlib
 import os
 import sysconfig
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import names, suite_tasks
+from posenc.faces.lab import flipflop, names, suite_tasks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
 __all__ = [
@@ -56,8 +68,10 @@ __all__ = [
     "PAD",
     "PLUS",
     "SEP",
+    "SYNTHETIC",
     "TASKS",
     "Batch",
+    "SyntheticTask",
     "TextCorpus",
     "answers",
     "lengths",
@@ -69,7 +83,7 @@ __all__ = [
 # The special tokens and Batch live in _layout, shared with suite_tasks, and are re-exported.
 
 #: Every task name; all but ``"text"`` are synthetic and come from :func:`make_batch`.
-TASKS = names.TASKS  # ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS)
+TASKS = names.TASKS  # ("copy", .., "addition", "text", *SUITE_TASKS, "flipflop")
 
 _SYMBOL0 = 4  # first symbol token (digit 0)
 _NUM_SYMBOLS = 10
@@ -77,8 +91,8 @@ _KEY0 = _SYMBOL0 + _NUM_SYMBOLS  # first key token of recall
 _NUM_KEYS = 64
 _BYTE0 = 4  # token of byte 0 in the text task
 _SYNTHETIC = tuple(task for task in TASKS if task != "text")
-# Kazemnejad et al.'s suite: posenc.faces.lab.suite_tasks makes its batches
-_SUITE = frozenset(names.SUITE_TASKS)
+# the tasks whose answers answers() recomputes from the prompt
+_ANSWERED = ("copy", "reverse", "sort", "recall", "addition")
 # Directories skipped when walking the stdlib: third-party packages live there, and the
 # corpus is meant to be the standard library only (Debian names the directory dist-packages).
 _PRUNED_DIRS = frozenset({"site-packages", "dist-packages"})
@@ -125,6 +139,31 @@ def _check_generator(generator: Any) -> torch.Generator:
 # ------------------------------------------------------------------------------ task shapes
 
 
+def _every_length(high: int) -> list[int]:
+    return list(range(1, high + 1))
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """How one synthetic task makes its batches: an entry of :data:`SYNTHETIC`.
+
+    Attributes:
+        vocab: The token ids a model for the task needs (every token is below it).
+        sequence_length: ``n ->`` the columns of a batch at length ``n`` (``n``
+            checked: a TypeError or ValueError for one the task has not).
+        make: ``(n, batch_size, generator) ->`` a :class:`Batch` of ``batch_size``
+            examples at length ``n``, drawn from ``generator`` alone (every
+            argument checked).
+        lengths: ``high ->`` the lengths up to ``high`` that ``make`` accepts, in
+            order (``high >= 1`` checked by the caller); ``1 .. high`` by default.
+    """
+
+    vocab: int
+    sequence_length: Callable[[int], int]
+    make: Callable[[int, int, torch.Generator], Batch]
+    lengths: Callable[[int], list[int]] = _every_length
+
+
 def vocab_size(task: str) -> int:
     """Number of token ids a model for ``task`` needs (every token is below it).
 
@@ -133,21 +172,14 @@ def vocab_size(task: str) -> int:
 
     Returns:
         14 for copy/reverse/sort (4 specials + 10 symbols), 78 for recall (+ 64 keys),
-        15 for addition (+ ``PLUS``), 260 for text (4 specials + 256 bytes).
+        15 for addition (+ ``PLUS``), 260 for text (4 specials + 256 bytes); a
+        synthetic task's :attr:`SyntheticTask.vocab`.
 
     Raises:
         ValueError: If ``task`` is not one of :data:`TASKS` (TypeError if not a str).
     """
     task = _check_task(task)
-    if task in _SUITE:
-        return suite_tasks.vocab_size(task)
-    if task == "recall":
-        return _KEY0 + _NUM_KEYS
-    if task == "addition":
-        return PLUS + 1
-    if task == "text":
-        return _BYTE0 + 256
-    return _SYMBOL0 + _NUM_SYMBOLS
+    return _BYTE0 + 256 if task == "text" else SYNTHETIC[task].vocab
 
 
 def _input_length(task: str, n: int) -> int:
@@ -177,28 +209,36 @@ def sequence_length(task: str, n: int) -> int:
 
     Returns:
         ``2n + 3`` for copy/reverse/sort, ``2n + 5`` for recall, ``3n + 5`` for
-        addition, ``n`` for text (a window of ``n`` tokens).
+        addition, ``2n + 1`` for flipflop, ``n`` for text (a window of ``n`` tokens).
 
     Raises:
         ValueError: If ``task`` is unknown or ``n`` is out of range.
         TypeError: If ``n`` is not an int.
     """
     task = _check_task(task)
-    if task in _SUITE:
-        return suite_tasks.sequence_length(task, n)
-    n = _check_n(task, n)
     if task == "text":
-        return n
-    # BOS, input, SEP, answer, EOS
-    return 1 + _input_length(task, n) + 1 + _answer_length(task, n) + 1
+        return _check_n(task, n)
+    return SYNTHETIC[task].sequence_length(n)
+
+
+def _own_length(task: str) -> Callable[[int], int]:
+    """The sequence length of one of the lab's own tasks at a checked ``n``."""
+
+    def length(n: int) -> int:
+        n = _check_n(task, n)
+        # BOS, input, SEP, answer, EOS
+        return 1 + _input_length(task, n) + 1 + _answer_length(task, n) + 1
+
+    return length
 
 
 def lengths(task: str, high: int) -> list[int]:
     """The task lengths ``1 .. high`` that :func:`make_batch` accepts for ``task``.
 
-    Every length for every task but ``scan`` (where :func:`make_batch` still refuses
-    recall beyond 64 and lego beyond 26); for ``scan`` the lengths some SCAN command's
-    action sequence has (none has 23 actions, for instance).
+    Every length for most tasks (:func:`make_batch` still refuses recall beyond 64 and
+    lego beyond 26); for ``scan`` the lengths some SCAN command's action sequence has
+    (none has 23 actions, for instance), for ``flipflop`` those from 2 (a write and a
+    read): :attr:`SyntheticTask.lengths`.
 
     Raises:
         ValueError: If ``task`` is not synthetic or ``high`` < 1.
@@ -206,9 +246,11 @@ def lengths(task: str, high: int) -> list[int]:
     """
     task = _check_task(task, _SYNTHETIC)
     high = checks.check_int(high, "high", 1)
-    if task == "scan":
-        return [n for n in suite_tasks.SCAN_LENGTHS if n <= high]
-    return list(range(1, high + 1))
+    return SYNTHETIC[task].lengths(high)
+
+
+def _scan_lengths(high: int) -> list[int]:
+    return [n for n in suite_tasks.SCAN_LENGTHS if n <= high]
 
 
 # ------------------------------------------------------------------------------ synthetic
@@ -287,9 +329,10 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
     carry from the previous one.
 
     Args:
-        task: A synthetic task: ``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"`` or
-            ``"addition"``.
-        n: Task length, an int ``>= 1`` (``<= 64`` for recall).
+        task: A synthetic task: ``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"``,
+            ``"addition"``, ``"flipflop"`` or a suite task (every key of
+            :data:`SYNTHETIC`).
+        n: Task length, an int ``>= 1`` (``<= 64`` for recall, ``>= 2`` for flipflop).
         batch_size: Number of examples, an int ``>= 1``.
         generator: The only source of randomness: the same generator state gives the
             same batch. Tensors are made on its device.
@@ -304,23 +347,55 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
             ``torch.Generator``.
     """
     task = _check_task(task, _SYNTHETIC)
-    if task in _SUITE:
-        return suite_tasks.make_batch(task, n, batch_size, generator)
-    n = _check_n(task, n)
-    batch_size = checks.check_int(batch_size, "batch_size", 1)
-    generator = _check_generator(generator)
-    if task == "recall":
-        return _recall(n, batch_size, generator)
-    if task == "addition":
-        return _addition(n, batch_size, generator)
-    inputs = _symbols(batch_size, n, generator)
-    if task == "copy":
-        answer = inputs
-    elif task == "reverse":
-        answer = inputs.flip(1)
-    else:
-        answer = inputs.sort(dim=1).values
-    return _layout(task, n, inputs, answer)
+    return SYNTHETIC[task].make(n, batch_size, generator)
+
+
+def _own(task: str, make: Callable[[int, int, torch.Generator], Batch]) -> SyntheticTask:
+    """The entry of one of the lab's own tasks: its arguments checked, then ``make``."""
+
+    def checked(n: int, batch_size: int, generator: torch.Generator) -> Batch:
+        n = _check_n(task, n)
+        batch_size = checks.check_int(batch_size, "batch_size", 1)
+        return make(n, batch_size, _check_generator(generator))
+
+    vocab = {"recall": _KEY0 + _NUM_KEYS, "addition": PLUS + 1}.get(task, _SYMBOL0 + _NUM_SYMBOLS)
+    return SyntheticTask(vocab, _own_length(task), checked)
+
+
+def _symbol_task(task: str, rule: Callable[[torch.Tensor], torch.Tensor]) -> SyntheticTask:
+    """copy, reverse or sort: ``n`` symbols, the answer ``rule`` of them."""
+
+    def make(n: int, batch_size: int, generator: torch.Generator) -> Batch:
+        inputs = _symbols(batch_size, n, generator)
+        return _layout(task, n, inputs, rule(inputs))
+
+    return _own(task, make)
+
+
+def _suite_task(task: str) -> SyntheticTask:
+    """A task of Kazemnejad et al.'s suite: :mod:`posenc.lab.suite_tasks` makes it."""
+    return SyntheticTask(
+        suite_tasks.vocab_size(task),
+        functools.partial(suite_tasks.sequence_length, task),
+        functools.partial(suite_tasks.make_batch, task),
+        _scan_lengths if task == "scan" else _every_length,
+    )
+
+
+#: Every synthetic task by name (read-only): what :func:`make_batch` and the functions
+#: beside it look up. Its keys are :data:`TASKS` less ``"text"``, in that order.
+SYNTHETIC: Mapping[str, SyntheticTask] = MappingProxyType({
+    "copy": _symbol_task("copy", lambda x: x),
+    "reverse": _symbol_task("reverse", lambda x: x.flip(1)),
+    "sort": _symbol_task("sort", lambda x: x.sort(dim=1).values),
+    "recall": _own("recall", _recall),
+    "addition": _own("addition", _addition),
+    **{task: _suite_task(task) for task in names.SUITE_TASKS},
+    "flipflop": SyntheticTask(
+        flipflop.VOCAB, flipflop.sequence_length, flipflop.make_batch, flipflop.lengths
+    ),
+})  # fmt: skip
+assert tuple(SYNTHETIC) == _SYNTHETIC, "names.TASKS and SYNTHETIC name the same tasks"
 
 
 def _infer_n(task: str, seq: int) -> int:
@@ -354,17 +429,18 @@ def answers(task: str, tokens: torch.Tensor) -> torch.Tensor:
 
     Raises:
         ValueError: If ``task`` is not synthetic or is a suite task
-            (:data:`posenc.lab.names.SUITE_TASKS`), or ``tokens`` has the wrong shape, has
+            (:data:`posenc.lab.names.SUITE_TASKS`) or ``flipflop`` (whose answers
+            are in :func:`make_batch`'s targets), or ``tokens`` has the wrong shape, has
             no ``BOS``/``SEP`` where the layout puts them, or holds a prompt the task
             cannot answer (a recall query that matches no key or several, an addition
             digit that is not a symbol).
         TypeError: If ``tokens`` is not an integer torch tensor.
     """
     task = _check_task(task, _SYNTHETIC)
-    if task in _SUITE:
+    if task not in _ANSWERED:
         raise ValueError(
-            f"answers covers the tasks {_SYNTHETIC[:5]}; the suite task {task!r} pads "
-            "variable-length examples (read its answers from make_batch's targets)"
+            f"answers covers the tasks {_ANSWERED}; {task!r} has examples of varying "
+            "layout (read its answers from make_batch's targets)"
         )
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"tokens must be a torch.Tensor; got {type(tokens).__name__}")
