@@ -53,6 +53,8 @@ EXPECTED = {
     "v2pe_positions",
     "videorope_positions",
     "stick_breaking_attention",
+    "path_attention",
+    "PaTH",
 }
 
 

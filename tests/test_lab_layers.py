@@ -116,7 +116,9 @@ def test_householder_transforms():
     inputs = module.attend_inputs(h)
     w, beta, log_fgate = inputs["w"], inputs["beta"], inputs["log_fgate"]
     assert w.shape == (3, 4, 11, 8) and beta.shape == log_fgate.shape == (3, 4, 11)
-    torch.testing.assert_close(w.norm(dim=-1), torch.ones(3, 4, 11))
+    # fla's l2_norm, w / sqrt(|w|^2 + 1e-6): unit up to 1e-6 / (2 |w|^2) below 1
+    norm = w.norm(dim=-1)
+    assert bool((norm <= 1).all()) and bool((norm > 1 - 1e-3).all())
     assert bool(((beta > 0) & (beta < 2)).all()) and bool((log_fgate <= 0).all())
     # causal: a token's transform reads its own input and the two before it
     later = h.clone()

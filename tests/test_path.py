@@ -1,4 +1,4 @@
-"""PaTH attention (posenc.integration.path_attention) and its layer (path_layer.PaTH).
+"""PaTH attention (posenc.integration.attention.path) and its layer (path_layer.PaTH).
 
 PaTH (Yang et al. 2025): ``score(i, j) = q_i^T H_i ... H_{j+1} k_j``, ``H_s = I -
 beta_s w_s w_s^T``, causal softmax, optional forget gates added before the scale
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from posenc.core.checks import MAX_ELEMENTS
-from posenc.integration.path_attention import path_attention, path_keys
+from posenc.integration.attention.path import path_attention, path_keys
 from posenc.integration.path_layer import PaTH, PaTHCache
 
 U32 = 2.0**-24
@@ -585,10 +585,27 @@ BAD = [
     ({"beta": torch.ones(1, 2, 6, dtype=torch.int32)}, TypeError, "beta must be a float"),
     ({"log_fgate": torch.ones(1, 4, 6, dtype=torch.bool)}, TypeError, "log_fgate must be a float"),
     ({"k": torch.zeros(1, 2, 6, 4, dtype=torch.float32)}, TypeError, "share a dtype"),
-    ({"k": torch.zeros(1, 3, 6, 4, dtype=torch.float64)}, ValueError, "multiple of k's heads"),
-    ({"k": torch.zeros(1, 2, 5, 4, dtype=torch.float64)}, ValueError, "k must be"),
+    ({"k": torch.zeros(1, 3, 6, 4, dtype=torch.float64)}, ValueError, "k and v must have the same"),
+    ({"k": torch.zeros(1, 2, 5, 4, dtype=torch.float64)}, ValueError, r"k \(1, 2, 5, 4\)"),
+    (
+        {
+            "k": torch.zeros(1, 3, 6, 4, dtype=torch.float64),
+            "v": torch.zeros(1, 3, 6, 4, dtype=torch.float64),
+            "w": torch.zeros(1, 3, 6, 4, dtype=torch.float64),
+        },
+        ValueError,
+        "multiple of k's and v's heads",
+    ),
+    (
+        {
+            "k": torch.zeros(1, 2, 5, 4, dtype=torch.float64),
+            "v": torch.zeros(1, 2, 5, 4, dtype=torch.float64),
+        },
+        ValueError,
+        "q_len == k_len",
+    ),
     ({"w": torch.zeros(1, 2, 6, 3, dtype=torch.float64)}, ValueError, "w must be"),
-    ({"v": torch.zeros(2, 2, 6, 4, dtype=torch.float64)}, ValueError, "v must be"),
+    ({"v": torch.zeros(2, 2, 6, 4, dtype=torch.float64)}, ValueError, "share the batch size"),
     ({"q": torch.zeros(1, 4, 6, dtype=torch.float64)}, ValueError, "q must be"),
     ({"beta": torch.zeros(1, 4, 6, dtype=torch.float64)}, ValueError, "beta must have shape"),
     ({"log_fgate": torch.zeros(1, 2, 6, dtype=torch.float64)}, ValueError, "log_fgate must"),

@@ -7,7 +7,8 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 :class:`ALiBi`, :class:`T5Bias`, :class:`KERPLE`, :class:`FIRE`, :class:`Sandwich`,
 :class:`NoPE`, the methods after 2023 (:class:`ForgetGate` for FoX's
 ``attention(log_fgate=)``, :func:`stick_breaking_attention`, :class:`CoPE`,
-:class:`DAPE`, :class:`FoPE`), :mod:`posenc.hf`) are imported on first use and need torch.
+:class:`DAPE`, :class:`FoPE`, :func:`path_attention` and :class:`PaTH`),
+:mod:`posenc.hf`) are imported on first use and need torch.
 """
 
 from typing import Any
@@ -62,6 +63,8 @@ _LAZY = {
     "T5Bias": "posenc.families.bias.modules",
     "attention": "posenc.integration.attention",
     "stick_breaking_attention": "posenc.integration.attention.stick_breaking",
+    "path_attention": "posenc.integration.attention.path",
+    "PaTH": "posenc.integration.path_layer",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
 _SUBMODULES = ("absolute", "analysis", "bench", "bias", "context_parallel", "hf", "rotary")
@@ -80,6 +83,7 @@ __all__ = [
     "GridSpec",
     "LearnedPositionalEmbedding",
     "NoPE",
+    "PaTH",
     "Rotary",
     "Sandwich",
     "Sinusoid",
@@ -105,6 +109,7 @@ __all__ = [
     "opt_positions",
     "packed_document_ids",
     "packed_positions",
+    "path_attention",
     "restart_positions",
     "shift_matrix",
     "sinusoidal",

@@ -2,7 +2,7 @@
 
 The layer of flash-linear-attention's ``fla/layers/path_attn.py`` (``PaTHAttention``,
 Yang et al. 2025, "PaTH Attention: Position Encoding via Accumulating Householder
-Transformations"), on :func:`posenc.integration.path_attention.path_attention`:
+Transformations"), on :func:`posenc.path_attention`:
 
 - q, k, v and the output through bias-free linear maps, ``head_dim = hidden // heads``;
 - the directions ``w``: a rank-32 map (hidden -> 32 -> kv_dim) when ``heads ==
@@ -33,9 +33,9 @@ from torch import nn
 
 from posenc.core import checks
 from posenc.core.positions import packed_positions
-from posenc.integration.path_attention import path_attention, path_keys
+from posenc.integration.attention.path import path_attention, path_keys
 
-__all__ = ["PaTH", "PaTHCache"]
+__all__ = ["PaTH", "PaTHCache", "PaTHTransforms"]
 
 #: The rank of the directions' map when every query head has its own kv head (fla's).
 W_RANK = 32
@@ -82,12 +82,35 @@ def _position(key: str, a: torch.Tensor | None, t: int) -> torch.Tensor | None:
     return a[:, t : t + 1] if key == "raw" else a[:, :, t : t + 1]
 
 
-class PaTH(nn.Module):
-    """A PaTH attention layer (Yang et al. 2025), as flash-linear-attention's ``PaTHAttention``.
+def _starts(cu_seqlens: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """Each position's document start ``(seq,)``, where the convolution restarts; None
+    without packing.
 
-    ``forward(x)`` maps ``(batch, seq, hidden)`` to ``(batch, seq, hidden)``, causal;
-    with a :class:`PaTHCache` it also returns the updated cache (prefill and
-    decoding). See the module docstring for the projections.
+    Raises:
+        TypeError: ``cu_seqlens`` not an int tensor.
+        ValueError: ``cu_seqlens`` not rising from 0 to seq.
+    """
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be an int tensor; got {type(cu_seqlens).__name__}")
+    pos = packed_positions(cu_seqlens, x.shape[1]).to(x.device)
+    return torch.arange(x.shape[1], device=x.device) - pos
+
+
+class PaTHTransforms(nn.Module):
+    """PaTH's per-token transforms from hidden states: directions ``w``, ``beta`` and gates.
+
+    What flash-linear-attention's ``PaTHAttention`` makes of its input besides q, k
+    and v (Yang et al. 2025): ``w`` through a rank-32 map (hidden -> 32 -> kv_dim)
+    when ``heads == kv_heads``, else one linear map, a causal depthwise
+    convolution of width 3 with SiLU (restarting with every packed document) and
+    an L2 norm per head; ``beta = 2 sigmoid(linear(x))`` per kv head; with
+    ``forget_gate``, log forget gates ``logsigmoid(linear(x))`` per query head.
+    The parameters carry fla's names (``w_proj``, ``w_conv1d``, ``bt_proj``,
+    ``g_proj``). :class:`PaTH` is this plus its q, k, v and output maps; a model
+    that makes its own q, k and v (posenc's lab) uses this alone, through
+    :meth:`transforms` (it has no ``forward``: :class:`PaTH`'s is the layer's).
 
     Args:
         hidden: model width, a multiple of ``heads``.
@@ -118,9 +141,6 @@ class PaTH(nn.Module):
         self.head_dim = hidden // heads
         self.forget_gate = forget_gate
         kv_dim = kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, hidden, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_dim, bias=False)
         # fla: low rank when every head has its own kv head (a full map would cost
         # another hidden x hidden), a plain map when kv heads are shared
         self.w_proj: nn.Module
@@ -134,7 +154,6 @@ class PaTH(nn.Module):
         self.w_conv1d = nn.Conv1d(kv_dim, kv_dim, CONV_WIDTH, groups=kv_dim, bias=False)
         self.bt_proj = nn.Linear(hidden, kv_heads, bias=True)
         self.g_proj = nn.Linear(hidden, heads, bias=True) if forget_gate else None
-        self.o_proj = nn.Linear(hidden, hidden, bias=False)
 
     def reset_parameters(self) -> None:
         """Draw every parameter anew (torch's defaults), e.g. after ``to_empty``."""
@@ -149,7 +168,38 @@ class PaTH(nn.Module):
             f"forget_gate={self.forget_gate}"
         )
 
+    def transforms(
+        self, x: torch.Tensor, *, cu_seqlens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(w, beta, log_fgate)`` of ``x`` ``(batch, seq, hidden)``: the transforms'
+        arguments of :func:`posenc.path_attention`.
+
+        ``w`` ``(batch, kv_heads, seq, head_dim)`` unit per head, in x's dtype; ``beta``
+        ``(batch, kv_heads, seq)`` in ``(0, 2)``; ``log_fgate`` ``(batch, heads, seq)``
+        float32 (float64 for float64 x), or None without a forget gate.
+
+        Raises:
+            TypeError: a non-float ``x`` or ``cu_seqlens`` not an int tensor.
+            ValueError: ``x`` not ``(batch, seq, hidden)``; bad ``cu_seqlens``.
+        """
+        checks.check_float_tensor(x, "x")
+        if x.ndim != 3 or x.shape[-1] != self.hidden or x.shape[1] < 1:
+            raise ValueError(
+                f"x must be (batch, seq, hidden={self.hidden}) with seq >= 1; got {tuple(x.shape)}"
+            )
+        work = checks.work_dtype(x.dtype)
+        w = self._directions(self._conv(self.w_proj(x).to(work), _starts(cu_seqlens, x)))
+        return w.to(x.dtype), self._beta(x), self._log_gates(x, work)
+
     # ------------------------------------------------------------------ pieces
+
+    def _beta(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * torch.sigmoid(self.bt_proj(x)).transpose(1, 2)
+
+    def _log_gates(self, x: torch.Tensor, work: torch.dtype) -> torch.Tensor | None:
+        if self.g_proj is None:
+            return None
+        return F.logsigmoid(self.g_proj(x).to(work)).transpose(1, 2)
 
     def _conv(self, raw: torch.Tensor, starts: torch.Tensor | None) -> torch.Tensor:
         """The causal depthwise convolution and SiLU over ``raw`` ``(batch, seq, kv_dim)``.
@@ -178,16 +228,45 @@ class PaTH(nn.Module):
         w = conv.view(b, length, self.kv_heads, self.head_dim).transpose(1, 2)
         return w * torch.rsqrt((w * w).sum(-1, keepdim=True) + L2_EPS)
 
+
+class PaTH(PaTHTransforms):
+    """A PaTH attention layer (Yang et al. 2025), as flash-linear-attention's ``PaTHAttention``.
+
+    ``forward(x)`` maps ``(batch, seq, hidden)`` to ``(batch, seq, hidden)``, causal;
+    with a :class:`PaTHCache` it also returns the updated cache (prefill and
+    decoding). See the module docstring for the projections; the transforms'
+    are :class:`PaTHTransforms`'.
+
+    Args:
+        hidden: model width, a multiple of ``heads``.
+        heads: query heads.
+        kv_heads: key/value heads (grouped-query attention), dividing ``heads``;
+            ``heads`` by default.
+        forget_gate: add log forget gates per query head (PaTH-FoX).
+
+    Raises:
+        TypeError: non-int sizes, a non-bool ``forget_gate``.
+        ValueError: ``hidden`` not a multiple of ``heads``, ``heads`` not a multiple of
+            ``kv_heads``.
+    """
+
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int | None = None, forget_gate: bool = False
+    ) -> None:
+        super().__init__(hidden, heads, kv_heads, forget_gate)
+        kv_dim = self.kv_heads * self.head_dim
+        self.q_proj = nn.Linear(self.hidden, self.hidden, bias=False)
+        self.k_proj = nn.Linear(self.hidden, kv_dim, bias=False)
+        self.v_proj = nn.Linear(self.hidden, kv_dim, bias=False)
+        self.o_proj = nn.Linear(self.hidden, self.hidden, bias=False)
+
     def _project(self, x: torch.Tensor, work: torch.dtype) -> dict[str, Any]:
         b, length, _ = x.shape
         d = self.head_dim
         q = self.q_proj(x).view(b, length, self.heads, d).transpose(1, 2)
         k = self.k_proj(x).view(b, length, self.kv_heads, d).transpose(1, 2)
         v = self.v_proj(x).view(b, length, self.kv_heads, d).transpose(1, 2)
-        beta = 2 * torch.sigmoid(self.bt_proj(x)).transpose(1, 2)
-        log_f = None
-        if self.g_proj is not None:
-            log_f = F.logsigmoid(self.g_proj(x).to(work)).transpose(1, 2)
+        beta, log_f = self._beta(x), self._log_gates(x, work)
         return {"q": q, "k": k, "v": v, "beta": beta, "log_f": log_f, "raw": self.w_proj(x)}
 
     def _check(self, x: Any, cache: Any, cu_seqlens: Any) -> None:
@@ -249,16 +328,7 @@ class PaTH(nn.Module):
             return self._decode(x, cache)
         work = checks.work_dtype(x.dtype)
         p = self._project(x, work)
-        starts = None
-        if cu_seqlens is not None:
-            if not isinstance(cu_seqlens, torch.Tensor):
-                raise TypeError(
-                    f"cu_seqlens must be an int tensor; got {type(cu_seqlens).__name__}"
-                )
-            # each position's document start, where the convolution restarts (checks
-            # cu_seqlens: an int tensor rising from 0 to seq)
-            pos = packed_positions(cu_seqlens, x.shape[1]).to(x.device)
-            starts = torch.arange(x.shape[1], device=x.device) - pos
+        starts = _starts(cu_seqlens, x)
         w = self._directions(self._conv(p["raw"].to(work), starts)).to(x.dtype)
         out = path_attention(
             p["q"], p["k"], p["v"], w, p["beta"], log_fgate=p["log_f"], cu_seqlens=cu_seqlens

@@ -7,7 +7,9 @@ with ALiBi in a compiled score mod.
 
 ``attention-bias-train`` times one causal training step, forward and backward
 into q, k, v and the bias module's parameters: posenc with no bias, ALiBi, T5,
-FIRE and the Forgetting Transformer's gates (``log_fgate``), against SDPA's causal
+FIRE, the Forgetting Transformer's gates (``log_fgate``) and, on CPU, PaTH and
+PaTH-FoX (:func:`posenc.path_attention`, gradients into w, beta and the gates),
+against SDPA's causal
 forward and backward (the baseline) and the same two peers with the causal mask
 added.
 
@@ -275,6 +277,29 @@ def causal_impls(
         params = (gates,) if backward else ()
         return step(lambda q, k, v: posenc.attention(q, k, v, causal=True, log_fgate=gates), params)
 
+    def path(gated: bool) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            import torch
+            import torch.nn.functional as F
+
+            gen = torch.Generator(device=device).manual_seed(2)
+            raw = torch.randn(shape, generator=gen, device=device)
+            # unit directions and beta in (0, 2), float32 as PaTHTransforms makes them
+            w = F.normalize(raw, dim=-1).to(getattr(torch, dtype)).requires_grad_(backward)
+            logits = torch.randn((batch, heads, seq), generator=gen, device=device)
+            beta = (2 * torch.sigmoid(logits)).requires_grad_(backward)
+            gates = None
+            params: tuple[Any, ...] = (w, beta) if backward else ()
+            if gated:
+                gates = F.logsigmoid(torch.randn((batch, heads, seq), generator=gen, device=device))
+                gates.requires_grad_(backward)
+                params = (*params, gates) if backward else ()
+            return step(
+                lambda q, k, v: posenc.path_attention(q, k, v, w, beta, log_fgate=gates), params
+            )
+
+        return make
+
     def materialised() -> Callable[[], object]:
         import torch
         import torch.nn.functional as F
@@ -320,6 +345,16 @@ def causal_impls(
             Impl("v.clone()", copy, "baseline", f"copy of the output's size ({pass_}, reference)"),
             Impl("SDPA causal", sdpa, "baseline", "no bias, is_causal=True: x ref", reference=True),
         ]
+    # PaTH's chain of Householder products is torch ops on chunks: a CPU row (on CUDA
+    # fla's Triton kernels are the implementation to use)
+    paths = []
+    if device == "cpu":
+        paths = [
+            Impl(
+                "posenc PaTH", path(False), "ours", "path_attention: w, beta, gradients into them"
+            ),
+            Impl("posenc PaTH-FoX", path(True), "ours", "PaTH with forget gates (fla's scaling)"),
+        ]
     return [
         *rows,
         Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
@@ -328,6 +363,7 @@ def causal_impls(
         Impl("posenc FIRE", ours("fire"), "ours", fire),
         Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
         Impl("posenc FoX", fox, "ours", "log_fgate: forget gates, gradients into them"),
+        *paths,
         Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
         Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask, made once"),
     ]

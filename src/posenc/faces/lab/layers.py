@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from posenc.core import checks
 from posenc.families.bias.forget import ForgetGate, ForgetGateTerm
 from posenc.families.contextual import DAPE, CoPE
+from posenc.integration.path_layer import PaTHTransforms
 
 __all__ = [
     "CoPETerm",
@@ -83,56 +83,38 @@ class DAPETerm(DAPE, PositionModule):
         return {"terms": [self]}
 
 
-class Householder(PositionModule):
+class Householder(PaTHTransforms, PositionModule):
     """PaTH's Householder transforms (Yang et al. 2025) of every token, from the layer's input.
 
-    As flash-linear-attention's ``PaTHAttention`` makes them (fla's
-    ``fla/layers/path_attn.py``): ``w`` a low-rank projection ``d_model -> 32 ->
-    heads * head_dim`` without bias, a causal depthwise convolution of width 3
-    followed by SiLU (fla's ``ShortConvolution``), L2-normalised per head;
-    ``beta = 2 sigmoid(Linear(d_model, heads))`` in ``(0, 2)`` (above 1 the
-    transform has a negative eigenvalue, which the paper's state tracking needs).
-    With ``forget_gate`` also FoX's gates ``log f = logsigmoid(Linear(d_model,
-    heads))`` (:class:`posenc.ForgetGate`): PaTH-FoX.
+    :class:`posenc.integration.path_layer.PaTHTransforms`, as flash-linear-attention's
+    ``PaTHAttention`` makes them: ``w`` a low-rank projection ``d_model -> 32 -> heads
+    * head_dim`` without bias, a causal depthwise convolution of width 3 followed by
+    SiLU (fla's ``ShortConvolution``), L2-normalised per head; ``beta = 2
+    sigmoid(Linear(d_model, heads))`` in ``(0, 2)`` (above 1 the transform has a
+    negative eigenvalue, which the paper's state tracking needs). With
+    ``forget_gate`` also the gates ``log f = logsigmoid(Linear(d_model, heads))``:
+    PaTH-FoX.
 
     Args:
         d_model: the layer's width.
         heads: attention heads (q, k and v have as many: no grouped queries).
-        forget_gate: add FoX's forget gates (PaTH-FoX).
-        rank: the width of the low-rank projection of ``w`` (fla's 32).
-        conv: the width of the causal convolution (fla's 3).
+        forget_gate: add the forget gates (PaTH-FoX).
+
+    Raises:
+        ValueError: ``d_model`` that does not split into ``heads``.
     """
 
-    def __init__(
-        self, d_model: int, heads: int, *, forget_gate: bool = False, rank: int = 32, conv: int = 3
-    ) -> None:
-        super().__init__()
-        self.d_model = checks.check_int(d_model, "d_model", minimum=1)
-        self.heads = checks.check_int(heads, "heads", minimum=1)
-        if d_model % heads:
+    def __init__(self, d_model: int, heads: int, *, forget_gate: bool = False) -> None:
+        if isinstance(d_model, int) and isinstance(heads, int) and heads and d_model % heads:
             raise ValueError(f"d_model ({d_model}) must split into heads ({heads})")
-        checks.check_int(rank, "rank", minimum=1)
-        self.conv_width = checks.check_int(conv, "conv", minimum=1)
-        self.w_proj = nn.Sequential(
-            nn.Linear(d_model, rank, bias=False), nn.Linear(rank, d_model, bias=False)
-        )
-        self.w_conv = nn.Conv1d(d_model, d_model, conv, groups=d_model, bias=False)
-        self.beta_proj = nn.Linear(d_model, heads, bias=True)
-        self.gate = ForgetGate(d_model, heads) if forget_gate else None
+        super().__init__(d_model, heads, forget_gate=forget_gate)
 
     def attend_inputs(self, h: torch.Tensor) -> dict[str, Any]:
         """``w`` ``(batch, heads, seq, head_dim)``, ``beta`` ``(batch, heads, seq)`` and,
         with the forget gate, ``log_fgate`` ``(batch, heads, seq)``: the arguments of
         :func:`posenc.path_attention`."""
-        b, t, d = h.shape
-        w = self.w_proj(h).transpose(1, 2)  # (batch, channels, seq) for the convolution
-        # causal: the left padding makes token t see tokens t - conv + 1 .. t only
-        w = nn.functional.silu(self.w_conv(nn.functional.pad(w, (self.conv_width - 1, 0))))
-        w = w.view(b, self.heads, d // self.heads, t).transpose(2, 3)
-        inputs: dict[str, Any] = {
-            "w": nn.functional.normalize(w, dim=-1),
-            "beta": 2 * torch.sigmoid(self.beta_proj(h)).transpose(1, 2),
-        }
-        if self.gate is not None:
-            inputs["log_fgate"] = self.gate(h)
+        w, beta, log_fgate = self.transforms(h)
+        inputs: dict[str, Any] = {"w": w, "beta": beta}
+        if log_fgate is not None:
+            inputs["log_fgate"] = log_fgate
         return inputs

@@ -32,7 +32,6 @@ like the tokens), and attention is ring attention over the group.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -61,6 +60,7 @@ from posenc.families.rotary.rotation import RotaryTables, Rotation
 from posenc.families.rotary.schedules import frequencies
 from posenc.families.rotary.tables import Layout
 from posenc.integration.attention import attention
+from posenc.integration.attention.path import path_attention
 from posenc.integration.attention.stick_breaking import stick_breaking_attention
 from posenc.integration.context_parallel import ring_attention, shard
 
@@ -263,26 +263,6 @@ def _stick_breaking(
     return out + rem[..., None] * v[:, :, k.shape[2] - q.shape[2] :]
 
 
-def _path_attention() -> Callable[..., torch.Tensor]:
-    """:func:`posenc.path_attention`, from the module that holds it.
-
-    Imported when a PaTH model attends, from its home in the attention package or,
-    before it moves there, from ``posenc.integration.path_attention``.
-
-    Raises:
-        ImportError: neither module exists.
-    """
-    for home in ("posenc.integration.attention.path", "posenc.integration.path_attention"):
-        try:
-            module = importlib.import_module(home)
-        except ModuleNotFoundError as exc:
-            if exc.name != home:  # the module exists and failed to import: say so
-                raise
-            continue
-        return cast(Callable[..., torch.Tensor], module.path_attention)
-    raise ImportError("the path kernel needs posenc.path_attention, which this posenc lacks")
-
-
 def _path(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: AttentionBias | None,
     chunk: int | None, *, w: torch.Tensor, beta: torch.Tensor,
@@ -293,7 +273,7 @@ def _path(
         # PaTH takes as many queries as keys: the earlier positions' queries are zero
         # rows whose outputs are dropped (a causal query's output reads its own row only)
         q = nn.functional.pad(q, (0, 0, first, 0))
-    out = _path_attention()(q, k, v, w, beta, log_fgate=log_fgate)
+    out = path_attention(q, k, v, w, beta, log_fgate=log_fgate)
     return out[:, :, first:]
 
 

@@ -1,4 +1,7 @@
-"""``path_attention``: PaTH attention, position encoding by accumulated Householder transforms.
+"""``posenc.path_attention``: PaTH attention, positions by accumulated Householder transforms.
+
+An engine with its own scores on the attention package's layout (its input checks);
+the forget gates' cumulative sum is FoX's (:func:`posenc.families.bias.forget.forget_cumsum`).
 
 PaTH (Yang et al. 2025, "PaTH Attention: Position Encoding via Accumulating
 Householder Transformations"; reference: flash-linear-attention's
@@ -49,6 +52,8 @@ import torch
 
 from posenc.core import checks
 from posenc.core.positions import packed_document_ids
+from posenc.families.bias.forget import forget_cumsum
+from posenc.integration.attention.layout import check_qkv
 
 __all__ = ["path_attention", "path_keys"]
 
@@ -79,26 +84,17 @@ def _check_inputs(
     q: Any, k: Any, v: Any, w: Any, beta: Any, log_fgate: Any
 ) -> tuple[int, int, int, int, int, int]:
     """``(batch, heads, kv_heads, seq, head_dim, v_dim)`` of valid inputs, or raise."""
-    for name, t in (("q", q), ("k", k), ("v", v), ("w", w)):
-        checks.check_float_tensor(t, name)
-        if t.ndim != 4:
-            raise ValueError(f"{name} must be (batch, heads, seq, dim); got shape {tuple(t.shape)}")
-    if not q.dtype == k.dtype == v.dtype == w.dtype:
-        raise TypeError(
-            f"q, k, v and w must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}, {w.dtype}"
-        )
-    if not q.device == k.device == v.device == w.device:
-        raise ValueError(
-            f"q, k, v and w must be on one device; got {q.device}, {k.device}, {v.device}, "
-            f"{w.device}"
-        )
+    check_qkv(q, k, v)  # the attention layout's own checks, then PaTH's
+    checks.check_float_tensor(w, "w")
+    if w.dtype != q.dtype:
+        raise TypeError(f"q, k, v and w must share a dtype; got {q.dtype} and w {w.dtype}")
+    if w.device != q.device:
+        raise ValueError(f"q, k, v and w must be on one device; got {q.device} and w {w.device}")
     b, h, length, d = q.shape
     hk = k.shape[1]
     dv = v.shape[-1]
-    if d < 1 or dv < 1 or length < 1:
-        raise ValueError(f"seq, head_dim and v_dim must be >= 1; got q {tuple(q.shape)}")
-    if hk < 1 or h % hk:
-        raise ValueError(f"q's heads ({h}) must be a multiple of k's heads ({hk})")
+    if dv < 1:
+        raise ValueError(f"v_dim must be >= 1; got v {tuple(v.shape)}")
     expected = {"k": (b, hk, length, d), "w": (b, hk, length, d), "v": (b, hk, length, dv)}
     for name, t in (("k", k), ("w", w), ("v", v)):
         if tuple(t.shape) != expected[name]:
@@ -442,11 +438,12 @@ def path_attention(
     intra = torch.matmul(qc, kc[:, :, None].mT) - torch.matmul(qw, vk[:, :, None])
     gate = None
     if log_fgate is not None:
-        lf = log_fgate.to(work)
+        # c summed in float64 (FoX's one home of it), then fla's convention: (score + c_i -
+        # c_j) * scale; across documents no pair is kept, so c needs no restart
+        c = forget_cumsum(log_fgate, None, None, work)
         if pad:
-            lf = torch.nn.functional.pad(lf, (0, pad))
-        # fla's convention: (score + c_i - c_j) * scale
-        gate = _grouped_chunks(lf.cumsum(-1) * scale, hk, n, block)
+            c = torch.nn.functional.pad(c, (0, pad))
+        gate = _grouped_chunks(c * scale, hk, n, block)
     g = h // hk
     plan = _Plan(block, g, first, docs)
     # the scale applied here, on (seq, head_dim) and (seq, block) tensors, spares the
