@@ -68,6 +68,10 @@ MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "ForgetGate": (lambda: posenc.ForgetGate(32, 4), lambda m: m(Q[0].transpose(0, 1))),
     "CoPE": (_cope, lambda m: posenc.attention(Q, Q, Q, cope=m, causal=True)),
     "DAPE": (lambda: posenc.DAPE(posenc.KERPLE(4), width=8), _attend),
+    "PaTH": (
+        lambda: posenc.PaTH(32, 4, kv_heads=2, forget_gate=True),
+        lambda m: m(Q[0].transpose(0, 1)),
+    ),
 }
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from posenc.faces.lab.layers import PositionModule
-    from posenc.faces.lab.model import ModelConfig
+    from posenc.faces.lab.sizes import ModelConfig
     from posenc.families.bias.modules import AttentionBias
 
 __all__ = [

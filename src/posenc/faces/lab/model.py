@@ -50,6 +50,7 @@ from posenc.faces.lab.encodings import (
     training_encoding,
 )
 from posenc.faces.lab.layers import PositionModule
+from posenc.faces.lab.sizes import ModelConfig
 from posenc.families.absolute.sinusoidal import sinusoidal
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.bias.temperature import attn_temperature
@@ -109,45 +110,6 @@ class ContextParallel:
         """This rank's shard of ``x`` ``(..., seq)``, padded with ``fill`` to whole chunks."""
         x = nn.functional.pad(x, (0, -x.shape[-1] % (2 * self.size)), value=fill)
         return shard(x, -1, self.size, self.rank, "zigzag")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of the lab's transformer.
-
-    Attributes:
-        vocab: tokens.
-        d_model: width.
-        layers: blocks.
-        heads: attention heads (``d_model`` divisible by it, head dim even).
-        max_positions: positions the model may see (the learned table's size,
-            the range ``randomized`` draws from): at least the longest test
-            sequence.
-        trained_positions: the longest sequence of training, for the encodings
-            that read it (FoPE drops the frequencies that turn less than once
-            over it); None: ``max_positions``.
-    """
-
-    vocab: int
-    d_model: int = 64
-    layers: int = 2
-    heads: int = 4
-    max_positions: int = 256
-    trained_positions: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("vocab", "d_model", "layers", "heads", "max_positions"):
-            checks.check_int(getattr(self, name), name, minimum=1)
-        if self.trained_positions is not None:
-            checks.check_int(self.trained_positions, "trained_positions", minimum=1)
-        if self.d_model % self.heads or (self.d_model // self.heads) % 2:
-            raise ValueError(
-                f"d_model ({self.d_model}) must split into heads ({self.heads}) of an even size"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.heads
 
 
 # ------------------------------------------------------------------ absolute tables
