@@ -419,6 +419,29 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(packed, ins)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_weights_past_exps_normal_range_are_zero_and_nothing_else_is(dtype):
+    # gates of -4 per position and scale 1: most pairs decay below exp(-87) (2**-126,
+    # where CPU exp turns slow), which the engine sets to 0. Those weights are under
+    # 2**-126 of a row whose largest weight is 1: the output moves by less than
+    # length * 2**-126 * max|v|, far under float32's and float64's rounding, so the
+    # engine stays within its float32 rounding of the exact formula (the dense float64
+    # softmax, which keeps every weight); a pair dropped above the threshold would not
+    q, k, v, w, beta, _, _ = make(1, 2, 2, 80, 8, 8, seed=31, gate=False)
+    lf = torch.full((1, 2, 80), -4.0, dtype=torch.float64)
+    want = dense(q, k, v, w, beta, lf, scale=1.0)
+    got = path_attention(
+        *(t.to(dtype) for t in (q, k, v, w, beta)), log_fgate=lf.to(dtype), scale=1.0, block_size=16
+    )
+    assert float(torch.exp(-4.0 * torch.tensor(80.0))) < 2.0**-126  # the threshold is reached
+    # the float32 engine's own rounding: scores of 8 terms of size |q||k| and the chain's
+    # products, each a few units of 2**-24 relative (test_matches_the_dense_formula's bounds
+    # are the derivation; 2**-12 covers them at these sizes), the float64 one's 2**-40
+    tol = 2.0**-12 if dtype == torch.float32 else 2.0**-40
+    assert float((got.double() - want).abs().max()) <= tol * float(v.abs().max())
+    assert bool(got.isfinite().all())
+
+
 def test_low_precision_is_computed_in_float32():
     q, k, v, w, beta, lf, _ = make(1, 2, 2, 30, 8, 8, seed=5)
     for dtype in (torch.float16, torch.bfloat16):

@@ -57,6 +57,10 @@ from posenc.integration.attention.layout import check_qkv
 
 __all__ = ["path_attention", "path_keys"]
 
+#: Where float32's exp leaves its normal range (``exp(-87.34) = 2**-126``): weights
+#: below it are set to 0 (see :func:`_exp_`).
+_UNDERFLOW = -87.0
+
 #: Positions per chunk by default: the chunks' own work grows with it (seq * block
 #: * head_dim), the chain between chunks shrinks with it (seq^2 * head_dim^2 / block).
 DEFAULT_BLOCK = 128
@@ -161,6 +165,19 @@ def _mask(plan: _Plan, s: torch.Tensor, gate: torch.Tensor | None, i: int, j0: i
         view.masked_fill_(~_chunk_mask(plan, i, j0, s.device), -math.inf)
 
 
+def _exp_(s: torch.Tensor) -> torch.Tensor:
+    """``exp`` in place, 0 below :data:`_UNDERFLOW`.
+
+    Scores shifted by their row's maximum (or log-sum-exp) whose weight would be below
+    ``exp(-87)``, under float32's smallest normal number: the row's largest weight is
+    about 1, so dropping them changes no sum by a unit in its last place (float64
+    neither: ``2**-126`` is far below its rounding). CPU ``exp`` takes a slow path
+    for them (about 25x for results below the normal range), which a forget gate's
+    decay over thousands of positions reaches for most pairs.
+    """
+    return s.masked_fill_(s < _UNDERFLOW, -math.inf).exp_()
+
+
 def _carried(qhat: torch.Tensor, hmat: torch.Tensor, i: int, j0: int) -> torch.Tensor:
     """``(i - j0, BK, g C, d)``: query chunk ``i`` carried to the end of each key chunk
     ``j0 .. i - 1`` (entry ``j - j0``)."""
@@ -246,7 +263,7 @@ class _PaTHCore(torch.autograd.Function):
             s, _ = _scores(plan, qhat, khat, hmat, intra, i, j0)
             _mask(plan, s, gate, i, j0)
             top = s.amax(dim=(0, 3))
-            p = s.sub_(top[None, :, :, None]).exp_()
+            p = _exp_(s.sub_(top[None, :, :, None]))
             total = p.sum(dim=(0, 3))
             # normalised once per row, after the values: P / total never formed
             out[i] = torch.matmul(p, v[j0 : i + 1]).sum(0).div_(total[..., None])
@@ -274,7 +291,7 @@ class _PaTHCore(torch.autograd.Function):
             # P = exp(score - lse): lse subtracted inside the products
             s, states = _scores(plan, qhat, khat, hmat, intra, i, j0, shift=lse[i])
             _mask(plan, s, gate, i, j0)
-            p = s.exp_()
+            p = _exp_(s)
             do = dout[i]
             vs = v[j0 : i + 1]
             dv[j0 : i + 1] += torch.matmul(p.mT, do)
