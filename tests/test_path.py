@@ -61,11 +61,11 @@ import pickle
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from posenc.core.checks import MAX_ELEMENTS
 from posenc.integration.attention.path import path_attention, path_keys
 from posenc.integration.path_layer import PaTH, PaTHCache
+from test_stick_breaking import _Largest  # records the largest op output
 
 U32 = 2.0**-24
 U64 = 2.0**-53
@@ -548,21 +548,6 @@ def test_matches_flas_reference(case, gate, naive_path):
 
 
 # ------------------------------------------------------------------------------ memory
-
-
-class _Largest(TorchDispatchMode):
-    """Records the most elements any op's output holds."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        for t in result if isinstance(result, (tuple, list)) else (result,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return result
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["path", "fox"])

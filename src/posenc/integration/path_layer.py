@@ -235,19 +235,7 @@ class PaTH(PaTHTransforms):
     ``forward(x)`` maps ``(batch, seq, hidden)`` to ``(batch, seq, hidden)``, causal;
     with a :class:`PaTHCache` it also returns the updated cache (prefill and
     decoding). See the module docstring for the projections; the transforms'
-    are :class:`PaTHTransforms`'.
-
-    Args:
-        hidden: model width, a multiple of ``heads``.
-        heads: query heads.
-        kv_heads: key/value heads (grouped-query attention), dividing ``heads``;
-            ``heads`` by default.
-        forget_gate: add log forget gates per query head (PaTH-FoX).
-
-    Raises:
-        TypeError: non-int sizes, a non-bool ``forget_gate``.
-        ValueError: ``hidden`` not a multiple of ``heads``, ``heads`` not a multiple of
-            ``kv_heads``.
+    are :class:`PaTHTransforms`', whose arguments and errors it takes.
     """
 
     def __init__(

@@ -42,6 +42,8 @@ import torch
 
 from posenc.core import checks
 from posenc.families.bias.forget import ForgetGateTerm
+from posenc.families.bias.modules import AttentionBias
+from posenc.families.contextual import DAPE, CoPE
 from posenc.families.terms import ScoreTerm, TermContext
 from posenc.integration.attention import checkpointed, flex, layout
 from posenc.integration.attention.layout import Plan
@@ -199,8 +201,12 @@ def attention(
                 "path: backend must be one of ('auto', 'kernel', 'blockwise') ('kernel' falls "
                 f"back to it); got {backend!r}"
             )
-        # the other terms are read per block there: no scaled form
-        forms = [t.score_form(replace(ctx, pieces=False)) for t in given]
+        # the other terms are read per block there: a scaled form is made per score instead
+        plain = replace(ctx, pieces=False)
+        forms = [
+            t.score_form(plain) if f.operand == "pieces" else f
+            for t, f in zip(given, forms, strict=True)
+        ]
     mask = layout.Mask(causal, key_mask, offset, ctx.docs)
     plan, tensors = Plan.of(mask, scale, forms)
     if backend == "flex" and b * h * v.shape[-1] > 0:
@@ -225,9 +231,6 @@ def _terms(bias: Any, cope: Any, log_fgate: Any, terms: Sequence[Any]) -> list[S
         TypeError: a bias, cope or term of the wrong kind.
         ValueError: cope with a DAPE bias.
     """
-    from posenc.families.bias.modules import AttentionBias
-    from posenc.families.contextual import DAPE, CoPE
-
     out: list[ScoreTerm] = []
     if cope is not None:
         if not isinstance(cope, CoPE):
