@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test lint types pytest clean gpu-wheels gpu-check
+.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,19 @@ gpu-wheels: | $(BIN)/python
 		if [ -n "$$bad" ]; then echo "not pure Python: $$bad"; exit 1; fi
 	rm -rf gpu-wheels && mv gpu-wheels.tmp gpu-wheels
 	@echo "gpu-wheels: $$(ls gpu-wheels | wc -l) wheels, $$(du -sh gpu-wheels | cut -f1)"
+
+# The engines `posenc rope CONFIG --engines NAME` runs, each in its own environment under
+# .engines/NAME (git-ignored), pinned in constraints-engines.txt. MLX: mlx[cpu] (the CPU
+# build, also on Linux), and mlx-lm without its dependencies, which pull transformers.
+ENGINES_DIR := .engines
+$(ENGINES_DIR)/mlx/.built: constraints-engines.txt
+	rm -rf $(ENGINES_DIR)/mlx
+	$(PYTHON) -m venv $(ENGINES_DIR)/mlx
+	$(ENGINES_DIR)/mlx/bin/python -m pip install -q -c constraints-engines.txt "mlx[cpu]"
+	$(ENGINES_DIR)/mlx/bin/python -m pip install -q --no-deps -c constraints-engines.txt mlx-lm
+	touch $@
+
+engines: $(ENGINES_DIR)/mlx/.built
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

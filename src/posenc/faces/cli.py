@@ -451,6 +451,8 @@ def _rope(args: argparse.Namespace) -> int:
         compare_file=args.compare,
         layout=args.layout,
         layer_type=args.layer_type,
+        engines=args.engines,
+        engine_python=args.engine_python or (),
     )
 
 
@@ -907,6 +909,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="the layer type unprefixed --compare arrays belong to; default: each is tried",
+    )
+    rp.add_argument(
+        "--engines",
+        default=None,
+        metavar="NAMES",
+        help="run these engines' own RoPE code on the config, each in its own Python, and "
+        "compare with transformers' reading: a comma list of mlx, or all; exit 1 if one "
+        "differs, refuses or gives no answer",
+    )
+    rp.add_argument(
+        "--engine-python",
+        action="append",
+        metavar="NAME=PATH",
+        help="the Python of engine NAME (default: $POSENC_ENGINES/NAME/bin/python, else "
+        ".engines/NAME/bin/python in the repository, built by `make engines`); repeatable",
     )
     rp.set_defaults(run=_rope)
     return parser

@@ -18,6 +18,10 @@ transformers' own config class, and any difference is printed.
 engine; ``--compare FILE.npz`` checks another engine's tables against posenc's and
 names the likely misreading when they diverge (layout, a missing attention factor,
 float32 angles, a scaling not applied or applied twice, a wrong base).
+``--engines mlx`` runs another engine's own code on the config, in that engine's own
+Python (:mod:`posenc.integration.analysis.engines`), and compares its tables with
+transformers' reading: same, different (where, by how much), refused (its error) or
+not installed.
 
 This module parses the command line, loads the config (``--set`` included), reads
 and writes the files and prints; the reading is measured by
@@ -44,6 +48,13 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.families.rotary.config import setting
+from posenc.integration.analysis.engines import (
+    EngineResult,
+    parse_engine_python,
+    parse_engines,
+    run_engines,
+)
+from posenc.integration.analysis.engines import table as engine_table
 from posenc.integration.analysis.rope_compare import (
     MAX_POSITION,
     Verdict,
@@ -528,12 +539,16 @@ def run(
     compare_file: str | None = None,
     layout: str | None = None,
     layer_type: str | None = None,
+    engines: str | None = None,
+    engine_python: Sequence[str] = (),
     out: IO[str] | None = None,
 ) -> int:
     """Run ``posenc rope``: print the reading; write or compare tables when asked.
 
     Returns:
-        0, or 1 when ``compare_file`` diverges from posenc's tables.
+        0, or 1 when ``compare_file`` diverges from posenc's tables or an engine of
+        ``engines`` reads the config differently, refuses it or gives no answer (an
+        engine not installed does not change the status).
 
     Raises:
         ValueError: bad input (reported by the command as one line, exit status 2).
@@ -550,6 +565,10 @@ def run(
         raise ValueError("--layer-type goes with --compare")
     if layout is not None:
         checks.check_choice(layout, "--layout", ("half", "interleaved"))
+    if engine_python and engines is None:
+        raise ValueError("--engine-python goes with --engines")
+    names = parse_engines(engines) if engines is not None else []
+    pythons = parse_engine_python(engine_python)
     pos = parse_positions(positions) if positions is not None else None
     loaded = load_config(config, sets)
     readings = read(loaded)
@@ -574,6 +593,12 @@ def run(
             "agree": status == 0,
             "results": [v.as_json() for v in verdicts],
         }
+    results: list[EngineResult] = []
+    if names:
+        results = run_engines(names, loaded.config, readings, pythons)
+        doc["engines"] = {r.engine: r.as_json() for r in results}
+        if any(r.verdict in ("different", "refused", "error") for r in results):
+            status = 1
     if as_json:
         print(json.dumps(doc, indent=2, default=_json_default), file=out)
         return status
@@ -596,7 +621,10 @@ def run(
             print(f"  {label}{v.summary}", file=out)
             if v.cause:
                 print(f"    likely cause: {v.cause}", file=out)
-        print("agree" if status == 0 else "DIVERGE", file=out)
+        print("agree" if all(v.agree for v in verdicts) else "DIVERGE", file=out)
+    if results:
+        print("engines (each engine's own code, against transformers' reading):", file=out)
+        print("\n".join("  " + line for line in engine_table(results)), file=out)
     return status
 
 
