@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines
+.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines engine-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -77,17 +77,20 @@ gpu-wheels: | $(BIN)/python
 	@echo "gpu-wheels: $$(ls gpu-wheels | wc -l) wheels, $$(du -sh gpu-wheels | cut -f1)"
 
 # The engines `posenc rope CONFIG --engines NAME` runs, each in its own environment under
-# .engines/NAME (git-ignored), pinned in constraints-engines.txt. MLX: mlx[cpu] (the CPU
-# build, also on Linux), and mlx-lm without its dependencies, which pull transformers.
+# .engines/NAME (git-ignored), built by engines/NAME.sh with the pins of engines/NAME.txt
+# (PyPI and the CPU torch on this machine's disk only; offline once built).
 ENGINES_DIR := .engines
-$(ENGINES_DIR)/mlx/.built: constraints-engines.txt
-	rm -rf $(ENGINES_DIR)/mlx
-	$(PYTHON) -m venv $(ENGINES_DIR)/mlx
-	$(ENGINES_DIR)/mlx/bin/python -m pip install -q -c constraints-engines.txt "mlx[cpu]"
-	$(ENGINES_DIR)/mlx/bin/python -m pip install -q --no-deps -c constraints-engines.txt mlx-lm
+ENGINE_NAMES := mlx vllm sglang llama.cpp
+$(ENGINES_DIR)/%/.built: engines/%.sh engines/%.txt
+	PYTHON=$(PYTHON) bash engines/$*.sh $(ENGINES_DIR)/$*
 	touch $@
 
-engines: $(ENGINES_DIR)/mlx/.built
+engines: $(foreach n,$(ENGINE_NAMES),$(ENGINES_DIR)/$(n)/.built)
+
+# Every engine on every config of the cross-engine table (the README's and the report's),
+# written to the bundled src/posenc/faces/data/rope-engines.json
+engine-table: $(VENV)/.demo engines
+	$(BIN)/python -m posenc.faces.engine_table
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

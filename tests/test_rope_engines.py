@@ -167,8 +167,11 @@ def test_human_table(tmp_path, capsys, fake):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--engines", "vllm"], "--engines 'vllm': unknown engine 'vllm' (accepted: mlx, all)"),
-        (["--engines", ","], "no engine named (accepted: mlx, all)"),
+        (
+            ["--engines", "vlm"],
+            "--engines 'vlm': unknown engine 'vlm' (accepted: vllm, sglang, mlx, llama.cpp, all)",
+        ),
+        (["--engines", ","], "no engine named (accepted: vllm, sglang, mlx, llama.cpp, all)"),
         (["--engine-python", "mlx=/x"], "--engine-python goes with --engines"),
         (["--engines", "mlx", "--engine-python", "mlx"], "must look like NAME=PATH"),
         (["--engines", "mlx", "--engine-python", "foo=/x"], "unknown engine 'foo'"),
@@ -247,7 +250,9 @@ def test_mlx_reading(tmp_path, capsys, case):
     mlx = doc["engines"]["mlx"]
     assert mlx["verdict"] == verdict, mlx
     if verdict == "refused":
-        assert mlx["note"] == "KeyError: 'original_max_position_embeddings'"
+        # the engine's own error, and where in mlx-lm it was raised
+        assert mlx["note"].startswith("KeyError: 'original_max_position_embeddings' (at ")
+        assert "mlx_lm/models/rope_utils.py" in mlx["note"]
         return
     assert mlx["version"].startswith("mlx 0.32")
     assert [w["seq_len"] for w in mlx["windows"] if not w["same"]] == differing
@@ -269,3 +274,169 @@ def test_windows_around_the_original_length(tmp_path, capsys, fake):
     ]
     # the fake computes unscaled frequencies: llama3's low-frequency pairs differ
     assert doc["engines"]["mlx"]["verdict"] == "different"
+
+
+# --------------------------------------------------------------------------------------
+# Batches, layer types and M-RoPE, with a fake engine that speaks the readers' protocol.
+
+#: Exact default-RoPE tables per layer type and per M-RoPE axis; ``fake_mode`` misreads.
+BATCH_READER = textwrap.dedent(
+    """
+    import math, sys
+    sys.path.insert(0, {readers!r})
+    from protocol import serve
+
+    def answer(request):
+        config = request["config"]
+        mode = config.get("fake_mode", "same")
+        if mode == "crash":
+            raise KeyError("original_max_position_embeddings")
+        params = config.get("rope_parameters") or {{}}
+        dims = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        windows = []
+        for w in request["windows"]:
+            lt = w.get("layer_type")
+            if mode == "swap-types" and lt is not None:
+                lt = {{"full_attention": "sliding_attention",
+                      "sliding_attention": "full_attention"}}[lt]
+            base = (params[lt] if lt else params).get("rope_theta") or config["rope_theta"]
+            omega = [base ** (-2 * k / dims) for k in range(dims // 2)]
+            ids = w.get("position_ids")
+            rows = []
+            for i, p in enumerate(w["positions"]):
+                if ids is None or mode == "token-index":
+                    rows.append([p * o for o in omega])
+                else:
+                    axes = config["fake_axes"]
+                    rows.append([ids[axes[k]][i] * o for k, o in enumerate(omega)])
+            windows.append({{"seq_len": w["seq_len"], "positions": w["positions"],
+                            "layer_type": w.get("layer_type"), "mode": "fake",
+                            "cos": [[math.cos(a) for a in r] for r in rows],
+                            "sin": [[math.sin(a) for a in r] for r in rows]}})
+        return {{"version": "fake 2.0", "source": "installed", "layout": "half",
+                "dtype": "float64", "attention_scaling": 1.0, "windows": windows,
+                "note": ""}}
+
+    sys.exit(serve(answer))
+    """
+)
+
+
+@pytest.fixture
+def batch_fake(tmp_path, monkeypatch):
+    """Register the protocol-speaking fake as engine ``mlx``, run by this Python."""
+    reader = tmp_path / "batch_reader.py"
+    reader.write_text(BATCH_READER.format(readers=str(engines.READERS)))
+    monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, "nothing", 20.0))
+    return engines.Path(sys.executable)
+
+
+GEMMA = {**BASE, "model_type": "gemma3_text", "head_dim": 256, "num_hidden_layers": 6,
+         "max_position_embeddings": 8192, "sliding_window": 512,
+         "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default",
+                                                   "rope_theta": 1e4}}}  # fmt: skip
+QWEN2_VL = {**BASE, "model_type": "qwen2_vl", "hidden_size": 512, "num_attention_heads": 4,
+            "rope_theta": 1e6, "max_position_embeddings": 32768,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}  # fmt: skip
+
+
+def sections(interleaved=False):
+    from posenc.families.rotary.multiaxis.mrope import mrope_axes
+
+    return list(mrope_axes((16, 24, 24) if not interleaved else (24, 20, 20), 64,
+                           interleaved=interleaved))  # fmt: skip
+
+
+def test_a_batch_is_one_child_and_a_refusal_does_not_stop_it(batch_fake):
+    configs = [{**BASE}, {**BASE, "fake_mode": "crash"}, {**BASE, "rope_theta": 500000.0}]
+    results = engines.run_cases("mlx", configs, batch_fake)
+    assert [r.verdict for r in results] == ["same", "refused", "same"]
+    refused = results[1]
+    # the engine's own error and where it was raised
+    assert refused.note.startswith("KeyError: 'original_max_position_embeddings' (at ")
+    assert "in answer" in refused.note
+    assert all(r.version == "fake 2.0" for r in (results[0], results[2]))
+
+
+def test_run_cases_refuses_a_config_posenc_cannot_read(batch_fake):
+    with pytest.raises(ValueError, match="config 0"):
+        engines.run_cases("mlx", [{**BASE, "rope_scaling": {"rope_type": "bogus"}}], batch_fake)
+
+
+def test_per_layer_type_windows_are_read_per_type(batch_fake):
+    from posenc.integration.analysis import rope_reading
+
+    wins = engines.windows(rope_reading.read(rope_reading.Loaded(GEMMA, "g", "file")))
+    assert [(w["layer_type"], w["layer"]) for w in wins] == [("full_attention", 5),
+                                                            ("sliding_attention", 0)]  # fmt: skip
+    same, swapped = engines.run_cases("mlx", [GEMMA, {**GEMMA, "fake_mode": "swap-types"}],
+                                      batch_fake)  # fmt: skip
+    assert same.verdict == "same", same.note
+    assert swapped.verdict == "different"
+    assert swapped.first_difference["layer_type"] == "full_attention"
+    assert {w["layer_type"] for w in swapped.windows if not w["same"]} == {
+        "full_attention", "sliding_attention"}  # fmt: skip
+
+
+def test_gemma3_layer_types_from_the_pattern():
+    from posenc.integration.analysis import rope_reading
+
+    config = {k: v for k, v in GEMMA.items() if k not in ("layer_types", "rope_parameters")}
+    config.update(rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=3)
+    readings = rope_reading.read(rope_reading.Loaded(config, "g", "file"))
+    layers = {r.layer_type: r.layers for r in readings}
+    # Gemma3TextConfig: every n-th layer (1-based) is full attention
+    assert layers == {"sliding_attention": [0, 1, 3, 4], "full_attention": [2, 5]}
+
+
+def test_deepseek_v3_pairs_the_checkpoint_channels_by_default():
+    from posenc.integration.analysis import rope_reading
+
+    config = {**BASE, "model_type": "deepseek_v3", "qk_rope_head_dim": 64,
+              "qk_nope_head_dim": 32, "kv_lora_rank": 64, "v_head_dim": 32}  # fmt: skip
+    (reading,) = rope_reading.read(rope_reading.Loaded(config, "d", "file"))
+    assert rope_reading.checkpoint_layout(reading) == "interleaved"
+    (off,) = rope_reading.read(rope_reading.Loaded({**config, "rope_interleave": False}, "d",
+                                                   "file"))  # fmt: skip
+    assert rope_reading.checkpoint_layout(off) == "half"
+
+
+@pytest.mark.parametrize(
+    ("changes", "verdict", "cause"),
+    [
+        ({"fake_axes": sections()}, "same", None),
+        # the rotary module took the token index: every pair at the temporal position
+        ({"fake_axes": sections(), "fake_mode": "token-index"}, "different",
+         "text positions only"),
+        # Qwen2-VL's contiguous sections where Qwen3-VL's interleave is meant
+        ({"rope_scaling": {"type": "mrope", "mrope_section": [24, 20, 20],
+                           "mrope_interleaved": True},
+          "fake_axes": [0] * 24 + [1] * 20 + [2] * 20}, "different", "the other order"),
+    ],
+)  # fmt: skip
+def test_mrope_is_judged_at_multi_axis_positions(batch_fake, changes, verdict, cause):
+    (result,) = engines.run_cases("mlx", [{**QWEN2_VL, **changes}], batch_fake)
+    assert result.verdict == verdict, result.note
+    multi = [w for w in result.windows if w["position_ids"] is not None]
+    assert len(multi) == 1 and multi[0]["position_ids"][1][:4] == [0, 0, 1, 8192]
+    if cause is None:
+        assert all(w["same"] for w in result.windows)
+        return
+    assert result.cause.startswith(cause)
+    # text positions (all axes equal) cannot tell the sections apart
+    assert [w["same"] for w in result.windows] == [True, False]
+
+
+def test_compare_mrope_shapes_and_a_plain_rope():
+    import numpy as np
+
+    from posenc.integration.analysis import rope_compare, rope_reading
+
+    (plain,) = rope_reading.read(rope_reading.Loaded({**BASE}, "b", "file"))
+    with pytest.raises(ValueError, match="not an M-RoPE"):
+        rope_compare.compare_mrope(plain, np.zeros((3, 2), int), np.ones((2, 64)), np.ones((2, 64)))
+    (mrope,) = rope_reading.read(rope_reading.Loaded(QWEN2_VL, "q", "file"))
+    with pytest.raises(ValueError, match=r"\(2, 64\)"):
+        rope_compare.compare_mrope(mrope, np.zeros((3, 2), int), np.ones((2, 63)), np.ones((2, 63)))

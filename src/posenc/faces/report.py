@@ -670,6 +670,7 @@ def _sections(
         )
     )
 
+    from posenc.faces import engine_table
     from posenc.integration.analysis import explorer as ex
 
     ext = ex.extension_explorer(
@@ -724,6 +725,7 @@ def _sections(
             "    'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192})\n"
             "print(rope.inv_freq[-4:])",
             explorer="extension",
+            extra=engine_table.html(engine_table.bundled()),
         )
     )
 
@@ -1169,6 +1171,8 @@ table.numbers td{padding:.25em .9em .25em 0;border-bottom:1px solid var(--rule);
 vertical-align:top}table.numbers td:last-child{font-family:ui-monospace,monospace}
 img{max-width:100%;display:block;margin:1em auto}
 section#lab img,section.lab img{max-width:100%}
+table.engines td.v-same{color:#2b8a3e}table.engines td.v-different{color:#c92a2a;
+font-weight:600}table.engines td.v-refused,table.engines td.v-error{color:#e67700}
 """
 
 

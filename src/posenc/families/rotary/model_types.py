@@ -34,6 +34,7 @@ __all__ = [
     "MROPE_DEFAULT_SECTIONS",
     "OTHER_KIND",
     "PERMUTED_MROPE",
+    "ROPE_INTERLEAVE_DEFAULT",
     "SLIDING_ONLY_ROPE",
     "LocalGlobal",
     "candidates",
@@ -88,6 +89,14 @@ INTERLEAVED = frozenset(
     ernie4_5_moe ernie4_5_vl_moe glm glm4 glm4v glm_ocr gptj helium hy_v4_vl llama4 moonshine
     moonshine_streaming musicflamingo
     """.split()
+)
+
+#: Model types whose config class defaults ``rope_interleave`` to true (transformers
+#: 5.24's ``DeepseekV3Config`` and its kin): with the key absent, the model still
+#: de-interleaves q and k before HF's half rotation, i.e. it turns the checkpoint's
+#: channels (2i, 2i + 1) together.
+ROPE_INTERLEAVE_DEFAULT = frozenset(
+    "axk1 deepseek_v3 glm4_moe_lite mistral4 sarvam_mla youtu".split()
 )
 
 #: M-RoPE sections a model's rotary module falls back on when its config names none

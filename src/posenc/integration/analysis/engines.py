@@ -47,16 +47,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from posenc.integration.analysis.rope_compare import Verdict, compare, golden_tables
-from posenc.integration.analysis.rope_reading import Reading, show
+from posenc.integration.analysis.rope_compare import (
+    Verdict,
+    compare,
+    compare_mrope,
+    golden_tables,
+)
+from posenc.integration.analysis.rope_reading import Reading, checkpoint_layout, show
 
 __all__ = [
     "ENGINES",
     "Engine",
     "EngineResult",
     "engine_python",
+    "mrope_positions",
     "parse_engine_python",
     "parse_engines",
+    "run_cases",
     "run_engine",
     "run_engines",
     "windows",
@@ -90,7 +97,12 @@ class Engine:
 
 #: The engines ``--engines`` accepts, by name.
 ENGINES: dict[str, Engine] = {
+    "vllm": Engine("vllm", READERS / "vllm_reader.py", "make engines (vLLM on the CPU torch)"),
+    "sglang": Engine("sglang", READERS / "sglang_reader.py", "make engines (SGLang, CPU)"),
     "mlx": Engine("mlx", READERS / "mlx_reader.py", "make engines (mlx[cpu] and mlx-lm)"),
+    "llama.cpp": Engine(
+        "llama.cpp", READERS / "llamacpp_reader.py", "make engines (llama.cpp's converter and ggml)"
+    ),
 }
 
 
@@ -195,8 +207,7 @@ def _points(seq_len: int, extra: Sequence[int] = ()) -> list[int]:
     return sorted(p for p in wanted if 0 <= p < seq_len)
 
 
-def windows(reading: Reading) -> list[dict[str, Any]]:
-    """The windows to evaluate ``reading`` at: ``[{"seq_len": N, "positions": [...]}]``."""
+def _windows_of(reading: Reading) -> list[dict[str, Any]]:
     spec = reading.spec
     longest = spec.max_position_embeddings or _FALLBACK_LENGTH
     original = spec.original_max_position_embeddings
@@ -216,6 +227,40 @@ def windows(reading: Reading) -> list[dict[str, Any]]:
     return out
 
 
+def mrope_positions(positions: Sequence[int]) -> list[list[int]]:
+    """Multi-axis positions (temporal, height, width) that tell M-RoPE's sections apart.
+
+    Row ``p`` is at ``(p, p // 2, p // 4)``: the three axes differ from position 2 on
+    (as in an image, where height and width grow slower than the token index), so a
+    pair read from the wrong axis shows.
+    """
+    return [[int(p) for p in positions], [int(p) // 2 for p in positions],
+            [int(p) // 4 for p in positions]]  # fmt: skip
+
+
+def windows(readings: Sequence[Reading]) -> list[dict[str, Any]]:
+    """The windows to evaluate the config's RoPEs at.
+
+    Each window is ``{"seq_len": N, "positions": [...]}``, plus ``"layer_type"`` for a
+    config with one RoPE per layer type and ``"layer"``, the first layer of the RoPE (a
+    reader that builds the model reads that layer's attention); an M-RoPE gets each
+    window twice, at text positions (all axes equal) and at :func:`mrope_positions`
+    (``"position_ids"``).
+    """
+    many = len(readings) > 1 or any(r.layer_type for r in readings)
+    out = []
+    for r in readings:
+        for w in _windows_of(r):
+            if many:
+                w["layer_type"] = r.layer_type
+            if r.layers:
+                w["layer"] = r.layers[0]
+            out.append(w)
+            if r.mrope:
+                out.append({**w, "position_ids": mrope_positions(w["positions"])})
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Running a reader.
 
@@ -232,8 +277,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _call(python: Path, engine: Engine, request: Mapping[str, Any]) -> tuple[str, Any]:
-    """Run the reader; ``("ok", answer)``, ``("refused", message)`` or ``("error", message)``."""
+def _call(
+    python: Path, engine: Engine, request: Mapping[str, Any], timeout_s: float
+) -> tuple[str, Any]:
+    """Run the reader; ``("ok", JSON)``, ``("refused", message)`` or ``("error", message)``."""
     try:
         proc = subprocess.Popen(
             [str(python), str(engine.reader)],
@@ -247,22 +294,22 @@ def _call(python: Path, engine: Engine, request: Mapping[str, Any]) -> tuple[str
     except OSError as exc:
         return "error", f"cannot start {python}: {exc.strerror or exc}"
     try:
-        out, err = proc.communicate(json.dumps(request), timeout=engine.timeout_s)
+        out, err = proc.communicate(json.dumps(request), timeout=timeout_s)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.communicate()
-        return "error", f"no answer within {show(engine.timeout_s)} s (the reader was killed)"
+        return "error", f"no answer within {show(timeout_s)} s (the reader was killed)"
     if proc.returncode != 0:
         return "refused", _last_line(err)
     try:
         answer = json.loads(out)
     except ValueError:
         return "error", f"the reader printed no JSON (exit 0): {out.strip()[:200]!r}"
-    if not isinstance(answer, dict) or not isinstance(answer.get("windows"), list):
-        return "error", "the reader's JSON has no windows"
+    if not isinstance(answer, dict):
+        return "error", "the reader's JSON is not an object"
     return "ok", answer
 
 
@@ -270,6 +317,36 @@ def _config_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     return dict(config.to_dict())  # a transformers config instance (a class name as CONFIG)
+
+
+def _not_installed(name: str, python: Path) -> EngineResult:
+    engine = ENGINES[name]
+    return EngineResult(name, "not installed", python=str(python),
+                        note=f"no {python}; build it with {engine.install}, "
+                        f"or give --engine-python {name}=PATH")  # fmt: skip
+
+
+def _result(
+    name: str, answer: Any, readings: list[Reading], python: Path, asked: list[dict[str, Any]]
+) -> EngineResult:
+    """One request's answer, judged: a refusal, an unreadable answer, or the tables' verdict."""
+    if not isinstance(answer, dict):
+        return EngineResult(name, "error", python=str(python), note="the reader's answer is "
+                            f"not an object: {str(answer)[:200]!r}")  # fmt: skip
+    if "refused" in answer:
+        where = f" (at {answer['where']})" if answer.get("where") else ""
+        return EngineResult(name, "refused", python=str(python), version=answer.get("version"),
+                            note=f"{answer['refused']}{where}")  # fmt: skip
+    if not isinstance(answer.get("windows"), list):
+        return EngineResult(name, "error", python=str(python),
+                            note="the reader's JSON has no windows")  # fmt: skip
+    try:
+        result = _judge(name, answer, readings, asked)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        return EngineResult(name, "error", python=str(python),
+                            note=f"the reader's tables cannot be compared: {exc}")  # fmt: skip
+    result.python = str(python)
+    return result
 
 
 def run_engine(
@@ -283,21 +360,16 @@ def run_engine(
 
     engine = ENGINES[name]
     if not python.exists():
-        return EngineResult(name, "not installed", python=str(python),
-                            note=f"no {python}; build it with {engine.install}, "
-                            f"or give --engine-python {name}=PATH")  # fmt: skip
-    wins = windows(readings[0])
+        return _not_installed(name, python)
+    asked = windows(readings)
+    request = {"config": _config_dict(config), "windows": asked}
     started = time.monotonic()
-    status, answer = _call(python, engine, {"config": _config_dict(config), "windows": wins})
+    status, answer = _call(python, engine, request, engine.timeout_s)
     seconds = time.monotonic() - started
     if status != "ok":
         return EngineResult(name, status, python=str(python), note=str(answer), seconds=seconds)
-    try:
-        result = _judge(name, answer, readings)
-    except (ValueError, KeyError, TypeError) as exc:
-        return EngineResult(name, "error", python=str(python),
-                            note=f"the reader's tables cannot be compared: {exc}")  # fmt: skip
-    result.python, result.seconds = str(python), seconds
+    result = _result(name, answer, readings, python, asked)
+    result.seconds = seconds
     return result
 
 
@@ -311,6 +383,60 @@ def run_engines(
     return [run_engine(n, config, readings, engine_python(n, overrides)) for n in names]
 
 
+def run_cases(
+    name: str,
+    configs: Sequence[Mapping[str, Any]],
+    python: Path | None = None,
+    *,
+    seconds_per_config: float = 30.0,
+) -> list[EngineResult]:
+    """Engine ``name`` on many ``config.json`` dicts, in one child process (one import).
+
+    Each config is read as ``posenc rope`` reads a file
+    (:func:`~posenc.integration.analysis.rope_reading.read`); the reader answers them in
+    one batch, and a config it refuses does not stop the others. The timeout is the
+    engine's plus ``seconds_per_config`` per config.
+
+    Raises:
+        ValueError: a config posenc itself cannot read (the message names its index).
+    """
+    import copy
+    import time
+
+    from posenc.integration.analysis.rope_reading import Loaded, read, rewrite_mrope_type
+
+    engine = ENGINES[name]
+    python = engine_python(name) if python is None else python
+    all_readings = []
+    for i, config in enumerate(configs):
+        data = copy.deepcopy(dict(config))
+        loaded = Loaded(config=data, label=f"config {i}", kind="file", original=copy.deepcopy(data))
+        rewrite_mrope_type(loaded)
+        all_readings.append((loaded, read(loaded)))
+    if not python.exists():
+        return [_not_installed(name, python) for _ in configs]
+    batch: list[dict[str, Any]] = [
+        {"config": _config_dict(loaded.config), "windows": windows(readings)}
+        for loaded, readings in all_readings
+    ]
+    started = time.monotonic()
+    timeout = engine.timeout_s + seconds_per_config * len(configs)
+    status, answer = _call(python, engine, {"batch": batch}, timeout)
+    seconds = (time.monotonic() - started) / max(len(configs), 1)
+    if status == "ok" and not (isinstance(answer.get("batch"), list)
+                               and len(answer["batch"]) == len(configs)):  # fmt: skip
+        status, answer = "error", f"the reader answered no batch of {len(configs)}"
+    if status != "ok":
+        return [EngineResult(name, status, python=str(python), note=str(answer))
+                for _ in configs]  # fmt: skip
+    out = []
+    for (_, readings), one, request in zip(all_readings, answer["batch"], batch, strict=True):
+        result = _result(name, one, readings, python, request["windows"])
+        result.seconds = seconds
+        out.append(result)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Judging an answer.
 
@@ -319,62 +445,86 @@ def _float32_only(v: Verdict) -> bool:
     return bool(v.cause and v.cause.startswith("float32 angles"))
 
 
-def _judge(name: str, answer: Mapping[str, Any], readings: list[Reading]) -> EngineResult:
+def _judge(
+    name: str, answer: Mapping[str, Any], readings: list[Reading], asked: list[dict[str, Any]]
+) -> EngineResult:
+    """The verdict on one answer; its windows are the ``asked`` ones, in their order."""
     layout = answer.get("layout")
     notes = [str(answer["note"])] if answer.get("note") else []
     by_type = {r.layer_type: r for r in readings}
     dtype = np.dtype(str(answer.get("dtype", "float32")))
     if dtype not in (np.float16, np.float32, np.float64):
         raise ValueError(f"dtype {dtype} (the reader's values must be float16, 32 or 64)")
-    verdicts: list[tuple[dict[str, Any], Verdict]] = []
-    for w in answer["windows"]:
+    if len(answer["windows"]) != len(asked):
+        raise ValueError(f"the reader answered {len(answer['windows'])} windows of {len(asked)}")
+    verdicts: list[tuple[dict[str, Any], Reading, Verdict, float]] = []
+    for a, got in zip(asked, answer["windows"], strict=True):
+        # what was asked (layer type, positions) is the request's, the tables the reader's
+        w = {**got, **{k: a[k] for k in ("layer_type", "position_ids", "layer") if k in a}}
+        if [int(p) for p in got["positions"]] != a["positions"]:
+            raise ValueError(f"a window answered at other positions than asked: {got['positions']}")
+        lt = w.get("layer_type")
+        if lt not in by_type:
+            if lt is None and len(readings) == 1:
+                lt = readings[0].layer_type
+            else:
+                raise ValueError(f"a window of layer type {lt!r}; the config's: {list(by_type)}")
+        reading = by_type[lt]
         positions = np.asarray(w["positions"], dtype=np.int64)
         # JSON carries no dtype: the reader says which its engine computed in (MLX: float32),
         # and the values are judged with that dtype's tolerance
-        arrays: dict[str, npt.NDArray[Any]] = {
-            "positions": positions,
-            "cos": np.asarray(w["cos"], dtype=dtype),
-            "sin": np.asarray(w["sin"], dtype=dtype),
-        }
-        for v in compare(readings, arrays, source=f"{name} at seq_len {w['seq_len']}"):
-            verdicts.append((w, v))
-    reference = by_type.get(verdicts[0][1].layer_type, readings[0])
-    ref_layout = reference.layout
-    max_diff = 0.0
+        cos = np.asarray(w["cos"], dtype=dtype)
+        sin = np.asarray(w["sin"], dtype=dtype)
+        label = f"{name} at seq_len {w['seq_len']}" + (f" [{lt}]" if lt else "")
+        if w.get("position_ids") is not None:
+            ids = np.asarray(w["position_ids"], dtype=np.int64)
+            v = compare_mrope(reading, ids, cos, sin, source=f"{label} (multi-axis positions)")
+            verdicts.append((w, reading, v, v.largest or 0.0))
+            continue
+        arrays = {"positions": positions, "cos": cos, "sin": sin}
+        for v in compare(readings, arrays, source=label, layer_type=lt):
+            verdicts.append((w, reading, v, _max_abs_diff(w, reading)))
+    max_diff = max(d for *_, d in verdicts)
     first: dict[str, Any] | None = None
-    for w, v in verdicts:
-        diff = _max_abs_diff(w, reference)
-        max_diff = max(max_diff, diff)
+    for w, _, v, _ in verdicts:
         if not v.agree and not _float32_only(v) and first is None:
-            first = {"seq_len": w["seq_len"], **(v.first or {}), "summary": v.summary}
+            first = {"seq_len": w["seq_len"], "layer_type": w.get("layer_type"),
+                     **(v.first or {}), "summary": v.summary}  # fmt: skip
             if "channel" in first:
                 first["pair"] = first.pop("channel")
             if "posenc" in first:
                 first["reference"] = first.pop("posenc")
     per_window = [
         {"seq_len": w["seq_len"], "positions": w["positions"], "mode": w.get("mode"),
+         "layer_type": w.get("layer_type"), "position_ids": w.get("position_ids"),
          "same": v.agree or _float32_only(v), "summary": v.summary}
-        for w, v in verdicts
+        for w, _, v, _ in verdicts
     ]  # fmt: skip
-    float32 = [v for _, v in verdicts if not v.agree and _float32_only(v)]
-    if float32 and first is None:
+    if any(not v.agree and _float32_only(v) for *_, v, _ in verdicts) and first is None:
         notes.append("differs from the exact tables only as float32 angles do (as "
                      "transformers computes them)")  # fmt: skip
-    cause = next((v.cause for _, v in verdicts if not v.agree and not _float32_only(v)), None)
+    cause = next((v.cause for *_, v, _ in verdicts if not v.agree and not _float32_only(v)), None)
     different = first is not None
+    reference = verdicts[-1][1]
+    ref_layout = checkpoint_layout(reference)
     if layout is not None and layout != ref_layout:
         different = True
         notes.append(f"layout: {name} rotates {layout} pairs, transformers {ref_layout}")
-    last = answer["windows"][-1]
-    ref_scaling = reference.spec.frequencies(seq_len=int(last["seq_len"])).attention_scaling
-    theirs_scaling = answer.get("attention_scaling")
-    if isinstance(theirs_scaling, (int, float)) and not math.isclose(
-        theirs_scaling, ref_scaling, rel_tol=2.0**-20
-    ):
-        # the reader's scaling is a float32 cos/sin pair's norm: a few float32 ulps
-        different = True
-        notes.append(f"attention scaling: {name} {theirs_scaling:.6g}, transformers "
-                     f"{ref_scaling:.6g} ({reference.scaling.source})")  # fmt: skip
+    # the attention scaling of each window (a reader may give it per window)
+    scaling: dict[str, float | None] = {}
+    for w, reading, _, _ in verdicts:
+        ref = float(reading.spec.frequencies(seq_len=int(w["seq_len"])).attention_scaling)
+        theirs = w.get("attention_scaling", answer.get("attention_scaling"))
+        scaling = {"engine": theirs, "reference": ref}
+        if isinstance(theirs, (int, float)) and not math.isclose(theirs, ref, rel_tol=2.0**-20):
+            # the reader's scaling is a float32 cos/sin pair's norm: a few float32 ulps
+            different = True
+            text = (f"attention scaling: {name} {theirs:.6g}, transformers {ref:.6g} "
+                    f"({reading.scaling.source})")  # fmt: skip
+            if text not in notes:
+                notes.append(text)
+    if answer.get("softmax_scale") is not None:
+        scaling["softmax_scale"] = answer["softmax_scale"]
     return EngineResult(
         name,
         "different" if different else "same",
@@ -382,7 +532,7 @@ def _judge(name: str, answer: Mapping[str, Any], readings: list[Reading]) -> Eng
         source=answer.get("source"),
         max_abs_diff=max_diff,
         first_difference=first,
-        attention_scaling={"engine": theirs_scaling, "reference": float(ref_scaling)},
+        attention_scaling=scaling,
         layout={"engine": layout, "reference": ref_layout},
         note="; ".join(notes),
         cause=cause,

@@ -37,7 +37,7 @@ from posenc.families.rotary.config import RopeSpec
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.integration.analysis.rope_reading import Reading, show
 
-__all__ = ["MAX_POSITION", "Verdict", "compare", "golden_tables"]
+__all__ = ["MAX_POSITION", "Verdict", "compare", "compare_mrope", "golden_tables"]
 
 #: Positions the exact angle engine evaluates within its error budget (|position| < 2**31).
 MAX_POSITION = 2**31 - 1
@@ -117,6 +117,8 @@ class Verdict:
     first: dict[str, Any] | None = None
     cause: str | None = None
     score: float = 0.0
+    #: the largest |theirs - exact| (set by :func:`compare_mrope`)
+    largest: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -642,3 +644,121 @@ def _matches(
         tol = _value_tolerance(spec, s, angle, u)
     c_p, s_p, tol = c_p[:, idx], s_p[:, idx], tol[:, idx]
     return bool(np.all(np.abs(tc - c_p) <= tol) and np.all(np.abs(ts - s_p) <= tol))
+
+
+# --------------------------------------------------------------------------------------
+# M-RoPE at multi-axis positions.
+
+
+def compare_mrope(
+    reading: Reading,
+    position_ids: npt.NDArray[np.int64],
+    cos: npt.NDArray[Any],
+    sin: npt.NDArray[Any],
+    *,
+    source: str = "arrays",
+) -> Verdict:
+    """Compare one value per pair of an M-RoPE's tables at multi-axis positions.
+
+    Pair ``k`` of the exact table turns by ``position_ids[axis(k)] * omega_k``, the axis
+    from the reading's ``mrope_section`` and order
+    (:func:`~posenc.families.rotary.multiaxis.mrope.mrope_axes`: Qwen2-VL's contiguous
+    sections or Qwen3-VL's interleave). Their tables may also differ only as float32
+    angles do (the cause says so). When they diverge, the known misreadings are tried:
+    the other order of the sections, and text positions (the temporal axis) for every pair.
+
+    Args:
+        reading: an M-RoPE reading (``reading.mrope`` set).
+        position_ids: ``(axes, rows)`` int positions (temporal, height, width).
+        cos, sin: ``(rows, rotary_dim / 2)``, one value per pair in frequency order.
+        source: how messages name the tables.
+
+    Raises:
+        ValueError: not an M-RoPE reading, or arrays of the wrong shapes.
+    """
+    from posenc.families.rotary.multiaxis.mrope import mrope_axes
+
+    if not reading.mrope:
+        raise ValueError(f"{source}: position_ids given, but this RoPE is not an M-RoPE")
+    spec = reading.spec
+    pairs = spec.rotary_dim // 2
+    pos = np.asarray(position_ids, dtype=np.int64)
+    tc, ts = np.asarray(cos, dtype=np.float64), np.asarray(sin, dtype=np.float64)
+    if pos.ndim != 2 or tc.shape != (pos.shape[1], pairs) or ts.shape != tc.shape:
+        raise ValueError(
+            f"{source}: cos and sin must be (rows, rotary_dim / 2) = ({pos.shape[-1]}, {pairs}) "
+            f"with position_ids (axes, rows); got {tc.shape}, {ts.shape}, {pos.shape}"
+        )
+    u = _unit_roundoff(np.result_type(np.asarray(cos).dtype, np.asarray(sin).dtype))
+    freqs = spec.frequencies(seq_len=int(pos.max()) + 1)
+    scale = freqs.attention_scaling
+    omega = freqs.inv_freq.astype(np.float64)
+    section = tuple(int(s) for s in reading.mrope["section"])
+    interleaved = bool(reading.mrope["interleaved"])
+
+    def exact(axis: Sequence[int]) -> tuple[Any, Any, Any]:
+        p = pos[np.asarray(axis), :].T  # (rows, pairs): each pair's own axis
+        c, s = _tables(spec, p.reshape(-1), "half", freqs)
+        k = np.arange(pairs)
+        c = c[:, :pairs].reshape(p.shape[0], pairs, pairs)[:, k, k]
+        s = s[:, :pairs].reshape(p.shape[0], pairs, pairs)[:, k, k]
+        return c, s, p.astype(np.float64) * omega[None, :]
+
+    def within(c: Any, s: Any, tol: Any) -> tuple[Any, Any, Any]:
+        dc, ds = np.abs(tc - c), np.abs(ts - s)
+        return (dc > tol) | (ds > tol), dc, ds
+
+    axis = mrope_axes(section, pairs, axes=pos.shape[0], interleaved=interleaved)
+    c, s, angle = exact(axis)
+    tol = _value_tolerance(spec, scale, angle, u)
+    over, dc, ds = within(c, s, tol)
+    largest = float(np.max(np.maximum(dc, ds)))
+    order = "interleaved (Qwen3-VL)" if interleaved else "contiguous sections (Qwen2-VL)"
+    where = f"{pos.shape[1]} multi-axis positions, mrope_section {list(section)}, {order}"
+    if not over.any():
+        worst = float(np.max(np.maximum(dc, ds) / tol))
+        return Verdict(source, reading.layer_type, True,
+                       f"{source}: agree ({where}; max |difference| / tolerance {worst:.2g})",
+                       layout="pair", score=worst, largest=largest)  # fmt: skip
+    # float32 angles: the engine's own arithmetic, as transformers computes them
+    a32 = pos[np.asarray(axis), :].T.astype(np.float32) * omega.astype(np.float32)[None, :]
+    rho32 = _frequency_rtol(spec, 2.0**-24) + 2.0**-23
+    tol32 = abs(scale) * (4 * u + 8 * 2.0**-24 + np.abs(angle) * rho32)
+    f32, _, _ = within(np.cos(a32) * scale, np.sin(a32) * scale, tol32)
+    row, k = (int(v) for v in np.argwhere(over)[0])
+    which = "cos" if dc[row, k] > tol[row, k] else "sin"
+    theirs_v = (tc if which == "cos" else ts)[row, k]
+    ours_v = (c if which == "cos" else s)[row, k]
+    at = tuple(int(v) for v in pos[:, row])
+    first: dict[str, Any] = {"row": row, "position": list(at), "channel": k,
+             "table": which, "theirs": float(theirs_v), "posenc": float(ours_v),
+             "difference": float(abs(theirs_v - ours_v)),
+             "tolerance": float(tol[row, k])}  # fmt: skip
+    summary = (
+        f"{source}: DIVERGE ({where}): first at position (t, h, w) {at}, "
+        f"pair {k} (axis {axis[k]}) of {which}: theirs {theirs_v:.17g}, posenc {ours_v:.17g}; "
+        f"{int(over.sum())} of {over.size} values differ"
+    )
+    if not f32.any():
+        f32_cause = ("float32 angles: their differences grow as position x omega x 2**-24; "
+                     "they match float32 arithmetic of the same sections")  # fmt: skip
+        return Verdict(source, reading.layer_type, False, summary, "pair", first, f32_cause,
+                       largest=largest)  # fmt: skip
+    cause: str | None = None
+    others: list[tuple[str, Sequence[int]]] = [
+        ("text positions only: every pair turns with the temporal position (the sections "
+         "are not applied)", (0,) * pairs)]  # fmt: skip
+    try:
+        other = mrope_axes(section, pairs, axes=pos.shape[0], interleaved=not interleaved)
+        name = "contiguous sections (Qwen2-VL)" if interleaved else "interleaved (Qwen3-VL)"
+        others.append((f"the other order of the sections: {name}", other))
+    except ValueError:
+        pass
+    for text, alt in others:
+        ca, sa, angle_a = exact(alt)
+        tol_a = np.maximum(_value_tolerance(spec, scale, angle_a, u), tol32)
+        if not within(ca, sa, tol_a)[0].any():
+            cause = text
+            break
+    return Verdict(source, reading.layer_type, False, summary, "pair", first, cause,
+                   score=float(np.max(np.maximum(dc, ds) / tol)), largest=largest)  # fmt: skip

@@ -43,7 +43,16 @@ from posenc.families.rotary.config import (
 )
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
 
-__all__ = ["Loaded", "Reading", "Row", "describe", "layer_settings", "nope_layers", "read"]
+__all__ = [
+    "Loaded",
+    "Reading",
+    "Row",
+    "checkpoint_layout",
+    "describe",
+    "layer_settings",
+    "nope_layers",
+    "read",
+]
 
 #: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's
 #: interleaved sections, Qwen2-VL's contiguous ones (the sections themselves, when the
@@ -247,16 +256,16 @@ def read(loaded: Loaded) -> list[Reading]:
     except (ValueError, TypeError) as exc:
         raise type(exc)(f"{loaded.label}: {exc}") from None
     nope = nope_layers(config)
-    layer_types = setting(part, "layer_types")
     count = _num_layers(part)
+    attention = _attention_types(part, prefix, count)
     readings = []
     for lt in types or (None,):
         try:
             spec = rope_spec(config, lt)
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{loaded.label}: {exc}") from None
-        if lt is not None and isinstance(layer_types, (list, tuple)):
-            layers: list[int] | None = [i for i, t in enumerate(layer_types) if t == lt]
+        if lt is not None and attention is not None:
+            layers: list[int] | None = [i for i, t in enumerate(attention[0]) if t == lt]
         elif count is not None:
             skip = set(nope["layers"]) if nope else set()
             layers = [i for i in range(count) if i not in skip]
@@ -277,12 +286,24 @@ def _layout(part: Any, spec: RopeSpec) -> tuple[str, str]:
         return "interleaved", (
             f"transformers' {model_type} model: pairs (2i, 2i + 1) (GPT-J order)"
         )
-    if setting(part, "rope_interleave"):
+    given = setting(part, "rope_interleave")
+    if given or (given is None and model_type in model_types.ROPE_INTERLEAVE_DEFAULT):
+        where = "rope_interleave" if given else f"rope_interleave ({model_type}'s default true)"
         return "half", (
-            "rope_interleave: the model de-interleaves q and k, then applies HF's half "
-            "tables (pairs (i, i + rotary_dim / 2))"
+            f"{where}: the model de-interleaves q and k, then applies HF's half tables "
+            "(pairs (i, i + rotary_dim / 2)): the checkpoint's channels (2i, 2i + 1) turn together"
         )
     return "half", "HF's rotate_half: pairs (i, i + rotary_dim / 2)"
+
+
+def checkpoint_layout(reading: Reading) -> str:
+    """How the checkpoint's own channels pair up: ``"interleaved"`` for a model that
+    de-interleaves q and k (``rope_interleave``) before its half rotation, else the
+    reading's layout. Another engine that rotates (2i, 2i + 1) of the same weights agrees."""
+    row = next((r for r in reading.rows if r.name == "layout"), None)
+    if row is not None and "rope_interleave" in row.source:
+        return "interleaved"
+    return reading.layout
 
 
 def _reading(
@@ -566,17 +587,29 @@ def nope_layers(config: Any) -> dict[str, Any] | None:
     return None
 
 
+#: Models whose layer types follow ``sliding_window_pattern``, and its default there.
+_PATTERN_DEFAULTS = {
+    "cohere2": (4, "sliding_window_pattern 4 (Cohere2Config's default)"),
+    "cohere2_moe": (4, "sliding_window_pattern 4 (Cohere2Config's default)"),
+    "gemma3_text": (6, "sliding_window_pattern 6 (Gemma3TextConfig's default)"),
+    "gemma3": (6, "sliding_window_pattern 6 (Gemma3TextConfig's default)"),
+}
+
+
 def _attention_types(part: Any, prefix: str, count: int | None) -> tuple[list[str], str] | None:
     """Each layer's attention type and the key it came from: ``layer_types``, else Cohere 2's
-    ``sliding_window_pattern`` (every n-th layer full, n = 4 by default)."""
+    or Gemma 3's ``sliding_window_pattern`` (every n-th layer full; by default n = 4 for
+    ``Cohere2Config``, 6 for ``Gemma3TextConfig``)."""
     types = setting(part, "layer_types")
     if isinstance(types, (list, tuple)) and types:
         return [str(t) for t in types], f"{prefix}layer_types"
-    if str(setting(part, "model_type") or "") in ("cohere2", "cohere2_moe") and count:
+    model_type = str(setting(part, "model_type") or "")
+    default = _PATTERN_DEFAULTS.get(model_type)
+    if default is not None and count:
         n = setting(part, "sliding_window_pattern")
         source = f"{prefix}sliding_window_pattern = {n}"
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            n, source = 4, "sliding_window_pattern 4 (Cohere2Config's default)"
+            n, source = default
         made = ["full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(count)]
         return made, f"{source} (every {n}th layer full attention)"
     return None

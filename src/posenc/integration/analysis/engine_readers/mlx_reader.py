@@ -1,22 +1,20 @@
-"""Read a config's RoPE the way mlx-lm's Llama model does, and print its cos/sin tables.
+"""Read a config's RoPE the way mlx-lm's model file for it does, and print its cos/sin tables.
 
 Runs under MLX's own Python (``.engines/mlx/bin/python``): standard library and mlx
 only, never posenc or numpy. ``import mlx_lm`` pulls transformers, so the ``mlx_lm``
-package is registered by path without running its ``__init__`` and
-``mlx_lm.models.llama`` (with ``rope_utils``, ``base``, ``cache``, ``activations``,
-which import only mlx) is imported from the installed wheel.
+package is registered by path without running its ``__init__``, and
+``mlx_lm.models.<model_type>`` (which imports only mlx and its sibling modules) is
+imported from the installed wheel; a ``model_type`` mlx-lm has no file for is read by
+``models/llama.py`` and the note says so.
 
-What mlx-lm 0.32's ``models/llama.py`` reads from a config, and so what this reader
-feeds it (``ModelArgs.from_dict`` keeps only the dataclass fields):
-
-- ``rope_theta`` (default 10000), ``rope_traditional`` (default false: HF's half
-  layout; true: pairs (2i, 2i + 1)), ``rope_scaling`` (``type`` or ``rope_type``;
-  ``rope_parameters``, transformers v5's key, is not read), ``head_dim`` (else
-  ``hidden_size // num_attention_heads``), ``max_position_embeddings``;
-- no ``partial_rotary_factor``: every channel of the head rotates;
-- ``Attention.__init__`` calls ``initialize_rope(head_dim, rope_theta,
-  rope_traditional, rope_scaling, max_position_embeddings)`` and applies the module
-  to queries and keys with ``offset`` = the cache's length.
+The model is built as mlx-lm builds it, ``Model(ModelArgs.from_dict(config))`` (the
+config's own sizes: the tiny configs posenc's tests and tables use cost little), and
+the rotary module is the ``rope`` of the attention of the asked layer (the window's
+``layer``, the first layer of its layer type; else layer 0). That is the module the
+model applies to queries and keys with ``offset`` = the cache's length, so whatever
+the model file reads from the config (``rope_theta``, ``rope_scaling``,
+``rope_local_base_freq``, ``partial_rotary_factor``, ``rope_traditional``) and however
+``models/rope_utils.py``'s ``initialize_rope`` builds it is what is measured.
 
 The tables come from the module itself: applied to unit vectors (1 in the first
 channel of every pair, 0 in the second), the rotated pair holds ``(m cos, m sin)``,
@@ -24,19 +22,18 @@ channel of every pair, 0 in the second), the rotated pair holds ``(m cos, m sin)
 window is one prefill of ``seq_len`` tokens at offset 0 (the length dynamic NTK
 reads), rows picked at the asked positions; when that prefill would be too large,
 each position is one decode step (``offset = position``, one token) and the note
-says so.
+says so. mlx-lm is text only: its rotary modules take a token offset, never
+multi-axis positions, so an M-RoPE window (``position_ids``) gets the rows at the
+token index and the note says so.
 
-Request (stdin): ``{"config": {...}, "windows": [{"seq_len": N, "positions": [...]}]}``.
-Answer (stdout): ``{"version", "source", "module", "layout", "rotary_dim", "dtype",
-"attention_scaling", "softmax_scale", "windows": [{"seq_len", "positions", "cos",
-"sin", "mode"}], "note"}``; cos and sin have one value per pair.
+The protocol (request, batch, answer) is :mod:`protocol`'s.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
-import json
 import sys
 import types
 from typing import Any
@@ -45,16 +42,39 @@ from typing import Any
 MAX_PREFILL_ELEMENTS = 2**26
 
 
-def _llama() -> Any:
+def _package() -> None:
     spec = importlib.util.find_spec("mlx_lm")  # locates the package without running it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("mlx_lm is not installed in this environment")
-    package = types.ModuleType("mlx_lm")
-    package.__path__ = list(spec.submodule_search_locations)
-    sys.modules["mlx_lm"] = package
-    import mlx_lm.models.llama as llama
+    if "mlx_lm" not in sys.modules:
+        package = types.ModuleType("mlx_lm")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec  # its __init__ never runs; submodules are found by path
+        sys.modules["mlx_lm"] = package
 
-    return llama
+
+def _model_file(model_type: str) -> tuple[Any, str]:
+    """``mlx_lm.models.<model_type>`` (else llama's), and a note when it is llama's."""
+    _package()
+    name = model_type.replace("-", "_")
+    if name and importlib.util.find_spec(f"mlx_lm.models.{name}") is not None:
+        return importlib.import_module(f"mlx_lm.models.{name}"), ""
+    note = f"mlx-lm has no models/{name}.py: read as models/llama.py reads it"
+    return importlib.import_module("mlx_lm.models.llama"), note
+
+
+def _rope(model: Any, layer: int) -> tuple[Any, str, Any]:
+    """Layer ``layer``'s rotary module, its path in the model, and its attention's scale."""
+    layers = model.layers
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"layer {layer}: the model has {len(layers)} layers")
+    modules = dict(layers[layer].named_modules())
+    for name, module in modules.items():
+        if name.rsplit(".", 1)[-1] == "rope":
+            owner = modules.get(name.rpartition(".")[0])
+            scale = getattr(owner, "scale", None)
+            return module, f"layers[{layer}].{name}", scale if isinstance(scale, float) else None
+    raise ValueError(f"layers[{layer}] has no rope module (no rotary embedding)")
 
 
 def _tables(rope: Any, dims: int, traditional: bool, seq_len: int, positions: list[int]) -> Any:
@@ -92,53 +112,48 @@ def _tables(rope: Any, dims: int, traditional: bool, seq_len: int, positions: li
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """Build the answer to one request: the tables mlx-lm's Llama attention applies."""
-    llama = _llama()
+    """Build the answer to one request: the tables mlx-lm's model applies."""
     config = dict(request["config"])
-    args = llama.ModelArgs.from_dict(config)
-    attention = llama.Attention(args)
-    rope = attention.rope
-    dims = attention.head_dim
-    traditional = bool(args.rope_traditional)
-    notes = []
-    if config.get("model_type") != "llama":
-        notes.append(
-            f"read as mlx_lm.models.llama reads it (the config's model_type is "
-            f"{config.get('model_type')!r})"
-        )
+    module, note = _model_file(str(config.get("model_type", "")))
+    notes = [note] if note else []
+    model = module.Model(module.ModelArgs.from_dict(config))
     if "rope_parameters" in config and "rope_scaling" not in config:
-        notes.append("rope_parameters is not read by mlx-lm's llama (it reads rope_scaling)")
-    if config.get("partial_rotary_factor") not in (None, 1, 1.0):
-        notes.append("partial_rotary_factor is not read: every channel rotates")
-    windows = []
+        notes.append("the config has rope_parameters (transformers v5's key) and no rope_scaling")
+    windows, found = [], {}
     for w in request["windows"]:
+        layer = int(w.get("layer") or 0)
+        if layer not in found:
+            found[layer] = _rope(model, layer)
+        rope, path, _ = found[layer]
+        dims = int(getattr(rope, "dims", getattr(rope, "dim", 0)))
+        traditional = bool(getattr(rope, "traditional", False))
         positions = [int(p) for p in w["positions"]]
         c, s, mode = _tables(rope, dims, traditional, int(w["seq_len"]), positions)
+        if w.get("position_ids") is not None:
+            mode += "; at the token index (mlx-lm's rotary modules take no multi-axis positions)"
         windows.append({"seq_len": int(w["seq_len"]), "positions": positions, "cos": c,
-                        "sin": s, "mode": mode})  # fmt: skip
+                        "sin": s, "mode": mode, "layer_type": w.get("layer_type"),
+                        "position_ids": w.get("position_ids"), "module": path,
+                        "layout": "interleaved" if traditional else "half"})  # fmt: skip
     # the scale the module multiplies into the table: |(cos, sin)| at any position
     c0, s0 = windows[0]["cos"][0][0], windows[0]["sin"][0][0]
+    rope0, _, softmax_scale = found[min(found)]
     return {
         "version": f"mlx {importlib.metadata.version('mlx')}, "
         f"mlx-lm {importlib.metadata.version('mlx-lm')}",
         "source": "installed",
-        "module": type(rope).__name__,
-        "layout": "interleaved" if traditional else "half",
-        "rotary_dim": dims,
+        "module": f"{module.__name__}: {type(rope0).__name__}",
+        "layout": windows[0]["layout"],
+        "rotary_dim": int(getattr(rope0, "dims", getattr(rope0, "dim", 0))),
         "dtype": "float32",
         "attention_scaling": (c0 * c0 + s0 * s0) ** 0.5,
-        "softmax_scale": attention.scale,
+        "softmax_scale": softmax_scale,
         "windows": windows,
         "note": "; ".join(notes),
     }
 
 
-def main() -> int:
-    """Read the request on stdin, print the answer on stdout."""
-    request = json.loads(sys.stdin.read())
-    json.dump(answer(request), sys.stdout)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from protocol import serve
+
+    sys.exit(serve(answer))

@@ -1,0 +1,202 @@
+"""The cross-engine table: every case of the RoPE config list, run by every engine.
+
+:func:`measure` runs each engine of :data:`~posenc.integration.analysis.engines.ENGINES`
+on every config of :data:`~posenc.integration.analysis.engine_cases.CASES` (one child
+process per engine, :func:`~posenc.integration.analysis.engines.run_cases`) and returns
+the document :func:`write` saves; ``make engine-table`` writes it to the bundled
+``data/rope-engines.json``. :func:`markdown` is the README's table of it and :func:`html`
+the report's view (a config chooser and, for the config chosen, which engines agree).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUNDLED", "bundled", "html", "markdown", "measure", "write"]
+
+#: The bundled table's file name in ``posenc/faces/data``.
+BUNDLED = "rope-engines.json"
+_MARK = {"same": "same", "different": "**different**", "refused": "refused",
+         "error": "error", "not installed": "not installed"}  # fmt: skip
+
+
+def measure(
+    names: Sequence[str] | None = None, overrides: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Run every engine of ``names`` (default: all) on every case; the table's document."""
+    from posenc.integration.analysis import engines
+    from posenc.integration.analysis.engine_cases import CASES
+
+    names = list(engines.ENGINES) if names is None else list(names)
+    configs = [case.data() for case in CASES.values()]
+    results: dict[str, dict[str, Any]] = {name: {} for name in CASES}
+    versions: dict[str, str | None] = {}
+    seconds: dict[str, float] = {}
+    for engine in names:
+        started = time.monotonic()
+        python = engines.engine_python(engine, overrides)
+        for case, result in zip(CASES, engines.run_cases(engine, configs, python), strict=True):
+            doc = result.as_json()
+            doc.pop("python", None)
+            for w in doc["windows"]:
+                w.pop("positions", None)
+                w.pop("position_ids", None)
+            results[case][engine] = doc
+            versions[engine] = versions.get(engine) or result.version
+        seconds[engine] = round(time.monotonic() - started, 1)
+    return {
+        "engines": names,
+        "versions": versions,
+        "seconds": seconds,
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "cases": [
+            {"name": c.name, "what": c.what, "config": c.config, "results": results[c.name]}
+            for c in CASES.values()
+        ],
+    }
+
+
+def write(doc: Mapping[str, Any], path: Path) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def bundled() -> dict[str, Any] | None:
+    """The table measured when the package was released (None if absent)."""
+    try:
+        text = resources.files("posenc.faces").joinpath("data").joinpath(BUNDLED).read_text()
+    except (FileNotFoundError, OSError):
+        return None
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+def _cell(result: Mapping[str, Any]) -> str:
+    return str(result.get("verdict", "-"))
+
+
+def _why(result: Mapping[str, Any]) -> str:
+    """One short phrase: what differs, or what the engine said."""
+    verdict = result.get("verdict")
+    if verdict == "same":
+        return ""
+    if verdict in ("refused", "error", "not installed"):
+        return str(result.get("note") or "")
+    parts = []
+    if result.get("cause"):
+        parts.append(str(result["cause"]))
+    if result.get("note"):
+        parts.append(str(result["note"]))
+    first = result.get("first_difference") or {}
+    if first and not parts:
+        parts.append(f"from seq_len {first.get('seq_len')}, position {first.get('position')}, "
+                     f"pair {first.get('pair')}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """The README's table: one row per case, one column per engine."""
+    names = list(doc["engines"])
+    head = "| case | " + " | ".join(names) + " |"
+    rule = "|---|" + "---|" * len(names)
+    rows = [head, rule]
+    for case in doc["cases"]:
+        cells = [_MARK.get(_cell(case["results"].get(n, {})), "-") for n in names]
+        rows.append(f"| {case['name']} | " + " | ".join(cells) + " |")
+    versions = ", ".join(str(v) for v in doc["versions"].values() if v)
+    rows.append("")
+    rows.append(f"Measured with {versions}, on {doc['machine']}.")
+    return "\n".join(rows)
+
+
+def html(doc: Mapping[str, Any] | None) -> str:
+    """The report's cross-engine view: the whole table, and one config's details on choice."""
+    if not doc:
+        return ""
+    esc = _html.escape
+    names = list(doc["engines"])
+    out = [
+        "<h3>Does every engine read the config the same way?</h3>",
+        "<p>The same config.json, read by each engine's own code in its own environment "
+        "(its rotary module applied to unit vectors, at positions 0, 1, 2, around the "
+        "original context length and at the longest), against transformers' reading. "
+        "<em>same</em> allows only what float32 angles cost; <em>different</em> says where. "
+        "Choose a config to see what each engine does with it.</p>",
+        '<table class="numbers engines"><tr><th>config</th>'
+        + "".join(f"<th>{esc(n)}</th>" for n in names)
+        + "</tr>",
+    ]
+    for case in doc["cases"]:
+        cells = "".join(
+            f'<td class="v-{esc(_cell(case["results"].get(n, {})).replace(" ", "-"))}" '
+            f'title="{esc(_why(case["results"].get(n, {})))}">'
+            f"{esc(_cell(case['results'].get(n, {})))}</td>"
+            for n in names
+        )
+        out.append(f'<tr><td title="{esc(case["what"])}">{esc(case["name"])}</td>{cells}</tr>')
+    out.append("</table>")
+    options = "".join(
+        f'<option value="{i}">{esc(c["name"])}: {esc(c["what"])}</option>'
+        for i, c in enumerate(doc["cases"])
+    )
+    out.append(f'<p><label>config <select id="engine-case">{options}</select></label></p>')
+    for i, case in enumerate(doc["cases"]):
+        rows = []
+        for n in names:
+            r = case["results"].get(n, {})
+            rows.append(
+                f"<tr><td>{esc(n)}</td><td>{esc(_cell(r))}</td>"
+                f"<td>{esc(_why(r) or 'agrees with transformers')}</td></tr>"
+            )
+        config = json.dumps(case["config"], indent=1)
+        hidden = "" if i == 0 else " hidden"
+        out.append(
+            f'<div class="engine-case" data-case="{i}"{hidden}>'
+            f'<table class="numbers">{"".join(rows)}</table>'
+            f"<details><summary>config.json</summary><pre>{esc(config)}</pre></details></div>"
+        )
+    out.append(
+        "<script>document.getElementById('engine-case').addEventListener('change',e=>{"
+        "document.querySelectorAll('.engine-case').forEach(d=>{"
+        "d.hidden=d.dataset.case!==e.target.value})})</script>"
+    )
+    versions = ", ".join(str(v) for v in doc["versions"].values() if v)
+    out.append(f'<p class="lead">Measured with {esc(versions)}; rerun with '
+               "<code>posenc rope CONFIG --engines all</code> after "
+               "<code>make engines</code>.</p>")  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m posenc.faces.engine_table [OUT]``: measure, write, print the README table."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = Path(args[0]) if args else Path(str(resources.files("posenc.faces"))) / "data" / BUNDLED
+    doc = measure()
+    write(doc, out)
+    print(markdown(doc))
+    print(f"\nwrote {out} ({', '.join(f'{k} {v} s' for k, v in doc['seconds'].items())})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
