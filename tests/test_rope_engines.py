@@ -185,55 +185,50 @@ def test_errors(tmp_path, capsys, argv, message):
 
 
 # --------------------------------------------------------------------------------------
-# MLX itself (when `make engines` has built .engines/mlx).
+# MLX itself (when `make engines` has built .engines/mlx), on the cross-engine cases.
 
-LLAMA = {**BASE, "hidden_size": 4096, "num_attention_heads": 32, "rope_theta": 500000.0,
-         "max_position_embeddings": 131072}  # fmt: skip
-LONG = [1.0 + 0.5 * i for i in range(48)]
-SHORT = [1.0 + 0.01 * i for i in range(48)]
-#: (config changes, verdict, the windows (seq_len) that differ), from mlx-lm 0.32.2's source.
-MLX_CASES = {
-    "default": ({"max_position_embeddings": 8192}, "same", []),
-    "linear": ({"max_position_embeddings": 16384,
-                "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "same", []),
-    "yarn": ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                               "original_max_position_embeddings": 32768}}, "same", []),
+#: case -> (verdict, the windows (seq_len) that differ, the likely cause's start), from
+#: mlx-lm 0.32.2's source (models/<model_type>.py, models/rope_utils.py).
+MLX_EXPECTED = {
+    "default": ("same", [], None),
+    "linear": ("same", [], None),
+    "dynamic": ("same", [], None),  # DynamicNTKScalingRoPE: recomputes its base per call
+    "yarn": ("same", [], None),
     # YarnRoPE computes its mscale from the factor and never reads attention_factor
-    "yarn attention_factor": ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                                "original_max_position_embeddings": 32768,
-                                                "attention_factor": 1.2}},
-                              "different", [32768, 131072]),
-    "llama3": ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                 "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8192}}, "same", []),
-    # dynamic NTK at 2 x max_position_embeddings, one prefill of that length
-    "dynamic": ({"max_position_embeddings": 4096, "rope_theta": 10000.0,
-                 "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "same", []),
+    "yarn attention_factor": ("different", [32768, 131072], None),
+    # deepseek_v3.py: traditional (interleaved) pairs, as transformers' rope_interleave
+    "yarn deepseek mscale": ("same", [], None),
     # SuScaledRoPE always applies long_factor: within the original context it differs
-    "longrope": ({"hidden_size": 3072, "rope_theta": 10000.0,
-                  "rope_scaling": {"rope_type": "longrope", "short_factor": SHORT,
-                                   "long_factor": LONG,
-                                   "original_max_position_embeddings": 4096}},
-                 "different", [4096]),
-    # Phi-3's layout: original_max_position_embeddings at the top; llama.py needs it inside
-    "longrope top-level original": ({"hidden_size": 3072, "rope_theta": 10000.0,
-                                     "original_max_position_embeddings": 4096,
-                                     "rope_scaling": {"rope_type": "longrope",
-                                                      "short_factor": SHORT,
-                                                      "long_factor": LONG}},
-                                    "refused", []),
-    # transformers v5's rope_parameters: llama.py reads rope_scaling and rope_theta only
-    "v5 rope_parameters": ({"rope_theta": None,
-                            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
-                                                "factor": 8.0, "low_freq_factor": 1.0,
-                                                "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 8192}},
-                           "different", [8192, 131072]),
-}  # fmt: skip
+    "longrope": ("different", [4096], "LongRoPE's long_factor"),
+    "longrope inside": ("different", [4096], "LongRoPE's long_factor"),
+    "llama3": ("same", [], None),
+    "proportional": ("same", [], None),
+    "partial_rotary_factor": ("same", [], None),  # stablelm.py: nn.RoPE(partial dims)
+    # mlx-lm is text only: the rotary modules take a token offset, no multi-axis positions
+    "mrope sections": ("different", [32768], "text positions only"),
+    "mrope interleaved": ("different", [262144], "text positions only"),
+    # llama.py / qwen2.py read rope_theta and rope_scaling only, not rope_parameters
+    "v5 llama3": ("different", [8192, 131072], "the config's RoPE was not read at all"),
+    "v5 yarn": ("different", [32768, 131072], "the yarn scaling was not applied"),
+    "gemma3": ("same", [], None),  # gemma3_text.py: rope_local_base_freq on sliding layers
+    # gemma3_text.py reads rope_theta (default 1e6) and rope_local_base_freq (default 1e4):
+    # the sliding layers agree by their defaults, the global ones miss the linear factor
+    "v5 gemma3": ("different", [131072], "the linear scaling was not applied"),
+}
+#: Phi-3's layout read by llama.py: original_max_position_embeddings must be inside.
+LLAMA_TOP_LEVEL_ORIGINAL = {**BASE, "model_type": "llama", "hidden_size": 3072,
+                            "num_attention_heads": 32, "max_position_embeddings": 131072,
+                            "original_max_position_embeddings": 4096,
+                            "rope_scaling": {"rope_type": "longrope",
+                                             "short_factor": [1.0] * 48,
+                                             "long_factor": [2.0] * 48}}  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(MLX_CASES))
-def test_mlx_reading(tmp_path, capsys, case):
+@pytest.fixture(scope="module")
+def mlx_results():
+    """Every cross-engine case and the llama.py refusal, run by MLX in one child process."""
+    from posenc.integration.analysis.engine_cases import CASES
+
     python = engines.engine_python("mlx")
     if not python.exists():
         # skips here, fails under CI=true: .ci/run builds the engines
@@ -241,25 +236,54 @@ def test_mlx_reading(tmp_path, capsys, case):
             f"MLX's environment is not built ({python}): run `make engines`",
             provided_by=".ci/run builds it (make engines)",
         )
-    changes, verdict, differing = MLX_CASES[case]
-    data = {**LLAMA, **changes}
-    data = {k: v for k, v in data.items() if v is not None}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    _, doc = run_engines(capsys, str(path), "--engines", "mlx")
-    mlx = doc["engines"]["mlx"]
-    assert mlx["verdict"] == verdict, mlx
-    if verdict == "refused":
-        # the engine's own error, and where in mlx-lm it was raised
-        assert mlx["note"].startswith("KeyError: 'original_max_position_embeddings' (at ")
-        assert "mlx_lm/models/rope_utils.py" in mlx["note"]
-        return
-    assert mlx["version"].startswith("mlx 0.32")
-    assert [w["seq_len"] for w in mlx["windows"] if not w["same"]] == differing
-    if case == "yarn attention_factor":
-        assert mlx["attention_scaling"]["reference"] == pytest.approx(1.2)
-        yarn_mscale = 0.1 * math.log(4.0) + 1  # YaRN's 0.1 ln(factor) + 1
-        assert mlx["attention_scaling"]["engine"] == pytest.approx(yarn_mscale, rel=1e-6)
+    configs = [c.data() for c in CASES.values()] + [LLAMA_TOP_LEVEL_ORIGINAL]
+    results = engines.run_cases("mlx", configs, python)
+    return dict(zip([*CASES, "llama top-level original"], results, strict=True))
+
+
+def test_every_case_has_an_expected_mlx_verdict():
+    from posenc.integration.analysis.engine_cases import CASES
+
+    assert set(MLX_EXPECTED) == set(CASES)
+
+
+@pytest.mark.parametrize("case", list(MLX_EXPECTED))
+def test_mlx_reading(mlx_results, case):
+    verdict, differing, cause = MLX_EXPECTED[case]
+    mlx = mlx_results[case]
+    assert mlx.verdict == verdict, (mlx.note, mlx.cause)
+    assert mlx.version.startswith("mlx 0.32")
+    assert [w["seq_len"] for w in mlx.windows if not w["same"]] == differing
+    if cause is not None:
+        assert mlx.cause.startswith(cause), mlx.cause
+    # the attention's own softmax scale (where its module keeps one), against transformers'
+    softmax = mlx.attention_scaling.get("softmax_scale")
+    if case != "partial_rotary_factor":  # stablelm.py computes its scale inline
+        assert softmax["engine"] == pytest.approx(softmax["reference"], rel=1e-6)
+
+
+def test_mlx_yarn_attention_factor_is_its_own_mscale(mlx_results):
+    mlx = mlx_results["yarn attention_factor"]
+    assert mlx.attention_scaling["reference"] == pytest.approx(1.2)
+    yarn_mscale = 0.1 * math.log(4.0) + 1  # YaRN's 0.1 ln(factor) + 1
+    assert mlx.attention_scaling["engine"] == pytest.approx(yarn_mscale, rel=1e-6)
+    assert "attention scaling: mlx 1.13863, transformers 1.2" in mlx.note
+
+
+def test_mlx_deepseek_softmax_scale_carries_mscale_all_dim(mlx_results):
+    mlx = mlx_results["yarn deepseek mscale"]
+    mscale = 0.1 * 1.0 * math.log(40.0) + 1  # get_mscale(factor 40, mscale_all_dim 1)
+    expected = (32 + 64) ** -0.5 * mscale**2  # qk_head_dim ** -0.5 * mscale ** 2
+    assert mlx.attention_scaling["softmax_scale"]["engine"] == pytest.approx(expected)
+    assert mlx.layout == {"engine": "interleaved", "reference": "interleaved"}
+
+
+def test_mlx_refusal_names_its_error_and_place(mlx_results):
+    mlx = mlx_results["llama top-level original"]
+    assert mlx.verdict == "refused"
+    # the engine's own error, and where in mlx-lm it was raised
+    assert mlx.note.startswith("KeyError: 'original_max_position_embeddings' (at ")
+    assert "mlx_lm/models/rope_utils.py" in mlx.note
 
 
 def test_windows_around_the_original_length(tmp_path, capsys, fake):

@@ -53,7 +53,12 @@ from posenc.integration.analysis.rope_compare import (
     compare_mrope,
     golden_tables,
 )
-from posenc.integration.analysis.rope_reading import Reading, checkpoint_layout, show
+from posenc.integration.analysis.rope_reading import (
+    Reading,
+    checkpoint_layout,
+    show,
+    softmax_scale,
+)
 
 __all__ = [
     "ENGINES",
@@ -117,7 +122,7 @@ class EngineResult:
     python: str | None = None
     max_abs_diff: float | None = None
     first_difference: dict[str, Any] | None = None
-    attention_scaling: dict[str, float | None] = field(default_factory=dict)
+    attention_scaling: dict[str, Any] = field(default_factory=dict)
     layout: dict[str, str | None] = field(default_factory=dict)
     note: str = ""
     cause: str | None = None
@@ -327,7 +332,12 @@ def _not_installed(name: str, python: Path) -> EngineResult:
 
 
 def _result(
-    name: str, answer: Any, readings: list[Reading], python: Path, asked: list[dict[str, Any]]
+    name: str,
+    answer: Any,
+    readings: list[Reading],
+    python: Path,
+    asked: list[dict[str, Any]],
+    config: Mapping[str, Any],
 ) -> EngineResult:
     """One request's answer, judged: a refusal, an unreadable answer, or the tables' verdict."""
     if not isinstance(answer, dict):
@@ -341,7 +351,7 @@ def _result(
         return EngineResult(name, "error", python=str(python),
                             note="the reader's JSON has no windows")  # fmt: skip
     try:
-        result = _judge(name, answer, readings, asked)
+        result = _judge(name, answer, readings, asked, config)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         return EngineResult(name, "error", python=str(python),
                             note=f"the reader's tables cannot be compared: {exc}")  # fmt: skip
@@ -362,13 +372,13 @@ def run_engine(
     if not python.exists():
         return _not_installed(name, python)
     asked = windows(readings)
-    request = {"config": _config_dict(config), "windows": asked}
+    request: dict[str, Any] = {"config": _config_dict(config), "windows": asked}
     started = time.monotonic()
     status, answer = _call(python, engine, request, engine.timeout_s)
     seconds = time.monotonic() - started
     if status != "ok":
         return EngineResult(name, status, python=str(python), note=str(answer), seconds=seconds)
-    result = _result(name, answer, readings, python, asked)
+    result = _result(name, answer, readings, python, asked, request["config"])
     result.seconds = seconds
     return result
 
@@ -431,7 +441,7 @@ def run_cases(
                 for _ in configs]  # fmt: skip
     out = []
     for (_, readings), one, request in zip(all_readings, answer["batch"], batch, strict=True):
-        result = _result(name, one, readings, python, request["windows"])
+        result = _result(name, one, readings, python, request["windows"], request["config"])
         result.seconds = seconds
         out.append(result)
     return out
@@ -446,7 +456,11 @@ def _float32_only(v: Verdict) -> bool:
 
 
 def _judge(
-    name: str, answer: Mapping[str, Any], readings: list[Reading], asked: list[dict[str, Any]]
+    name: str,
+    answer: Mapping[str, Any],
+    readings: list[Reading],
+    asked: list[dict[str, Any]],
+    config: Mapping[str, Any],
 ) -> EngineResult:
     """The verdict on one answer; its windows are the ``asked`` ones, in their order."""
     layout = answer.get("layout")
@@ -511,7 +525,7 @@ def _judge(
         different = True
         notes.append(f"layout: {name} rotates {layout} pairs, transformers {ref_layout}")
     # the attention scaling of each window (a reader may give it per window)
-    scaling: dict[str, float | None] = {}
+    scaling: dict[str, Any] = {}
     for w, reading, _, _ in verdicts:
         ref = float(reading.spec.frequencies(seq_len=int(w["seq_len"])).attention_scaling)
         theirs = w.get("attention_scaling", answer.get("attention_scaling"))
@@ -523,8 +537,17 @@ def _judge(
                     f"({reading.scaling.source})")  # fmt: skip
             if text not in notes:
                 notes.append(text)
-    if answer.get("softmax_scale") is not None:
-        scaling["softmax_scale"] = answer["softmax_scale"]
+    theirs_softmax = answer.get("softmax_scale")
+    if isinstance(theirs_softmax, (int, float)):
+        # the factor on q . k: with DeepSeek's YaRN, part of the scaling lives here
+        ref_softmax, softmax_source = softmax_scale(config)
+        scaling["softmax_scale"] = {"engine": theirs_softmax, "reference": ref_softmax}
+        if ref_softmax is None:
+            notes.append(f"softmax scale not compared ({softmax_source})")
+        elif not math.isclose(theirs_softmax, ref_softmax, rel_tol=2.0**-20):
+            different = True
+            notes.append(f"softmax scale: {name} {theirs_softmax:.6g}, transformers "
+                         f"{ref_softmax:.6g} ({softmax_source})")  # fmt: skip
     return EngineResult(
         name,
         "different" if different else "same",

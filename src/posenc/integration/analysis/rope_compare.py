@@ -352,6 +352,13 @@ def _base_candidates(r: Reading, ratio: float | None, seq_len: int | None) -> li
             f"the {spec.rope_type} scaling was not applied: their frequencies are the unscaled "
             f"default (base {show(spec.base)})", lambda: default.frequencies(), scale=1.0,
         ))  # fmt: skip
+    if spec.base != 10000.0:
+        unread = dataclasses.replace(spec, rope_type="default", params={}, base=10000.0)
+        out.append(_Candidate(
+            "the config's RoPE was not read at all: their frequencies are the default base "
+            f"10000 with no scaling (posenc reads base {show(spec.base)} from "
+            f"{r.rows[1].source})", lambda: unread.frequencies(), scale=1.0,
+        ))  # fmt: skip
     if spec.rope_type == "linear":
         f = float(spec.params["factor"])
         twice = dataclasses.replace(spec, params={"factor": f * f})
@@ -642,6 +649,11 @@ def _matches(
             ratio = s / freqs.attention_scaling
             c_p, s_p = c_p * ratio, s_p * ratio
         tol = _value_tolerance(spec, s, angle, u)
+        if u >= 2.0**-24:
+            # tables stored in float32 or coarser were most likely computed so: a misreading
+            # is told by its frequencies, whatever precision the angles were taken in
+            rho32 = _frequency_rtol(spec, 2.0**-24) + 2.0**-23
+            tol = np.maximum(tol, abs(s) * (4 * u + 8 * 2.0**-24 + angle * rho32))
     c_p, s_p, tol = c_p[:, idx], s_p[:, idx], tol[:, idx]
     return bool(np.all(np.abs(tc - c_p) <= tol) and np.all(np.abs(ts - s_p) <= tol))
 

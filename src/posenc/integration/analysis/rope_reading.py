@@ -52,6 +52,7 @@ __all__ = [
     "layer_settings",
     "nope_layers",
     "read",
+    "softmax_scale",
 ]
 
 #: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's
@@ -156,6 +157,39 @@ def quiet() -> Iterator[None]:
             yield
     finally:
         hf_logging.set_verbosity(level)
+
+
+def softmax_scale(config: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The factor transformers' attention multiplies ``q . k`` by, and where it was read.
+
+    transformers' own model is built from the config on the meta device (no weights, no
+    memory) and the first text attention's ``scaling`` read: ``head_dim ** -0.5``, or
+    Gemma's ``query_pre_attn_scalar ** -0.5``, or DeepSeek's ``qk_head_dim ** -0.5``
+    times ``get_mscale(factor, mscale_all_dim) ** 2`` (``yarn_apply_mscale``). ``None``
+    (and why) when transformers cannot build the model.
+    """
+    import torch
+    import transformers
+
+    try:
+        with quiet():
+            hf_config = transformers.AutoConfig.for_model(**copy.deepcopy(dict(config)))
+            with torch.device("meta"):
+                try:
+                    model = transformers.AutoModelForCausalLM.from_config(hf_config)
+                except ValueError:  # a composite config (Qwen2-VL): its base model
+                    model = transformers.AutoModel.from_config(hf_config)
+    except Exception as exc:  # transformers' own refusal: said, not raised
+        return None, f"transformers cannot build the model: {one_line(exc)}"
+    for name, module in model.named_modules():
+        scaling = getattr(module, "scaling", None)
+        if (
+            type(module).__name__.endswith("Attention")
+            and isinstance(scaling, float)
+            and not any(part in name for part in ("visual", "vision"))
+        ):
+            return scaling, f"transformers' {type(module).__name__}.scaling ({name})"
+    return None, "transformers' model has no attention with a scaling"
 
 
 def one_line(exc: BaseException) -> str:
