@@ -159,8 +159,8 @@ def test_human_table(tmp_path, capsys, fake):
                    "--engine-python", f"mlx={fake}"])  # fmt: skip
     out = capsys.readouterr().out
     assert status == 1
-    assert "engine    verdict" in out
-    assert "mlx       different" in out
+    assert "engine     verdict" in out
+    assert "mlx        different" in out
     assert "first difference: seq_len 4096, position 1, pair 1" in out
 
 

@@ -582,7 +582,7 @@ def _max_abs_diff(w: Mapping[str, Any], reading: Reading) -> float:
 
 def table(results: Sequence[EngineResult]) -> list[str]:
     """The compact table ``posenc rope --engines`` prints, one line per engine and detail."""
-    lines = [f"{'engine':8}  {'verdict':13}  {'max |diff|':10}  {'scaling (engine / ref)':22}  "
+    lines = [f"{'engine':9}  {'verdict':13}  {'max |diff|':10}  {'scaling (engine / ref)':22}  "
              "version"]  # fmt: skip
     for r in results:
         diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
@@ -590,17 +590,19 @@ def table(results: Sequence[EngineResult]) -> list[str]:
         scaling = "-"
         if sc.get("engine") is not None:
             scaling = f"{sc['engine']:.6g} / {sc['reference']:.6g}"
-        lines.append(f"{r.engine:8}  {r.verdict:13}  {diff:10}  {scaling:22}  {r.version or '-'}")
+        lines.append(f"{r.engine:9}  {r.verdict:13}  {diff:10}  {scaling:22}  {r.version or '-'}")
         if r.first_difference:
             f = r.first_difference
+            lt = f" [{f['layer_type']}]" if f.get("layer_type") else ""
             lines.append(
-                f"  first difference: seq_len {f['seq_len']}, position {f.get('position')}, "
+                f"  first difference: seq_len {f['seq_len']}{lt}, position {f.get('position')}, "
                 f"pair {f.get('pair')} ({f.get('table')}): {r.engine} {f.get('theirs')!r}, "
                 f"transformers {f.get('reference')!r}"
             )
         for w in r.windows:
             if not w["same"]:
-                lines.append(f"  seq_len {w['seq_len']}: {w['summary']}")
+                lt = f" [{w['layer_type']}]" if w.get("layer_type") else ""
+                lines.append(f"  seq_len {w['seq_len']}{lt}: {w['summary']}")
         if r.cause:
             lines.append(f"  likely cause: {r.cause}")
         if r.note:
