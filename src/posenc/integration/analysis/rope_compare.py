@@ -35,7 +35,7 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.families.rotary.config import RopeSpec
 from posenc.families.rotary.schedules import RopeFrequencies
-from posenc.integration.analysis.rope_reading import Reading, show
+from posenc.integration.analysis.rope_reading import Reading, ranges, show
 
 __all__ = ["MAX_POSITION", "Verdict", "compare", "compare_mrope", "golden_tables"]
 
@@ -582,6 +582,8 @@ def _compare_tables(
         if _matches(cand, spec, positions, channels, pairs, lay, scale, u, tc, ts):
             cause = cand.cause
             break
+    if cause is None and lay == "pair":
+        cause = _frozen(ts, ps, positions[:, None] * np.ones((1, pairs), np.int64))
     if cause is None and ratio and spec.rotary_dim >= 4:
         estimate = ratio ** (-spec.rotary_dim / 2)
         if not math.isclose(estimate, spec.base, rel_tol=1e-3):
@@ -591,6 +593,25 @@ def _compare_tables(
             )
     return Verdict(name, lt, False, summary, layout=lay, first=first, cause=cause,
                    score=best["worst"])  # fmt: skip
+
+
+def _frozen(
+    theirs_sin: npt.NDArray[Any], exact_sin: npt.NDArray[Any], positions: npt.NDArray[Any]
+) -> str | None:
+    """Pairs that never turn in their tables (sine 0 at every position past 0) but do in
+    the exact ones: named as the cause (one value per pair, ``positions`` per pair)."""
+    moving = positions > 0
+    frozen = [
+        k
+        for k in range(theirs_sin.shape[1])
+        if moving[:, k].any()
+        and np.all(theirs_sin[moving[:, k], k] == 0)
+        and np.any(exact_sin[moving[:, k], k] != 0)
+    ]
+    if not frozen:
+        return None
+    return (f"pairs {ranges(frozen)} never turn: their sine is 0 at every position, where "
+            "the exact tables turn them")  # fmt: skip
 
 
 def _angle_ratio(
@@ -772,5 +793,7 @@ def compare_mrope(
         if not within(ca, sa, tol_a)[0].any():
             cause = text
             break
+    if cause is None:
+        cause = _frozen(ts, s, pos[np.asarray(axis), :].T)
     return Verdict(source, reading.layer_type, False, summary, "pair", first, cause,
                    score=float(np.max(np.maximum(dc, ds) / tol)), largest=largest)  # fmt: skip

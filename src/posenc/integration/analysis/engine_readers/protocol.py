@@ -53,8 +53,12 @@ def refusal(exc: BaseException) -> dict[str, str]:
     where = ""
     if frames:
         last = frames[-1]
-        # the engine's own file, named from its package (site-packages/ is left out)
+        # the engine's own file, named from its package (site-packages/ and the
+        # environment's own folder are left out)
         filename = last.filename.rpartition("site-packages/")[2]
+        prefix = sys.prefix.rstrip("/") + "/"
+        if filename.startswith(prefix):
+            filename = filename[len(prefix) :]
         where = f"{filename}:{last.lineno} in {last.name}"
     message = str(exc).strip().splitlines()
     text = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
