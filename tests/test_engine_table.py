@@ -82,3 +82,13 @@ def test_the_bundled_table_covers_every_case_and_engine():
         assert case["config"] == CASES[case["name"]].config, case["name"]
     assert engine_table.html(doc).startswith("<h3>")
     assert engine_table.html(None) == ""
+
+
+def test_the_readme_shows_the_bundled_table():
+    from pathlib import Path
+
+    doc = engine_table.bundled()
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert engine_table.readme(text, doc) == text, "run `make engine-table`"
+    with pytest.raises(ValueError, match="engine-table"):
+        engine_table.readme("no markers", doc)

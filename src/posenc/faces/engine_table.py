@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import html as _html
 import json
-import os
 import platform
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUNDLED", "bundled", "html", "markdown", "measure", "write"]
+from posenc.faces.files import atomic_write
+
+__all__ = ["BUNDLED", "README_MARKERS", "bundled", "html", "markdown", "measure", "readme", "write"]
+
+#: The README's table lies between these two lines (``make engine-table`` rewrites it).
+README_MARKERS = ("<!-- engine-table -->", "<!-- /engine-table -->")
 
 #: The bundled table's file name in ``posenc/faces/data``.
 BUNDLED = "rope-engines.json"
@@ -66,17 +69,24 @@ def measure(
 
 
 def write(doc: Mapping[str, Any], path: Path) -> None:
-    """Write ``doc`` as JSON to ``path`` atomically (a temporary file, then a rename)."""
+    """Write ``doc`` as JSON to ``path`` atomically (:func:`posenc.faces.files.atomic_write`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+def readme(text: str, doc: Mapping[str, Any]) -> str:
+    """``text`` (a README) with the table between :data:`README_MARKERS` made from ``doc``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    start, end = README_MARKERS
+    a, b = text.find(start), text.find(end)
+    if a < 0 or b < a:
+        raise ValueError(f"the README has no {start} ... {end} block for the engine table")
+    return text[: a + len(start)] + "\n" + markdown(doc) + "\n" + text[b:]
 
 
 def bundled() -> dict[str, Any] | None:
@@ -194,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = measure()
     write(doc, out)
     print(markdown(doc))
+    readme_path = Path(__file__).resolve().parents[3] / "README.md"
+    if not args and readme_path.is_file():  # the repository's README, beside the package
+        text = readme(readme_path.read_text(), doc)
+        with atomic_write(readme_path, "w") as f:
+            f.write(text)
+        print(f"updated {readme_path}'s engine table")
     print(f"\nwrote {out} ({', '.join(f'{k} {v} s' for k, v in doc['seconds'].items())})")
     return 0
 
