@@ -79,6 +79,8 @@ REPO = Path(__file__).resolve().parents[4]
 READERS = Path(__file__).resolve().parent / "engine_readers"
 #: The verdicts, in the order the table prints them.
 VERDICTS = ("same", "different", "refused", "error", "not installed")
+#: bfloat16's unit roundoff (8 significant bits).
+_BFLOAT16_ROUNDOFF = 2.0**-8
 #: A window longer than the original context uses these positions past its middle.
 _FALLBACK_LENGTH = 4096
 
@@ -466,9 +468,15 @@ def _judge(
     layout = answer.get("layout")
     notes = [str(answer["note"])] if answer.get("note") else []
     by_type = {r.layer_type: r for r in readings}
-    dtype = np.dtype(str(answer.get("dtype", "float32")))
+    named = str(answer.get("dtype", "float32"))
+    # bfloat16 has no numpy dtype: its values (exact in float32) are judged with its roundoff
+    rounding = _BFLOAT16_ROUNDOFF if named == "bfloat16" else None
+    dtype = np.dtype("float32" if rounding else named)
     if dtype not in (np.float16, np.float32, np.float64):
-        raise ValueError(f"dtype {dtype} (the reader's values must be float16, 32 or 64)")
+        raise ValueError(f"dtype {named} (the reader's values must be bfloat16, float16, 32 "
+                         "or 64)")  # fmt: skip
+    if named in ("bfloat16", "float16"):
+        notes.append(f"{name} keeps its tables in {named} (judged within {named}'s rounding)")
     if len(answer["windows"]) != len(asked):
         raise ValueError(f"the reader answered {len(answer['windows'])} windows of {len(asked)}")
     verdicts: list[tuple[dict[str, Any], Reading, Verdict, float]] = []
@@ -492,11 +500,12 @@ def _judge(
         label = f"{name} at seq_len {w['seq_len']}" + (f" [{lt}]" if lt else "")
         if w.get("position_ids") is not None:
             ids = np.asarray(w["position_ids"], dtype=np.int64)
-            v = compare_mrope(reading, ids, cos, sin, source=f"{label} (multi-axis positions)")
+            v = compare_mrope(reading, ids, cos, sin, source=f"{label} (multi-axis positions)",
+                              rounding=rounding)  # fmt: skip
             verdicts.append((w, reading, v, v.largest or 0.0))
             continue
         arrays = {"positions": positions, "cos": cos, "sin": sin}
-        for v in compare(readings, arrays, source=label, layer_type=lt):
+        for v in compare(readings, arrays, source=label, layer_type=lt, rounding=rounding):
             verdicts.append((w, reading, v, _max_abs_diff(w, reading)))
     max_diff = max(d for *_, d in verdicts)
     first: dict[str, Any] | None = None

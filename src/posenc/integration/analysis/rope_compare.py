@@ -265,6 +265,7 @@ def compare(
     source: str = "arrays",
     layout: str | None = None,
     layer_type: str | None = None,
+    rounding: float | None = None,
 ) -> list[Verdict]:
     """Compare another engine's arrays with posenc's; one verdict per array group and RoPE.
 
@@ -277,6 +278,9 @@ def compare(
             ``--compare 'FILE'``).
         layout: the layout of their ``cos``/``sin``; ``None`` detects it.
         layer_type: which RoPE unprefixed arrays belong to; ``None`` tries each.
+        rounding: the unit roundoff of the dtype their tables were stored in, when the
+            arrays cannot carry it (bfloat16 values in float32 arrays: ``2**-8``);
+            ``None``: their arrays' dtype's.
 
     Raises:
         ValueError: arrays of the wrong names, dtypes or shapes, an unknown layer type.
@@ -300,7 +304,7 @@ def compare(
             candidates = [by_type[layer_type]]
         else:
             candidates = readings
-        options = [_compare_group(theirs, r, layout) for r in candidates]
+        options = [_compare_group(theirs, r, layout, rounding) for r in candidates]
         # the layer type the unprefixed arrays agree with, else the closest one
         best = min(options, key=lambda vs: (not all(v.agree for v in vs), sum(v.score for v in vs)))
         if len(candidates) > 1:
@@ -311,7 +315,9 @@ def compare(
     return verdicts
 
 
-def _compare_group(theirs: _Theirs, r: Reading, layout: str | None) -> list[Verdict]:
+def _compare_group(
+    theirs: _Theirs, r: Reading, layout: str | None, rounding: float | None = None
+) -> list[Verdict]:
     out = []
     seq_len = _seq_len(theirs.positions) if theirs.positions is not None else None
     if theirs.inv_freq is not None:
@@ -320,7 +326,7 @@ def _compare_group(theirs: _Theirs, r: Reading, layout: str | None) -> list[Verd
         assert theirs.positions is not None
         forced = "interleaved" if kind == "interleaved" else layout
         name = "cos/sin" if kind == "auto" else "cos_interleaved/sin_interleaved"
-        out.append(_compare_tables(name, c, s, theirs.positions, r, forced))
+        out.append(_compare_tables(name, c, s, theirs.positions, r, forced, rounding))
     return out
 
 
@@ -466,13 +472,14 @@ def _compare_tables(
     positions: npt.NDArray[np.int64],
     r: Reading,
     layout: str | None,
+    rounding: float | None = None,
 ) -> Verdict:
     spec = r.spec
     lt = r.layer_type
     rows, channels = cos.shape
     checks.check_elements(8 * rows * channels, f"--compare tables of {rows} x {channels}")
     pairs = spec.rotary_dim // 2
-    u = _unit_roundoff(np.result_type(cos.dtype, sin.dtype))
+    u = rounding or _unit_roundoff(np.result_type(cos.dtype, sin.dtype))
     seq_len = _seq_len(positions)
     freqs = spec.frequencies(seq_len=seq_len)
     tc, ts = cos.astype(np.float64), sin.astype(np.float64)
@@ -690,6 +697,7 @@ def compare_mrope(
     sin: npt.NDArray[Any],
     *,
     source: str = "arrays",
+    rounding: float | None = None,
 ) -> Verdict:
     """Compare one value per pair of an M-RoPE's tables at multi-axis positions.
 
@@ -705,6 +713,7 @@ def compare_mrope(
         position_ids: ``(axes, rows)`` int positions (temporal, height, width).
         cos, sin: ``(rows, rotary_dim / 2)``, one value per pair in frequency order.
         source: how messages name the tables.
+        rounding: the unit roundoff of their storage dtype (as in :func:`compare`).
 
     Raises:
         ValueError: not an M-RoPE reading, or arrays of the wrong shapes.
@@ -722,7 +731,7 @@ def compare_mrope(
             f"{source}: cos and sin must be (rows, rotary_dim / 2) = ({pos.shape[-1]}, {pairs}) "
             f"with position_ids (axes, rows); got {tc.shape}, {ts.shape}, {pos.shape}"
         )
-    u = _unit_roundoff(np.result_type(np.asarray(cos).dtype, np.asarray(sin).dtype))
+    u = rounding or _unit_roundoff(np.result_type(np.asarray(cos).dtype, np.asarray(sin).dtype))
     freqs = spec.frequencies(seq_len=int(pos.max()) + 1)
     scale = freqs.attention_scaling
     omega = freqs.inv_freq.astype(np.float64)
