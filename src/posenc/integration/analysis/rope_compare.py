@@ -358,7 +358,8 @@ def _base_candidates(r: Reading, ratio: float | None, seq_len: int | None) -> li
             f"the {spec.rope_type} scaling was not applied: their frequencies are the unscaled "
             f"default (base {show(spec.base)})", lambda: default.frequencies(), scale=1.0,
         ))  # fmt: skip
-    if spec.base != 10000.0:
+    if spec.base != 10000.0 and spec.rope_type != "default":
+        # both the base and the scaling lost (with no scaling it is "a wrong base" below)
         unread = dataclasses.replace(spec, rope_type="default", params={}, base=10000.0)
         out.append(_Candidate(
             "the config's RoPE was not read at all: their frequencies are the default base "
@@ -583,6 +584,13 @@ def _compare_tables(
         "in float64 or exactly (posenc.Rotary, posenc.families.rotary.tables.cos_sin)",
         lambda: freqs, float32=True,
     ))  # fmt: skip
+    candidates.append(_Candidate(
+        "float32 angles: their differences from the exact tables stay within what float32 "
+        "frequencies and products cost, though not as HF's float32 arithmetic rounds them "
+        "(e.g. pair k's frequency made as theta_scale**k by k float32 products, as ggml's "
+        "rope_cache_init does: an error up to position x omega_k x (2k + 8) x 2**-24)",
+        lambda: freqs,
+    ))  # fmt: skip
     ratio = _angle_ratio(tc, ts, positions, lay, pairs, omega)
     candidates += _base_candidates(r, ratio, seq_len)
     for cand in candidates:
@@ -679,9 +687,12 @@ def _matches(
         tol = _value_tolerance(spec, s, angle, u)
         if u >= 2.0**-24:
             # tables stored in float32 or coarser were most likely computed so: a misreading
-            # is told by its frequencies, whatever precision the angles were taken in
+            # is told by its frequencies, whatever float32 arithmetic took the angles (HF's
+            # rounding, rho32; or pair k's frequency as k float32 products, (2k + 8) ulps)
             rho32 = _frequency_rtol(spec, 2.0**-24) + 2.0**-23
-            tol = np.maximum(tol, abs(s) * (4 * u + 8 * 2.0**-24 + angle * rho32))
+            k = np.arange(pairs, dtype=np.float64)[None, :]
+            rel = np.maximum(rho32, (2 * k + 8) * 2.0**-24)
+            tol = np.maximum(tol, abs(s) * (4 * u + 8 * 2.0**-24 + angle * rel))
     c_p, s_p, tol = c_p[:, idx], s_p[:, idx], tol[:, idx]
     return bool(np.all(np.abs(tc - c_p) <= tol) and np.all(np.abs(ts - s_p) <= tol))
 
