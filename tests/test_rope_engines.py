@@ -117,14 +117,16 @@ def test_different_names_the_first_pair(tmp_path, capsys, fake):
     assert mlx["max_abs_diff"] > 0.1
 
 
-def test_crash_is_refused_with_its_message(tmp_path, capsys, fake):
+def test_a_dying_reader_is_an_error_with_its_message(tmp_path, capsys, fake):
     config = write_config(tmp_path, fake_mode="crash")
     status, doc = run_engines(capsys, config, "--engines", "mlx", "--engine-python",
                               f"mlx={fake}")  # fmt: skip
     assert status == 1
     mlx = doc["engines"]["mlx"]
-    assert mlx["verdict"] == "refused"
-    assert mlx["note"] == "ValueError: Unsupported RoPE type 'bogus'"
+    # a refusal comes as the protocol's JSON; a reader that dies is an error, summarised
+    assert mlx["verdict"] == "error"
+    assert mlx["note"] == ("the reader exited with status 1: ValueError: Unsupported RoPE "
+                           "type 'bogus'")  # fmt: skip
 
 
 def test_hang_times_out(tmp_path, capsys, fake):
@@ -464,3 +466,24 @@ def test_compare_mrope_shapes_and_a_plain_rope():
     (mrope,) = rope_reading.read(rope_reading.Loaded(QWEN2_VL, "q", "file"))
     with pytest.raises(ValueError, match=r"\(2, 64\)"):
         rope_compare.compare_mrope(mrope, np.zeros((3, 2), int), np.ones((2, 63)), np.ones((2, 63)))
+
+
+def test_a_broken_environment_is_an_error_not_a_hang(tmp_path, capsys, fake):
+    # a "python" that is no program, and one that dies before reading the request
+    broken = tmp_path / "env" / "bin" / "python"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("not a program")
+    _, doc = run_engines(capsys, write_config(tmp_path), "--engines", "mlx",
+                         "--engine-python", f"mlx={broken}")  # fmt: skip
+    assert doc["engines"]["mlx"]["verdict"] == "error"
+    assert "cannot start" in doc["engines"]["mlx"]["note"]
+    dying = tmp_path / "dying"
+    dying.write_text("#!/bin/sh\necho 'ImportError: libfoo.so: cannot open shared object' >&2\n"
+                     "exit 1\n")  # fmt: skip
+    dying.chmod(0o755)
+    _, doc = run_engines(capsys, write_config(tmp_path), "--engines", "mlx",
+                         "--engine-python", f"mlx={dying}")  # fmt: skip
+    assert doc["engines"]["mlx"]["verdict"] == "error"
+    assert doc["engines"]["mlx"]["note"] == (
+        "the reader exited with status 1: ImportError: libfoo.so: cannot open shared object"
+    )

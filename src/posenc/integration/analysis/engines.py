@@ -12,8 +12,10 @@ as JSON on stdout. :func:`run_engines` gives one :class:`EngineResult` per engin
   differ only as float32 angles do (transformers computes its angles in float32 too);
 - ``"different"``: where (window, first position, pair), by how much, the attention
   scaling on both sides and the likely misreading;
-- ``"refused"``: the engine's code raised (its error message, the traceback's last line);
-- ``"error"``: no answer (the timeout, or output that is not the reader's JSON);
+- ``"refused"``: the engine's code raised on this config (its error message and where it
+  was raised, which the reader sends as JSON);
+- ``"error"``: no answer (the timeout; a reader that cannot start or dies, its stderr's
+  last line; output that is not the reader's JSON);
 - ``"not installed"``: no Python for the engine.
 
 The reference is posenc's reading of the config, which ``posenc rope`` checks equal to
@@ -310,7 +312,9 @@ def _call(
         proc.communicate()
         return "error", f"no answer within {show(timeout_s)} s (the reader was killed)"
     if proc.returncode != 0:
-        return "refused", _last_line(err)
+        # a reader answers a refusal as JSON: dying is the environment's or the reader's
+        # failure (an import that fails, a crash, a kill), not the config's
+        return "error", f"the reader exited with status {proc.returncode}: {_last_line(err)}"
     try:
         answer = json.loads(out)
     except ValueError:
