@@ -1173,6 +1173,7 @@ img{max-width:100%;display:block;margin:1em auto}
 section#lab img,section.lab img{max-width:100%}
 table.engines td.v-same{color:#2b8a3e}table.engines td.v-different{color:#c92a2a;
 font-weight:600}table.engines td.v-refused,table.engines td.v-error{color:#e67700}
+table.engines td:last-child,.engine-case td:last-child{font-family:inherit}
 """
 
 
