@@ -308,7 +308,7 @@ def test_windows_around_the_original_length(tmp_path, capsys, fake):
 #: Exact default-RoPE tables per layer type and per M-RoPE axis; ``fake_mode`` misreads.
 BATCH_READER = textwrap.dedent(
     """
-    import math, sys
+    import math, struct, sys
     sys.path.insert(0, {readers!r})
     from protocol import serve
 
@@ -335,13 +335,21 @@ BATCH_READER = textwrap.dedent(
                 else:
                     axes = config["fake_axes"]
                     rows.append([ids[axes[k]][i] * o for k, o in enumerate(omega)])
+            cut = bf16 if mode.startswith("bf16") else float
             windows.append({{"seq_len": w["seq_len"], "positions": w["positions"],
                             "layer_type": w.get("layer_type"), "mode": "fake",
-                            "cos": [[math.cos(a) for a in r] for r in rows],
-                            "sin": [[math.sin(a) for a in r] for r in rows]}})
+                            "cos": [[cut(math.cos(a)) for a in r] for r in rows],
+                            "sin": [[cut(math.sin(a)) for a in r] for r in rows]}})
+        dtype = {{"bf16": "bfloat16", "bf16-as-float32": "float32"}}.get(mode, "float64")
         return {{"version": "fake 2.0", "source": "installed", "layout": "half",
-                "dtype": "float64", "attention_scaling": 1.0, "windows": windows,
+                "dtype": dtype, "attention_scaling": 1.0, "windows": windows,
                 "note": ""}}
+
+    def bf16(x):
+        # round to bfloat16 (8 significant bits, to nearest even) through float32's bits
+        bits = struct.unpack("<I", struct.pack("<f", x))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
 
     sys.exit(serve(answer))
     """
@@ -487,3 +495,16 @@ def test_a_broken_environment_is_an_error_not_a_hang(tmp_path, capsys, fake):
     assert doc["engines"]["mlx"]["note"] == (
         "the reader exited with status 1: ImportError: libfoo.so: cannot open shared object"
     )
+
+
+def test_bfloat16_tables_are_judged_within_bfloat16s_rounding(batch_fake):
+    same, claimed = engines.run_cases(
+        "mlx",
+        [{**BASE, "fake_mode": "bf16"}, {**BASE, "fake_mode": "bf16-as-float32"}],
+        batch_fake,
+    )
+    assert same.verdict == "same", same.note
+    assert "mlx keeps its tables in bfloat16" in same.note
+    assert 2.0**-10 < same.max_abs_diff <= 2.0**-8  # bfloat16's rounding, seen and allowed
+    # the same values said to be float32 are far outside float32's rounding
+    assert claimed.verdict == "different"

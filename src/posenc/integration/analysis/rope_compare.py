@@ -749,20 +749,21 @@ def compare_mrope(
     section = tuple(int(s) for s in reading.mrope["section"])
     interleaved = bool(reading.mrope["interleaved"])
 
-    def exact(axis: Sequence[int]) -> tuple[Any, Any, Any]:
-        p = pos[np.asarray(axis), :].T  # (rows, pairs): each pair's own axis
+    def exact(axis: Sequence[int]) -> tuple[Any, Any, Any, Any]:
+        """Exact cos, sin, angles, and the positions ``(rows, pairs)`` each pair reads."""
+        p = pos[np.asarray(axis), :].T
         c, s = _tables(spec, p.reshape(-1), "half", freqs)
         k = np.arange(pairs)
         c = c[:, :pairs].reshape(p.shape[0], pairs, pairs)[:, k, k]
         s = s[:, :pairs].reshape(p.shape[0], pairs, pairs)[:, k, k]
-        return c, s, p.astype(np.float64) * omega[None, :]
+        return c, s, p.astype(np.float64) * omega[None, :], p
 
     def within(c: Any, s: Any, tol: Any) -> tuple[Any, Any, Any]:
         dc, ds = np.abs(tc - c), np.abs(ts - s)
         return (dc > tol) | (ds > tol), dc, ds
 
     axis = mrope_axes(section, pairs, axes=pos.shape[0], interleaved=interleaved)
-    c, s, angle = exact(axis)
+    c, s, angle, read = exact(axis)
     tol = _value_tolerance(spec, scale, angle, u)
     over, dc, ds = within(c, s, tol)
     largest = float(np.max(np.maximum(dc, ds)))
@@ -774,7 +775,7 @@ def compare_mrope(
                        f"{source}: agree ({where}; max |difference| / tolerance {worst:.2g})",
                        layout="pair", score=worst, largest=largest)  # fmt: skip
     # float32 angles: the engine's own arithmetic, as transformers computes them
-    a32 = pos[np.asarray(axis), :].T.astype(np.float32) * omega.astype(np.float32)[None, :]
+    a32 = read.astype(np.float32) * omega.astype(np.float32)[None, :]
     rho32 = _frequency_rtol(spec, 2.0**-24) + 2.0**-23
     tol32 = abs(scale) * (4 * u + 8 * 2.0**-24 + np.abs(angle) * rho32)
     f32, _, _ = within(np.cos(a32) * scale, np.sin(a32) * scale, tol32)
@@ -808,12 +809,12 @@ def compare_mrope(
     except ValueError:
         pass
     for text, alt in others:
-        ca, sa, angle_a = exact(alt)
+        ca, sa, angle_a, _ = exact(alt)
         tol_a = np.maximum(_value_tolerance(spec, scale, angle_a, u), tol32)
         if not within(ca, sa, tol_a)[0].any():
             cause = text
             break
     if cause is None:
-        cause = _frozen(ts, s, pos[np.asarray(axis), :].T)
+        cause = _frozen(ts, s, read)
     return Verdict(source, reading.layer_type, False, summary, "pair", first, cause,
                    score=float(np.max(np.maximum(dc, ds) / tol)), largest=largest)  # fmt: skip
