@@ -289,7 +289,7 @@ def _child_env() -> dict[str, str]:
 def _call(
     python: Path, engine: Engine, request: Mapping[str, Any], timeout_s: float
 ) -> tuple[str, Any]:
-    """Run the reader; ``("ok", JSON)``, ``("refused", message)`` or ``("error", message)``."""
+    """Run the reader: ``("ok", its JSON)`` or ``("error", what went wrong)``."""
     try:
         proc = subprocess.Popen(
             [str(python), str(engine.reader)],
