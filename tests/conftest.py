@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -61,6 +62,18 @@ def unavailable(reason: str, *, provided_by: str = "The CI install provides it")
             pytrace=False,
         )
     pytest.skip(reason, allow_module_level=True)
+
+
+def built_engine(name: str) -> Path:
+    """Engine ``name``'s Python for ``posenc rope --engines`` (``.engines/NAME``): skip, or
+    under ``CI=true`` fail, when ``make engines`` has not built it (``.ci/run`` does)."""
+    from posenc.integration.analysis import engines
+
+    python = engines.engine_python(name)
+    if not python.exists():
+        unavailable(f"{name}'s environment is not built ({python}): run `make engines`",
+                    provided_by=".ci/run builds it (make engines)")  # fmt: skip
+    return python
 
 
 def missing_anchor(package: str, why: str) -> NoReturn:

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import unavailable
+from conftest import built_engine
 from posenc.integration.analysis import engines
 
 #: A small llama config (head_dim 128); rope_theta 500000, where ggml's float32 powers of
@@ -189,14 +189,7 @@ def _config(changes: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def python():
-    path = engines.engine_python("llama.cpp")
-    if not path.exists():
-        # skips here, fails under CI=true: .ci/run builds the engines
-        unavailable(
-            f"llama.cpp's environment is not built ({path}): run `make engines`",
-            provided_by=".ci/run builds it (make engines)",
-        )
-    return path
+    return built_engine("llama.cpp")
 
 
 @pytest.fixture(scope="module")

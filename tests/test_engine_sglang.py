@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import unavailable
+from conftest import built_engine
 from posenc.integration.analysis import engines
 
 #: case -> (verdict, the windows (seq_len) that differ, the likely cause's start).
@@ -66,14 +66,7 @@ SGLANG_EXPECTED = {
 
 
 def _python():
-    python = engines.engine_python("sglang")
-    if not python.exists():
-        # skips here, fails under CI=true: .ci/run builds the engines
-        unavailable(
-            f"SGLang's environment is not built ({python}): run `make engines`",
-            provided_by=".ci/run builds it (make engines)",
-        )
-    return python
+    return built_engine("sglang")
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +117,7 @@ def _ask(python, request):
     reader = engines.ENGINES["sglang"].reader
     proc = subprocess.run([str(python), str(reader)], input=json.dumps(request),
                           capture_output=True, text=True, timeout=300,
-                          env=engines._child_env(), check=True)  # fmt: skip
+                          env=engines.child_env(), check=True)  # fmt: skip
     return json.loads(proc.stdout)
 
 

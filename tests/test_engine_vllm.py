@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import unavailable
+from conftest import built_engine
 from posenc.integration.analysis import engines
 
-ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".engines" / "vllm" / "bin" / "python"
-READER = ROOT / "src" / "posenc" / "integration" / "analysis" / "engine_readers" / "vllm_reader.py"
+VLLM_PYTHON = engines.engine_python("vllm")
+READER = engines.ENGINES["vllm"].reader
 
 #: A tiny Llama: head_dim 64, 4096 positions.
 LLAMA: dict[str, Any] = {
@@ -198,9 +196,7 @@ def results() -> dict[str, engines.EngineResult]:
     downcasts float32 models); the cases ask for float32 (vLLM's ``--dtype float32``)
     so that the comparison measures the RoPE, not the cast.
     """
-    if not VLLM_PYTHON.exists():
-        unavailable(f"vLLM's environment is not built ({VLLM_PYTHON}; make engines)",
-                    provided_by="engines/vllm.sh builds it")  # fmt: skip
+    built_engine("vllm")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("POSENC_VLLM_DTYPE", "float32")
         found = engines.run_cases("vllm", [config for _, config, _ in CASES], VLLM_PYTHON)
@@ -224,12 +220,10 @@ def test_deepseek_softmax_scale(results: dict[str, engines.EngineResult]) -> Non
 
 
 def _pipe(request: dict[str, Any], **env: str) -> dict[str, Any]:
-    if not VLLM_PYTHON.exists():
-        unavailable(f"vLLM's environment is not built ({VLLM_PYTHON}; make engines)",
-                    provided_by="engines/vllm.sh builds it")  # fmt: skip
+    built_engine("vllm")
     proc = subprocess.run([str(VLLM_PYTHON), str(READER)], input=json.dumps(request),
                           capture_output=True, text=True, timeout=300,
-                          env={**engines._child_env(), **env}, check=True)  # fmt: skip
+                          env={**engines.child_env(), **env}, check=True)  # fmt: skip
     return json.loads(proc.stdout)
 
 

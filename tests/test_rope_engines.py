@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import sys
 import textwrap
 
 import pytest
 
-from conftest import anchor, unavailable
+from conftest import anchor, built_engine
 from posenc.faces.cli import main
 from posenc.integration.analysis import engines
 
@@ -231,13 +232,7 @@ def mlx_results():
     """Every cross-engine case and the llama.py refusal, run by MLX in one child process."""
     from posenc.integration.analysis.engine_cases import CASES
 
-    python = engines.engine_python("mlx")
-    if not python.exists():
-        # skips here, fails under CI=true: .ci/run builds the engines
-        unavailable(
-            f"MLX's environment is not built ({python}): run `make engines`",
-            provided_by=".ci/run builds it (make engines)",
-        )
+    python = built_engine("mlx")
     configs = [c.data() for c in CASES.values()] + [LLAMA_TOP_LEVEL_ORIGINAL]
     results = engines.run_cases("mlx", configs, python)
     return dict(zip([*CASES, "llama top-level original"], results, strict=True))
@@ -362,7 +357,7 @@ def batch_fake(tmp_path, monkeypatch):
     reader = tmp_path / "batch_reader.py"
     reader.write_text(BATCH_READER.format(readers=str(engines.READERS)))
     monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, "nothing", 20.0))
-    return engines.Path(sys.executable)
+    return pathlib.Path(sys.executable)
 
 
 GEMMA = {**BASE, "model_type": "gemma3_text", "head_dim": 256, "num_hidden_layers": 6,

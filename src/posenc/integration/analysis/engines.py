@@ -66,6 +66,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "EngineResult",
+    "child_env",
     "engine_python",
     "mrope_positions",
     "parse_engine_python",
@@ -279,8 +280,9 @@ def _last_line(stderr: str) -> str:
     return lines[-1] if lines else "(no message)"
 
 
-def _child_env() -> dict[str, str]:
-    # the engine's Python must see its own packages only, never this environment's
+def child_env() -> dict[str, str]:
+    """The environment a reader runs in: this one's, without its Python paths (the engine's
+    Python must see its own packages only)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.pop("VIRTUAL_ENV", None)
     return env
@@ -297,7 +299,7 @@ def _call(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_child_env(),
+            env=child_env(),
             start_new_session=True,  # its own process group: a timeout kills its children too
         )
     except OSError as exc:
