@@ -371,11 +371,11 @@ QWEN2_VL = {**BASE, "model_type": "qwen2_vl", "hidden_size": 512, "num_attention
             "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}  # fmt: skip
 
 
-def sections(interleaved=False):
+def sections():
+    """The axis each of QWEN2_VL's 64 pairs reads (Qwen2-VL's contiguous [16, 24, 24])."""
     from posenc.families.rotary.multiaxis.mrope import mrope_axes
 
-    return list(mrope_axes((16, 24, 24) if not interleaved else (24, 20, 20), 64,
-                           interleaved=interleaved))  # fmt: skip
+    return list(mrope_axes((16, 24, 24), 64))
 
 
 def test_a_batch_is_one_child_and_a_refusal_does_not_stop_it(batch_fake):
