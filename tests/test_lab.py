@@ -72,6 +72,13 @@ def test_test_time_variants_are_their_trained_encoding_plus_a_scaling():
         assert training_encoding(e.name) == trained.name
 
 
+def layout(tokens):
+    """A layout of numbers for ``tokens`` (their values aside): runs of 3 digits, each after
+    a token outside the numbers and before an operator, as the arithmetic tasks carry."""
+    columns = torch.arange(tokens.shape[1]) % 5 - 2  # -2 -1 0 1 2 -2 -1 0 ...
+    return columns.expand(tokens.shape).clone()
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_every_registered_encoding_builds_and_runs(encoding):
     spec = REGISTRY[encoding]
@@ -81,7 +88,10 @@ def test_every_registered_encoding_builds_and_runs(encoding):
     tokens = torch.randint(0, 14, (2, 10), generator=torch.Generator().manual_seed(0))
     scaling = spec.scaling(10, 5)
     assert (scaling is None) == (spec.test_scaling is None)
-    logits = model(tokens, scaling=scaling, generator=torch.Generator().manual_seed(1))
+    logits = model(
+        tokens, scaling=scaling, generator=torch.Generator().manual_seed(1),
+        significance=layout(tokens),
+    )  # fmt: skip
     assert logits.shape == (2, 10, 14) and bool(torch.isfinite(logits).all())
     assert model.encoding == training_encoding(encoding)
     # the pieces the entry names, and nothing else
@@ -112,7 +122,9 @@ def test_a_span_of_logits_is_those_of_the_whole_pass(encoding):
     def logits(span=None):
         # the same randomized positions on every call: one generator state
         positions = torch.Generator().manual_seed(5)
-        return model(tokens, scaling=scaling, generator=positions, span=span)
+        return model(
+            tokens, scaling=scaling, generator=positions, span=span, significance=layout(tokens)
+        )
 
     whole = logits()
     bound = SPAN_ATOL * float(whole.abs().max())
@@ -206,7 +218,9 @@ def test_only_rope_accepts_a_test_time_scaling(encoding):
 
 @pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e not in ("rope-ntk", "rope-yarn")])
 def test_every_encoding_trains(tmp_path, encoding):
-    config = replace(TINY, encodings=(encoding,), steps=60)
+    # the encodings that read a layout of numbers train on arithmetic
+    task = "add-reversed" if REGISTRY[encoding].ids else TINY.task
+    config = replace(TINY, task=task, encodings=(encoding,), steps=60)
     _, losses = train(config, encoding, 0, directory=tmp_path, world=_World())
     assert len(losses) == config.steps
     # batches of different lengths make single losses noisy: compare tens of steps

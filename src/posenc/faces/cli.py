@@ -398,6 +398,46 @@ def _lab_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab_arithmetic(args: argparse.Namespace) -> int:
+    from posenc.faces.lab.arithmetic import (
+        STUDY,
+        ArithmeticConfig,
+        quick_config,
+        run_arithmetic,
+    )
+
+    config = quick_config() if args.quick else ArithmeticConfig()
+    given = {k: v for k, v in _sizes(args).items() if v is not None}
+    for name in ("seeds", "train_len", "test_len"):
+        if getattr(args, name) is not None:
+            given[name] = getattr(args, name)
+    if args.entries is not None:
+        given["entries"] = tuple(e.strip() for e in args.entries.split(",") if e.strip())
+        known = {e.name for e in STUDY}
+        for name in given["entries"]:
+            if name not in known:
+                raise ValueError(f"--entries: {name!r} is not one of {', '.join(sorted(known))}")
+    config = dataclasses.replace(config, **given)
+
+    def say(i: int, task: str) -> None:
+        print(f"arithmetic: task {i + 1}: {task}", file=sys.stderr, flush=True)
+
+    doc = run_arithmetic(
+        config, args.out, workers=args.workers, device=args.device,
+        progress=not args.no_progress, on_task=say,
+    )  # fmt: skip
+    goal = doc["goal"]
+    print(f"{'encoding':>20}  exact match at {goal['length']} digits (seed min-max)  reach")
+    for name, by_len in doc["accuracy"].items():
+        v = by_len.get(str(goal["length"]))
+        cell = "-" if v is None else f"{v['mean']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+        print(f"{name:>20}  {cell:<38}  {doc['reach'][name]}")
+    out = Path(args.out).resolve()
+    print(f"trained {doc['trained']} in {doc['seconds']:.0f} s; results: {out / 'arithmetic.json'}")
+    print(f"page: {out / 'index.html'}")
+    return 0
+
+
 def _lab_suite(args: argparse.Namespace) -> int:
     from posenc.faces.lab.suite import (
         SuiteConfig,
@@ -829,6 +869,48 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     lab_suite.add_argument("--no-progress", action="store_true", help="no progress bars")
     lab_suite.set_defaults(run=_lab_suite)
+
+    from posenc.faces.lab import arithmetic
+
+    lab_arith = lab_sub.add_parser(
+        "arithmetic",
+        help="addition beyond the trained length: position coupling, Abacus, randomized "
+        "positions, index hints beside NoPE, RoPE, ALiBi, FIRE and a learned table",
+        description="Train every line of the study on addition with numbers of 1 to "
+        "--train-len digits and test exact match per operand length up to --test-len, "
+        "through `posenc lab run` (cached: a rerun trains nothing new); write "
+        "DIR/<task>/, DIR/arithmetic.json (accuracy[encoding][length]: mean, min, max over "
+        "seeds), DIR/arithmetic.svg and DIR/index.html. Lines: "
+        + ", ".join(e.name for e in arithmetic.STUDY)
+        + ".",
+    )
+    lab_arith.add_argument(
+        "--quick", action="store_true",
+        help="one seed per line (under 20 minutes on 2 CPU cores); the default run reuses "
+        "its models",
+    )  # fmt: skip
+    lab_arith.add_argument("--entries", default=None, metavar="LIST",
+                           help="comma-separated lines of the study (default: all)")  # fmt: skip
+    lab_arith.add_argument("--seeds", type=_int_at_least(1), default=None, metavar="N",
+                           help="seeds per line (default: 3, --quick 1)")  # fmt: skip
+    lab_arith.add_argument("--train-len", type=_int_at_least(1), default=None, metavar="N",
+                           help="digits of the longest training number; default: 10")  # fmt: skip
+    lab_arith.add_argument("--test-len", type=_int_at_least(2), default=None, metavar="N",
+                           help="digits of the longest test number; default: 40")  # fmt: skip
+    arith_defaults = {f.name: f.default for f in dataclasses.fields(arithmetic.ArithmeticConfig)}
+    _lab_sizes(lab_arith, "examples per length", default=arith_defaults)
+    lab_arith.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None,
+        help="where to train (default: cuda where a GPU exists, else cpu)",
+    )  # fmt: skip
+    lab_arith.add_argument("--out", default="posenc-arithmetic", metavar="DIR",
+                           help="default: %(default)s")  # fmt: skip
+    lab_arith.add_argument(
+        "--workers", type=_int_at_least(1), default=None, metavar="N",
+        help="trainings at once on a CPU (default: one per usable CPU)",
+    )  # fmt: skip
+    lab_arith.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_arith.set_defaults(run=_lab_arithmetic)
 
     from posenc.faces.plot import KINDS
 

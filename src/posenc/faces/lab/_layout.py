@@ -31,12 +31,28 @@ class Batch:
             predict at position ``t`` (``tokens[b, t + 1]`` where scored) and
             :data:`IGNORE` where the position is not scored.
         length: The task length ``n`` every example in the batch has (for text, the
-            window length, which equals ``seq``).
+            window length, which equals ``seq``); for a task drawing lengths per
+            example (the arithmetic formats' training), the longest it drew from.
+        significance: ``(batch, seq)`` int64, the arithmetic tasks' layout of their
+            numbers (:mod:`posenc.families.arithmetic`: a digit's power of ten, -1 after
+            a number, -2 elsewhere), which Abacus and position coupling read; None
+            for the other tasks.
     """
 
     tokens: torch.Tensor
     targets: torch.Tensor
     length: int
+    significance: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch with every tensor on ``device``."""
+        places = None if self.significance is None else self.significance.to(device)
+        return Batch(self.tokens.to(device), self.targets.to(device), self.length, places)
+
+    def rows(self, rows: slice) -> Batch:
+        """The examples ``rows`` of the batch."""
+        places = None if self.significance is None else self.significance[rows]
+        return Batch(self.tokens[rows], self.targets[rows], self.length, places)
 
     @property
     def scored(self) -> tuple[int, int]:

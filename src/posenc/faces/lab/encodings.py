@@ -31,6 +31,8 @@ from posenc.core import checks
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import torch
+
     from posenc.faces.lab.layers import PositionModule
     from posenc.faces.lab.sizes import ModelConfig
     from posenc.families.bias.modules import AttentionBias
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENCODINGS",
     "PER_LAYER",
+    "POSITION_IDS",
     "REGISTRY",
     "Encoding",
     "lookup",
@@ -78,7 +81,14 @@ class Encoding:
             layers share, or None.
         random_positions: positions are a sorted random subset of
             ``0 .. max_positions - 1``, drawn anew for every batch in training
-            and evaluation (Ruoss et al. 2023).
+            and evaluation (Ruoss et al. 2023,
+            :func:`posenc.families.arithmetic.randomized_positions`), read by the
+            encoding's rotation or absolute table; an encoding without either
+            reads no position, so it has nothing to randomize.
+        ids: the name in :data:`POSITION_IDS` of the ids the absolute table reads
+            instead of the positions, computed from the task's layout of its
+            numbers (``"abacus"``: McLeish et al. 2024; ``"coupled"``: Cho et al.
+            2024), with a random offset in training; needs a learned table.
         nope_every: every ``nope_every``-th layer (layers ``nope_every - 1``,
             ``2 nope_every - 1``, ... counted from 0) has no positional encoding
             at all and the others rotate (:meth:`rotates`), as HF's Llama 4 and
@@ -118,6 +128,7 @@ class Encoding:
     rotary: Rotation | None = None
     bias: Callable[[int, int], AttentionBias] | None = None
     random_positions: bool = False
+    ids: str | None = None
     nope_every: int | None = None
     schedule: str | None = None
     kernel: Kernel = "softmax"
@@ -132,8 +143,19 @@ class Encoding:
             checks.check_choice(self.absolute, "absolute", _ABSOLUTE)
         if self.rotary is not None:
             checks.check_choice(self.rotary, "rotary", _ROTATIONS)
-        if self.random_positions and self.rotary != "rope":
-            raise ValueError(f"{self.name}: random_positions needs rotary='rope'")
+        if self.random_positions and self.rotary != "rope" and self.absolute is None:
+            raise ValueError(
+                f"{self.name}: random_positions needs rotary='rope' or an absolute table to "
+                "read them (without one, no position is read: randomizing leaves the model "
+                "as it is)"
+            )
+        if self.ids is not None:
+            checks.check_choice(self.ids, "ids", tuple(POSITION_IDS))
+            if self.absolute != "learned" or self.random_positions:
+                raise ValueError(
+                    f"{self.name}: ids ({self.ids}) index a learned table (absolute='learned'), "
+                    "in place of the positions (not with random_positions)"
+                )
         checks.check_choice(self.kernel, "kernel", _KERNELS)
         if self.per_layer is not None:
             checks.check_choice(self.per_layer, "per_layer", tuple(PER_LAYER))
@@ -176,19 +198,20 @@ class Encoding:
     def context_parallel(self) -> bool:
         """Whether ring attention can train it: a rotation and/or a bias, softmax.
 
-        Llama 4's chunks and temperature, FoPE, stick-breaking, PaTH and the per-layer
-        modules (FoX's gates, CoPE, DAPE, PaTH's transforms) have no ring-attention
-        form here.
+        Llama 4's chunks and temperature, FoPE, stick-breaking, PaTH, the per-layer
+        modules (FoX's gates, CoPE, DAPE, PaTH's transforms) and the ids of the
+        numbers' layout (Abacus, coupling) have no ring-attention form here.
         """
         return (
             self.kernel == "softmax" and self.per_layer is None and self.chunk is None
-            and not self.temperature and self.rotary != "fope"
+            and not self.temperature and self.rotary != "fope" and self.ids is None
         )  # fmt: skip
 
     @property
     def limited(self) -> bool:
-        """Whether a sequence must fit ``max_positions`` (a learned table, random positions)."""
-        return self.absolute == "learned" or self.random_positions
+        """Whether a sequence must fit ``max_positions`` (a learned table read at positions,
+        random positions); a table read at :attr:`ids` limits the numbers' width instead."""
+        return (self.absolute == "learned" and self.ids is None) or self.random_positions
 
     def scaling(self, length: int, trained: int) -> dict[str, Any] | None:
         """The ``rope_scaling`` this encoding applies at ``length`` tokens, trained at ``trained``.
@@ -287,6 +310,59 @@ PER_LAYER: Mapping[str, Callable[[ModelConfig], PositionModule]] = MappingProxyT
 _PATH = ("path", "path-fox")
 
 
+# ------------------------------------------------------------------ ids from the numbers
+
+
+def _offset(high: int, scheme: str, generator: torch.Generator, rows: int | None = None) -> Any:
+    from posenc.families.arithmetic import random_offsets
+
+    if high < 0:
+        raise ValueError(
+            f"{scheme}: the training numbers need more ids than max_positions gives; "
+            "test longer numbers, or train shorter ones (the table has a row for each column "
+            "of the widest test number)"
+        )
+    return random_offsets(high, generator, rows)
+
+
+def _abacus_ids(
+    significance: torch.Tensor, max_positions: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    from posenc.families.arithmetic import abacus_positions
+
+    offset = 0
+    if generator is not None:  # training: one offset per batch, the ids still in the table
+        longest = int(abacus_positions(significance).max())
+        offset = _offset(max_positions - 1 - longest, "abacus", generator)
+    return abacus_positions(significance, offset, max_positions=max_positions)
+
+
+def _coupled_ids(
+    significance: torch.Tensor, max_positions: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    from posenc.families.arithmetic import coupled_positions
+
+    start: Any = 1
+    if generator is not None:  # training: one start per example, the ids still in the table
+        width = int(significance.max()) + 1  # the after-number token takes start + width
+        rows = significance.shape[0]
+        start = 1 + _offset(max_positions - 2 - width, "coupled", generator, rows)
+    return coupled_positions(significance, start, max_positions=max_positions)
+
+
+#: Position-id schemes that read a task's layout of its numbers (read-only):
+#: ``POSITION_IDS[name](significance, max_positions, generator)`` gives the ids
+#: ``(batch, seq)`` a learned table of ``max_positions`` rows reads (the lab's
+#: :attr:`~posenc.lab.sizes.ModelConfig.id_rows`, sized as both papers size their
+#: ranges: the widest test number's columns, plus the after-number id and row 0); ``generator`` is
+#: training's randomness (its random offsets), None at evaluation (the fixed start).
+#: A new scheme is one entry here (and an :class:`Encoding` whose ``ids`` names it).
+POSITION_IDS: Mapping[str, Callable[..., torch.Tensor]] = MappingProxyType({
+    "abacus": _abacus_ids,
+    "coupled": _coupled_ids,
+})  # fmt: skip
+
+
 # ------------------------------------------------------------------ the registry
 
 _ROPE = Encoding("rope", "queries and keys rotated by position (Su et al. 2021)", rotary="rope")
@@ -341,6 +417,33 @@ _IN_ORDER = (
         name="randomized",
         description="rope at sorted random positions below max_positions (Ruoss et al. 2023)",
         random_positions=True,
+    ),
+    Encoding(
+        "randomized-learned",
+        "a learned table read at sorted random positions below max_positions (Ruoss et al. 2023)",
+        absolute="learned",
+        random_positions=True,
+    ),
+    Encoding(
+        "abacus",
+        "a learned table read at each digit's place in its number, offset at random in "
+        "training (McLeish et al. 2024)",
+        absolute="learned",
+        ids="abacus",
+    ),
+    Encoding(
+        "abacus-fire",
+        "Abacus embeddings with FIRE's bias in every layer (McLeish et al. 2024)",
+        absolute="learned",
+        ids="abacus",
+        bias=_fire,
+    ),
+    Encoding(
+        "coupled",
+        "a learned table read at ids shared by the digits of one significance, from a "
+        "random start in training (Cho et al. 2024)",
+        absolute="learned",
+        ids="coupled",
     ),
     Encoding(
         "fox",

@@ -43,6 +43,7 @@ from posenc.core import checks
 from posenc.faces.lab.encodings import (
     ENCODINGS,
     PER_LAYER,
+    POSITION_IDS,
     REGISTRY,
     Encoding,
     lookup,
@@ -52,6 +53,7 @@ from posenc.faces.lab.encodings import (
 from posenc.faces.lab.layers import PositionModule
 from posenc.faces.lab.sizes import ModelConfig
 from posenc.families.absolute.sinusoidal import sinusoidal
+from posenc.families.arithmetic import randomized_positions
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.bias.temperature import attn_temperature
 from posenc.families.rotary.fope import FoPE
@@ -128,6 +130,10 @@ class _SinusoidalTable(nn.Module):
 
 def _learned_table(config: ModelConfig) -> nn.Module:
     return nn.Embedding(config.max_positions, config.d_model)
+
+
+def _id_table(config: ModelConfig) -> nn.Module:
+    return nn.Embedding(config.id_rows, config.d_model)
 
 
 #: :attr:`Encoding.absolute` -> the table's builder; tables map positions ``(seq,)`` to
@@ -352,7 +358,8 @@ class LabModel(nn.Module):
         self.head = nn.Linear(d, config.vocab, bias=False)
         if self.spec.absolute is not None:
             # named by its kind, so that a learned table is saved as "learned.weight"
-            self.add_module(self.spec.absolute, _ABSOLUTE_TABLES[self.spec.absolute](config))
+            table = _id_table if self.spec.ids else _ABSOLUTE_TABLES[self.spec.absolute]
+            self.add_module(self.spec.absolute, table(config))
         self.bias: AttentionBias | None = None
         if self.spec.bias is not None:
             self.bias = self.spec.bias(config.heads, config.head_dim)  # shared by every layer
@@ -379,8 +386,30 @@ class LabModel(nn.Module):
             return torch.arange(t, device=device)
         # a sorted random subset of every position the model may see, so that test lengths
         # beyond the trained ones use positions already trained on (Ruoss et al. 2023)
-        draw = torch.randperm(self.config.max_positions, generator=generator)[:t]
-        return draw.sort().values.to(device)
+        if generator is None:
+            generator = torch.default_generator
+        return randomized_positions(t, self.config.max_positions, generator).to(device)
+
+    def _ids(
+        self, significance: torch.Tensor | None, t: int, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """The ids ``(batch, seq)`` of :attr:`Encoding.ids`'s scheme, random offsets in training."""
+        scheme = self.spec.ids
+        if significance is None:
+            raise ValueError(
+                f"{self.spec.name} reads the layout of the numbers (its {scheme} ids): pass "
+                "significance= (the arithmetic tasks' batches carry it)"
+            )
+        if not isinstance(significance, torch.Tensor) or significance.dim() != 2:
+            raise TypeError("significance must be a (batch, seq) integer tensor")
+        if significance.shape[1] != t:
+            raise ValueError(
+                f"significance must have the tokens' {t} columns; got {significance.shape[1]}"
+            )
+        if self.training and generator is None:
+            generator = torch.default_generator
+        draws = generator if self.training else None
+        return POSITION_IDS[cast(str, scheme)](significance, self.config.id_rows, draws)
 
     def forward(
         self,
@@ -390,6 +419,7 @@ class LabModel(nn.Module):
         generator: torch.Generator | None = None,
         span: tuple[int, int] | None = None,
         context: ContextParallel | None = None,
+        significance: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(batch, seq, vocab)`` of ``tokens`` ``(batch, seq)``, or of a span of them.
 
@@ -409,6 +439,11 @@ class LabModel(nn.Module):
                 ``context.local(tokens, fill)``, ``(batch, padded seq // size,
                 vocab)``; the padding's rows are not the model's (ignore their
                 targets). A collective: every rank of the group calls it together.
+            significance: ``(batch, seq)`` the layout of the numbers
+                (:class:`~posenc.lab.tasks.Batch`'s), read by the encodings whose
+                table reads ids computed from it (Abacus, coupling): random offsets
+                in training (``model.train()``, from ``generator``), the scheme's
+                fixed start in ``model.eval()``. Ignored by the other encodings.
 
         Raises:
             ValueError: a sequence longer than ``max_positions`` for the
@@ -417,13 +452,17 @@ class LabModel(nn.Module):
                 ``0 <= start < stop <= seq``; a span under ``context`` (each rank
                 holds pieces of the sequence's start and end: no suffix to cut).
         """
-        x, attends, queries = self._start(tokens, scaling, generator, span, context)
+        x, attends, queries = self._start(tokens, scaling, generator, span, context, significance)
         for i, (block, attend) in enumerate(zip(self.blocks, attends, strict=True)):
             x = block(x, attend, queries if i == len(self.blocks) - 1 else x.shape[1])
         return self.head(self.ln(x))
 
     def residuals(
-        self, tokens: torch.Tensor, *, generator: torch.Generator | None = None
+        self,
+        tokens: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        significance: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """The residual stream of ``tokens`` ``(batch, seq)`` at every layer, every position.
 
@@ -436,12 +475,13 @@ class LabModel(nn.Module):
         Args:
             tokens: int64 ids.
             generator: the randomness of ``randomized`` positions, as in :meth:`forward`.
+            significance: the layout of the numbers, as in :meth:`forward`.
 
         Raises:
             ValueError: a sequence longer than ``max_positions`` for the encodings
                 that have a limit (learned, randomized).
         """
-        x, attends, _ = self._start(tokens, None, generator, None, None)
+        x, attends, _ = self._start(tokens, None, generator, None, None, significance)
         stream = [x]
         for block, attend in zip(self.blocks, attends, strict=True):
             x = block(x, attend, x.shape[1])
@@ -455,6 +495,7 @@ class LabModel(nn.Module):
         generator: torch.Generator | None,
         span: tuple[int, int] | None,
         context: ContextParallel | None,
+        significance: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[Attend], int]:
         """The embedding output of the tokens a pass computes, each block's attention,
         and the queries of the last block (:meth:`forward`'s arguments, checked)."""
@@ -476,6 +517,11 @@ class LabModel(nn.Module):
                 f"test-time scaling applies to {', '.join(_SCALABLE)} only; "
                 f"this model is {spec.name!r}"
             )
+        if context is not None and not spec.context_parallel:
+            raise ValueError(
+                f"context parallelism: {spec.name} has no ring-attention form (rotations "
+                "and biases with softmax only)"
+            )
         # positions of the whole sequence (randomized draws t of them, the same on every
         # rank of a group: their generators are in step), kept up to stop or sharded
         positions = self._positions(t, device, generator)
@@ -485,16 +531,14 @@ class LabModel(nn.Module):
             positions, tokens = context.local(positions, 0), context.local(tokens, 0)
             start, stop = 0, tokens.shape[1]
         x = self.embed(tokens)
-        if spec.absolute is not None:
+        if spec.ids is not None:  # the table reads ids of the numbers' layout, per row
+            ids = self._ids(significance, t, generator)[:, :stop].to(device)
+            x = x + self.get_submodule(cast(str, spec.absolute))(ids).to(x.dtype)
+        elif spec.absolute is not None:
             x = x + self.get_submodule(spec.absolute)(positions).to(x.dtype)
         turn = None
         if spec.rotary is not None:
             turn = _ROTATIONS[spec.rotary](self, positions, t, scaling)
-        if context is not None and not spec.context_parallel:
-            raise ValueError(
-                f"context parallelism: {spec.name} has no ring-attention form (rotations "
-                "and biases with softmax only)"
-            )
         # each layer rotates or not (hybrid-nope's and irope's NoPE layers), on one set of
         # tables; irope's RoPE layers attend within chunks, its NoPE layers scale queries
         temperature = None

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from posenc.faces.lab.encodings import ENCODINGS
 
-__all__ = ["ENCODINGS", "SUITE", "SUITE_TASKS", "TASKS", "SuiteTask"]
+__all__ = ["ARITHMETIC_TASKS", "ENCODINGS", "SUITE", "SUITE_TASKS", "TASKS", "SuiteTask"]
 
 #: The tasks of Kazemnejad et al. (2023)'s length-generalisation suite that the lab's
 #: first tasks do not already cover (:mod:`posenc.lab.suite_tasks` makes them).
@@ -15,10 +15,20 @@ SUITE_TASKS = (
     "scan",
 )  # fmt: skip
 
-#: Every task of the lab (``posenc lab run --task``): its own, the suite's, and Liu et al.
-#: (2023)'s flip-flop language (:mod:`posenc.lab.flipflop`); each synthetic one is an entry
-#: of :data:`posenc.lab.tasks.SYNTHETIC`.
-TASKS = ("copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS, "flipflop")
+#: The arithmetic formats of the length-generalisation papers
+#: (:data:`posenc.lab.arithmetic_tasks.FORMATS` defines them).
+ARITHMETIC_TASKS = (
+    "add-reversed", "add-reversed-hints", "add-unpadded", "add-answer-reversed", "add-3",
+    "multiply-nx2",
+)  # fmt: skip
+
+#: Every task of the lab (``posenc lab run --task``): its own, the suite's, Liu et al.
+#: (2023)'s flip-flop language (:mod:`posenc.lab.flipflop`) and the arithmetic formats;
+#: each synthetic one is an entry of :data:`posenc.lab.tasks.SYNTHETIC`.
+TASKS = (
+    "copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS, "flipflop",
+    *ARITHMETIC_TASKS,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

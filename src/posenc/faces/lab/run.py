@@ -135,9 +135,11 @@ class LabConfig:
 
     @property
     def model(self) -> ModelConfig:
+        columns = None if self.task == "text" else T.SYNTHETIC[self.task].columns
         return ModelConfig(
             T.vocab_size(self.task), self.d_model, self.layers, self.heads, self.max_positions,
             T.sequence_length(self.task, self.train_len),
+            None if columns is None else columns(self.test_len) + 2,
         )  # fmt: skip
 
     def training_key(self, encoding: str, seed: int) -> str:
@@ -154,6 +156,8 @@ class LabConfig:
             parts["corpus"] = self.corpus_digest
         parts.update(encoding=training_encoding(encoding), seed=seed, version=VERSION)
         parts["max_positions"] = self.max_positions
+        if self.model.max_ids is not None:  # the arithmetic tasks' id table (Abacus, coupling)
+            parts["max_ids"] = self.model.max_ids
         return _digest(parts)
 
     @functools.cached_property
@@ -464,6 +468,9 @@ class _Data:
         c = self.config
         if c.task == "text":
             return self.corpus.batch("train", c.train_len, c.batch_size, self.gen)
+        train = T.SYNTHETIC[c.task].train
+        if train is not None:  # the task draws its own lengths (every operand's)
+            return train(c.train_len, c.batch_size, self.gen)
         # randint(0, k) + 1 draws what randint(1, k + 1) did, so the lab's tasks are unchanged
         ns = T.lengths(c.task, c.train_len)
         n = ns[int(torch.randint(0, len(ns), (1,), generator=self.gen))]
@@ -474,8 +481,7 @@ def _share(batch: T.Batch, world: _World) -> T.Batch:
     """This process's data-parallel rank's contiguous share of the global ``batch``."""
     size = batch.tokens.shape[0] // world.dp_size
     rows = slice(world.dp_rank * size, (world.dp_rank + 1) * size)
-    where = world.device
-    return T.Batch(batch.tokens[rows].to(where), batch.targets[rows].to(where), batch.length)
+    return batch.rows(rows).to(world.device)
 
 
 def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
@@ -493,7 +499,9 @@ def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> 
     # the logits of the scored positions alone: the loss of the whole pass (its other
     # targets are ignored) at a fraction of its work
     start, stop = batch.scored
-    logits = model(batch.tokens, generator=positions, span=(start, stop))
+    logits = model(
+        batch.tokens, generator=positions, span=(start, stop), significance=batch.significance
+    )
     targets = batch.targets[:, start:stop]
     return nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
@@ -644,7 +652,7 @@ def evaluate(
         start, stop = batch.scored
         logits = model(
             batch.tokens.to(device), scaling=spec.scaling(length, trained),
-            generator=positions, span=(start, stop),
+            generator=positions, span=(start, stop), significance=batch.significance,
         )  # fmt: skip
         return logits, batch.targets[:, start:stop].to(device)
 

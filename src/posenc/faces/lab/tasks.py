@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import flipflop, names, suite_tasks
+from posenc.faces.lab import arithmetic_tasks, flipflop, names, suite_tasks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
 __all__ = [
@@ -156,12 +156,21 @@ class SyntheticTask:
             argument checked).
         lengths: ``high ->`` the lengths up to ``high`` that ``make`` accepts, in
             order (``high >= 1`` checked by the caller); ``1 .. high`` by default.
+        train: ``(high, batch_size, generator) ->`` a training batch of lengths up to
+            ``high``, drawn as the task's paper draws them (the arithmetic formats
+            draw every operand's length); None: ``make`` at a length drawn
+            uniformly from ``lengths(high)`` per batch.
+        columns: ``n ->`` the widest number's digits at length ``n`` (the arithmetic
+            formats: what a table of ids per digit column must cover); None for tasks
+            without numbers to align.
     """
 
     vocab: int
     sequence_length: Callable[[int], int]
     make: Callable[[int, int, torch.Generator], Batch]
     lengths: Callable[[int], list[int]] = _every_length
+    train: Callable[[int, int, torch.Generator], Batch] | None = None
+    columns: Callable[[int], int] | None = None
 
 
 def vocab_size(task: str) -> int:
@@ -372,6 +381,13 @@ def _symbol_task(task: str, rule: Callable[[torch.Tensor], torch.Tensor]) -> Syn
     return _own(task, make)
 
 
+def _arithmetic_task(task: str) -> SyntheticTask:
+    """An arithmetic format of :mod:`posenc.lab.arithmetic_tasks`: its own training draws."""
+    fmt = arithmetic_tasks.FORMATS[task]
+    vocab, length, make, train = arithmetic_tasks.task(task)
+    return SyntheticTask(vocab, length, make, train=train, columns=fmt.columns)
+
+
 def _suite_task(task: str) -> SyntheticTask:
     """A task of Kazemnejad et al.'s suite: :mod:`posenc.lab.suite_tasks` makes it."""
     return SyntheticTask(
@@ -394,6 +410,7 @@ SYNTHETIC: Mapping[str, SyntheticTask] = MappingProxyType({
     "flipflop": SyntheticTask(
         flipflop.VOCAB, flipflop.sequence_length, flipflop.make_batch, flipflop.lengths
     ),
+    **{task: _arithmetic_task(task) for task in names.ARITHMETIC_TASKS},
 })  # fmt: skip
 assert tuple(SYNTHETIC) == _SYNTHETIC, "names.TASKS and SYNTHETIC name the same tasks"
 
