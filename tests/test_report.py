@@ -21,7 +21,8 @@ from posenc.faces.cli import main
 
 SECTIONS = [
     "why", "index", "sinusoidal", "exp-log", "timesteps", "shift", "add-concat", "geometry",
-    "precision", "learned", "layers", "rope", "extension", "nope", "biases", "grid",
+    "precision", "learned", "layers", "rope", "extension", "nope", "biases", "arithmetic",
+    "grid",
 ]  # fmt: skip
 # the formulas the page must render, by section: the definition, the shift rotation, the
 # norm, RoPE's rotation and the ALiBi bias

@@ -363,3 +363,51 @@ def test_bias_explorer_shows_each_heads_weights(opened: Opened) -> None:
     page.select_option("#bias-head", index=0)
     check(0, 0, 50)
     opened.clean()
+
+
+def test_arithmetic_id_table_shows_posencs_ids(opened: Opened) -> None:
+    from posenc.faces.lab import arithmetic
+
+    page = opened.page
+    assert page.locator("#arith-table").count() == 1, "the bundled arithmetic study is shown"
+
+    def rows() -> dict[str, list[str]]:
+        got = page.eval_on_selector(
+            "#arith-table",
+            "t => Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))",
+        )
+        return {row[0]: row[1:] for row in got}
+
+    for numbers, option, task in (
+        ((653, 49), "msd", "add-answer-reversed"),
+        ((123, 4567), "reversed", "add-reversed"),
+        ((99999, 1, 500), "msd", None),
+    ):
+        page.fill("#arith-numbers", "+".join(map(str, numbers)))
+        page.select_option("#arith-format", option)
+        shown = rows()
+        if task is None:  # three operands: the ids from the functions, on the format's layout
+            import torch
+
+            from posenc.faces.lab.arithmetic_tasks import ArithmeticFormat, example_tokens
+            from posenc.families.arithmetic import abacus_positions, coupled_positions
+
+            fmt = ArithmeticFormat("", operands=3, reverse_operands=False)
+            _, places, _ = example_tokens(fmt, numbers)
+            sig = torch.tensor(places)
+            want = {"abacus": abacus_positions(sig).tolist(),
+                    "coupled": coupled_positions(sig).tolist()}  # fmt: skip
+        else:
+            want = arithmetic.id_table(numbers, task)
+        for name in ("abacus", "coupled"):
+            assert shown[name] == [str(v) for v in want[name]], (numbers, name)
+        if task is not None:
+            assert shown["token"] == want["token"] and shown["hint"] == want["hint"]
+    # a training offset shifts every digit's ids by it
+    page.fill("#arith-numbers", "653+49")
+    page.select_option("#arith-format", "msd")
+    opened.slide("#arith-offset", 5)
+    base = arithmetic.id_table((653, 49))
+    assert rows()["coupled"] == [str(v + 5 if v else 0) for v in base["coupled"]]
+    assert rows()["abacus"] == [str(v + 5 if v else 0) for v in base["abacus"]]
+    opened.clean()

@@ -67,7 +67,9 @@ _LAZY = {
     "PaTH": "posenc.integration.path_layer",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
-_SUBMODULES = ("absolute", "analysis", "bench", "bias", "context_parallel", "hf", "rotary")
+_SUBMODULES = (
+    "absolute", "analysis", "arithmetic", "bench", "bias", "context_parallel", "hf", "rotary",
+)  # fmt: skip
 
 __all__ = [
     "DAPE",

@@ -20,6 +20,7 @@ MOVED = {
     "posenc.absolute": "posenc.families.absolute",
     "posenc.rotary": "posenc.families.rotary",
     "posenc.bias": "posenc.families.bias",
+    "posenc.arithmetic": "posenc.families.arithmetic",
     "posenc.modules": "posenc.families.absolute.modules",
     "posenc.positions": "posenc.core.positions",
     "posenc.attend": "posenc.integration.attention",

@@ -791,6 +791,8 @@ def _sections(
         )
     )
 
+    sections.extend(_arithmetic_sections())
+
     g = posenc.grid((14, 14), 64, preset="mae", dtype="float64")
     sections.append(
         Section(
@@ -1089,7 +1091,12 @@ def _lab_figures(labs: Sequence[Any]) -> dict[str, Callable[[], Any]]:
             f"lab {run.config.task}: RoPE in every layer, in none, or in every other",
         )
 
-    return {"probes": probes, "nope-layers": nope_layers}
+    def arithmetic_curves() -> Any:
+        from posenc.faces.lab import arithmetic
+
+        return arithmetic.figure(arithmetic.bundled() or {})
+
+    return {"probes": probes, "nope-layers": nope_layers, "arithmetic": arithmetic_curves}
 
 
 def _figure_options(
@@ -1122,6 +1129,33 @@ def _figure_options(
         }
     )
     return options
+
+
+def _arithmetic_sections() -> list[Section]:
+    """The lab's arithmetic study (``posenc lab arithmetic``, bundled), if posenc has one."""
+    from posenc.faces.lab import arithmetic
+
+    doc = arithmetic.bundled()
+    if doc is None:
+        return []
+    numbers = [
+        (f"{name}: longest operand length with every length up to it at "
+         f"{arithmetic.GOAL} exact match or more (trained 1-{doc['trained_max']})",
+         str(reach))
+        for name, reach in doc["reach"].items()
+    ]  # fmt: skip
+    return [
+        Section(
+            "arithmetic",
+            "Arithmetic beyond the trained length: why digits far out are lost",
+            "\n\n".join(arithmetic.EXPLAINER),
+            numbers,
+            ["arithmetic"],
+            list(arithmetic.FORMULAS),
+            arithmetic.CODE,
+            extra=arithmetic.section(doc, explainer=False),
+        )
+    ]
 
 
 def _lab_runs(directory: Path | None) -> list[Any]:

@@ -45,6 +45,9 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 
 __all__ = [
+    "CODE",
+    "EXPLAINER",
+    "FORMULAS",
     "GOAL",
     "STUDY",
     "ArithmeticConfig",
@@ -348,36 +351,123 @@ def id_table(
     }
 
 
-_EXPLAINER = """
-<p>Adding two long numbers needs one alignment: the answer's <i>k</i>-th digit reads the
-<i>k</i>-th digit of each operand, and a carry from the digit before. A model finds those
-digits by their positions. With <b>absolute</b> positions (a learned table, the sinusoidal
-one) the digits of a 30-digit number sit at positions no training example reached, so
-their vectors were never trained. <b>Relative</b> encodings (RoPE, ALiBi, FIRE) do not
-meet new positions, but they meet new <i>distances</i>: the operand digit an answer digit
-needs is about twice the number's length away, which grows with every digit, so the
-attention pattern that found it at 10 digits points at the wrong digit at 30.</p>
-<p>The encodings made for arithmetic give the model the alignment instead. <b>Randomized
-positions</b> (Ruoss et al. 2023) train every position and distance up to a bound by
-drawing the positions at random below it. <b>Abacus</b> (McLeish et al. 2024) gives each
-digit the id of its place within its own number, so units, tens, hundreds of every
-number share an id; a random offset in training trains the ids of long numbers.
-<b>Position coupling</b> (Cho et al. 2024) gives digits of equal significance one id
-across operands and answer, whichever way each number is written. <b>Index hints</b>
-(Zhou et al. 2024) write the same alignment as tokens, a hint before every digit.</p>
+#: The explainer's paragraphs (plain text): why digits far out are lost, what each scheme changes.
+EXPLAINER = (
+    "Adding two long numbers needs one alignment: the answer's k-th digit reads the k-th "
+    "digit of each operand, and a carry from the digit before. A model finds those digits by "
+    "their positions. With absolute positions (a learned table, the sinusoidal one) the "
+    "digits of a 30-digit number sit at positions no training example reached, so their "
+    "vectors were never trained. Relative encodings (RoPE, ALiBi, FIRE) meet no new "
+    "position, but they meet new distances: the operand digit an answer digit needs is "
+    "about twice the number's length away, a distance that grows with every digit, so the "
+    "attention pattern that found it at 10 digits points at the wrong digit at 30.",
+    "The encodings made for arithmetic give the model the alignment instead. Randomized "
+    "positions (Ruoss et al. 2023) train every position and distance up to a bound by "
+    "drawing the positions at random below it. Abacus (McLeish et al. 2024) gives each "
+    "digit the id of its place within its own number, so the units, tens and hundreds of "
+    "every number share an id, and a random offset in training trains the ids of long "
+    "numbers. Position coupling (Cho et al. 2024) gives the digits of one significance one "
+    "id across operands and answer, whichever way each number is written. Index hints "
+    "(Zhou et al. 2024) write the same alignment as tokens: a hint before every digit.",
+    "Type two numbers below and pick a format: the table gives each token's position and "
+    "the ids each scheme reads. Raise the training offset to see what a training example's "
+    "ids look like; at test time it is 0.",
+)
+
+#: The schemes' rules, as the page's formulas (LaTeX).
+FORMULAS = (
+    r"\mathrm{abacus}(t) = 1 + (\text{index of digit } t \text{ in its number}) + k,"
+    r"\quad k \sim U\{0..K\}\ \text{(training)},\ k = 0\ \text{(test)}",
+    r"\mathrm{coupled}(t) = s + w - 1 - j(t),\quad j(t) = \text{significance of } t,"
+    r"\ w = \text{columns},\ s \sim U\{1..S\}\ \text{(training)},\ s = 1\ \text{(test)}",
+    r"\mathrm{hint}(t) = h_0 + j(t),\quad h_0\ \text{random (training)},\ 0\ \text{(test)}",
+)
+
+#: A few lines of posenc code computing the ids of the page's first table.
+CODE = (
+    "import torch\n"
+    "from posenc.families.arithmetic import abacus_positions, coupled_positions\n"
+    "# 653 + 049 = 2070: each digit's significance, -1 for '+' and '='\n"
+    "significance = torch.tensor([2, 1, 0, -1, 2, 1, 0, -1, 0, 1, 2, 3])\n"
+    "coupled_positions(significance)   # [2, 3, 4, 5, 2, 3, 4, 5, 4, 3, 2, 1]\n"
+    "abacus_positions(significance)    # [1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 4]"
+)
+
+# The id table recomputed in the page for the reader's numbers: the rules of
+# posenc.families.arithmetic and of arithmetic_tasks.example_tokens, in JavaScript.
+_SCRIPT = """
+<script>
+(function () {
+  var box = document.getElementById("arith-explorer");
+  if (!box) return;
+  var input = document.getElementById("arith-numbers");
+  var format = document.getElementById("arith-format");
+  var offset = document.getElementById("arith-offset");
+  var table = document.getElementById("arith-table");
+  var note = document.getElementById("arith-note");
+  function pad(text, width) { while (text.length < width) text = "0" + text; return text; }
+  function draw() {
+    var parts = input.value.split("+").map(function (s) { return s.trim(); });
+    if (parts.length < 2 || parts.some(function (s) { return !/^[0-9]{1,40}$/.test(s); })) {
+      note.textContent = "two to four numbers of 1 to 40 digits, joined by +";
+      return;
+    }
+    parts = parts.slice(0, 4).map(function (s) { return BigInt(s).toString(); });
+    note.textContent = "";
+    var reverseOperands = format.value === "reversed";
+    var k = Math.max(0, Math.min(60, parseInt(offset.value, 10) || 0));
+    var width = Math.max.apply(null, parts.map(function (s) { return s.length; }));
+    var widest = BigInt(0), total = BigInt(0);
+    parts.forEach(function (s) {
+      total += BigInt(s); widest += BigInt(10) ** BigInt(width) - BigInt(1);
+    });
+    var answerWidth = widest.toString().length;
+    var tokens = ["BOS"], sig = [-2];
+    function write(text, reverse) {
+      var digits = text.split("");
+      if (reverse) digits.reverse();
+      digits.forEach(function (d, i) {
+        tokens.push(d); sig.push(reverse ? i : digits.length - 1 - i);
+      });
+    }
+    parts.forEach(function (s, i) {
+      write(pad(s, width), reverseOperands);
+      tokens.push(i < parts.length - 1 ? "+" : "="); sig.push(-1);
+    });
+    write(pad(total.toString(), answerWidth), true);
+    tokens.push("EOS"); sig.push(-2);
+    var columns = Math.max.apply(null, sig) + 1;
+    var abacus = [], coupled = [], hints = [], run = 0;
+    sig.forEach(function (j) {
+      run = j >= 0 ? run + 1 : 0;
+      abacus.push(j >= 0 ? run + k : 0);
+      coupled.push(j >= -1 ? 1 + k + columns - 1 - j : 0);
+      hints.push(j >= 0 ? "h" + (k + j) : "");
+    });
+    var rows = [["token", tokens], ["position", tokens.map(function (_, i) { return i; })],
+                ["abacus", abacus], ["coupled", coupled], ["hint", hints]];
+    table.innerHTML = rows.map(function (row) {
+      return "<tr><th>" + row[0] + "</th>" + row[1].map(function (v) {
+        return "<td>" + v + "</td>"; }).join("") + "</tr>";
+    }).join("");
+  }
+  [input, format, offset].forEach(function (e) { e.addEventListener("input", draw); });
+  draw();
+})();
+</script>
 """
 
-_FORMULAS = """
-<pre>
-abacus:  id(digit) = 1 + its index within its number + k      (k ~ U{0..K} in training, 0 at test)
-coupled: id(digit of significance j) = s + width - 1 - j      (s ~ U{1..S} in training, 1 at test)
-         id(token after a number)   = s + width;  every other token 0
-hints:   hint(digit of significance j) = h0 + j                (h0 random in training, 0 at test)
-
-from posenc.families.arithmetic import abacus_positions, coupled_positions
-significance = torch.tensor([2, 1, 0, -1, 2, 1, 0, -1, 0, 1, 2, 3])   # 653 + 049 = 2070
-coupled_positions(significance)      # [2, 3, 4, 5, 2, 3, 4, 5, 4, 3, 2, 1]
-</pre>
+_EXPLORER = """
+<div id="arith-explorer">
+<label>numbers <input id="arith-numbers" value="653+49" size="30"></label>
+<label>operands <select id="arith-format">
+<option value="msd">most significant digit first (Cho et al.)</option>
+<option value="reversed">reversed, as the answer (McLeish et al.)</option>
+</select></label>
+<label>training offset <input id="arith-offset" type="number" value="0" min="0" max="60"></label>
+<span id="arith-note"></span>
+<div style="overflow-x:auto"><table class="numbers ids" id="arith-table"></table></div>
+</div>
 """
 
 
@@ -417,10 +507,20 @@ def _shown_lengths(doc: Mapping[str, Any]) -> list[int]:
     return sorted(n for n in picks if 1 <= n <= tested)
 
 
-def section(doc: Mapping[str, Any], svg: bytes | None = None) -> str:
-    """The page's section: the explainer, one example's ids, the curves and the table."""
-    svg = _svg(doc) if svg is None else svg
-    data = base64.b64encode(svg).decode()
+def section(doc: Mapping[str, Any], svg: bytes | None = None, *, explainer: bool = True) -> str:
+    """The page's section: the explainer, one example's ids, the curves and the table.
+
+    ``explainer=False`` leaves out the explainer's paragraphs, code and the figure (the
+    report shows them as its section's text, code and figure) and keeps the rest, the
+    reader's id table included.
+    """
+    image = ""
+    if explainer:
+        data = base64.b64encode(_svg(doc) if svg is None else svg).decode()
+        image = (
+            f'<img src="data:image/svg+xml;base64,{data}" alt="exact match against digits per '
+            'operand, one line per encoding">'
+        )
     s = doc["settings"]
     caption = (
         f"{doc['seeds']} seed{'s' if doc['seeds'] > 1 else ''} per line; {s['steps']} steps of "
@@ -444,21 +544,25 @@ def section(doc: Mapping[str, Any], svg: bytes | None = None) -> str:
            "models far longer (Cho et al.: 1-30 digits, tested to 200; McLeish et al.: "
            "20 digits, tested to 100, with 16-layer looped models).")
     )  # fmt: skip
+    intro = []
+    if explainer:
+        intro = [f"<p>{html.escape(p)}</p>" for p in EXPLAINER]
+        intro.append(f"<pre>{html.escape(CODE)}</pre>")
     return "\n".join([
         '<section id="lab-arithmetic" class="lab">',
         "<h3>Arithmetic beyond the trained length: Abacus, position coupling, randomized "
         "positions, index hints</h3>",
-        _EXPLAINER,
+        *intro,
+        _EXPLORER,
+        _SCRIPT,
         _id_table_html(id_table(), "653 + 49 = 702 in Cho et al.'s format (operands zero-padded "
                        "and most significant digit first, the answer reversed): the ids each "
                        "scheme gives"),
         _id_table_html(id_table((123, 456), "add-reversed"),
                        "123 + 456 = 579, every number reversed: Abacus and coupling differ "
                        "in the operators' ids and in how the offset is drawn"),
-        _FORMULAS,
         f"<ul>{entries}</ul>",
-        f'<img src="data:image/svg+xml;base64,{data}" alt="exact match against digits per '
-        'operand, one line per encoding">',
+        image,
         f"<p>{html.escape(caption)}</p>",
         _results_table(doc),
         f"<p>{html.escape(verdict)}</p>",

@@ -425,6 +425,13 @@ _IN_ORDER = (
         random_positions=True,
     ),
     Encoding(
+        "randomized-sinusoidal",
+        "the sinusoidal table read at sorted random positions below max_positions "
+        "(Ruoss et al. 2023)",
+        absolute="sinusoidal",
+        random_positions=True,
+    ),
+    Encoding(
         "abacus",
         "a learned table read at each digit's place in its number, offset at random in "
         "training (McLeish et al. 2024)",
