@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines engine-table
+.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ engines: $(foreach n,$(ENGINE_NAMES),$(ENGINES_DIR)/$(n)/.built)
 # written to the bundled src/posenc/faces/data/rope-engines.json
 engine-table: $(VENV)/.demo engines
 	$(BIN)/python -m posenc.faces.engine_table
+
+# posenc lab arithmetic at its defaults (3 seeds; about an hour on 2 CPU cores), bundled:
+# src/posenc/faces/data/lab-arithmetic.json, the README's table, docs/lab-arithmetic.png
+arithmetic-table: $(VENV)/.demo
+	$(BIN)/posenc lab arithmetic --out posenc-arithmetic
+	$(BIN)/python -m posenc.faces.lab.arithmetic posenc-arithmetic
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

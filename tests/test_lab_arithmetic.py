@@ -307,3 +307,30 @@ def test_the_readme_and_the_bundled_study_agree() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme.split("<!-- arithmetic-table -->")[1]
     assert arithmetic.markdown(doc) in block
+
+
+def test_the_command_runs_and_refuses_unknown_lines(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from posenc.faces.cli import main
+
+    tiny = ["--train-len", "2", "--test-len", "4", "--steps", "2", "--seeds", "1",
+            "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
+            "--eval-examples", "2", "--workers", "1", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    assert main(["lab", "arithmetic", "--entries", "coupled,nope", *tiny]) == 0
+    out = capsys.readouterr().out
+    assert "coupled" in out and "nope" in out and "abacus" not in out
+    assert json.loads((tmp_path / "arithmetic.json").read_text())["tested_max"] == 4
+    assert main(["lab", "arithmetic", "--entries", "roman", *tiny]) == 2
+    assert "roman" in capsys.readouterr().err
+
+
+def test_the_readme_block_is_replaced_between_its_markers() -> None:
+    doc = arithmetic.bundled()
+    assert doc is not None
+    marker = arithmetic.README_MARKER
+    text = f"before\n{marker}\nold table\n{marker}\nafter\n"
+    new = arithmetic.readme(text, doc)
+    assert new.startswith(f"before\n{marker}\n| encoding |")
+    assert new.endswith(f"{marker}\nafter\n")
+    assert "old table" not in new
+    with pytest.raises(ValueError, match="block"):
+        arithmetic.readme("no markers", doc)

@@ -56,7 +56,9 @@ __all__ = [
     "figure",
     "id_table",
     "markdown",
+    "publish",
     "quick_config",
+    "readme",
     "run_arithmetic",
     "section",
     "summarize",
@@ -593,6 +595,54 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 #: The run bundled with posenc (``posenc/faces/data``): ``posenc lab arithmetic``'s document.
 BUNDLED = "lab-arithmetic.json"
+#: The README's table sits between two of these lines.
+README_MARKER = "<!-- arithmetic-table -->"
+
+
+def readme(text: str, doc: Mapping[str, Any]) -> str:
+    """``text`` (a README) with :func:`markdown` of ``doc`` between the two markers.
+
+    Raises:
+        ValueError: the README has no pair of :data:`README_MARKER` lines.
+    """
+    a = text.find(README_MARKER)
+    b = text.find(README_MARKER, a + len(README_MARKER))
+    if a < 0 or b < 0:
+        raise ValueError(f"the README has no {README_MARKER} ... {README_MARKER} block")
+    return text[: a + len(README_MARKER)] + "\n" + markdown(doc) + "\n" + text[b:]
+
+
+def publish(run: str | Path, repository: str | Path | None = None) -> Path:
+    """Bundle a finished run: its ``arithmetic.json`` as :data:`BUNDLED`, the README's
+    table, and ``docs/lab-arithmetic.png`` of the checkout (every file written atomically).
+
+    Returns the bundled file's path.
+
+    Raises:
+        ValueError: ``run`` has no ``arithmetic.json``, or the README no table markers.
+    """
+    from posenc.faces.plot import encode, pyplot
+
+    source = Path(run) / "arithmetic.json"
+    try:
+        doc = json.loads(source.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
+    root = Path(__file__).resolve().parents[4] if repository is None else Path(repository)
+    bundled_path = Path(str(resources.files("posenc.faces"))) / "data" / BUNDLED
+    with atomic_write(bundled_path, "w") as f:
+        f.write(json.dumps(doc, indent=1) + "\n")
+    readme_path = root / "README.md"
+    text = readme(readme_path.read_text(), doc)
+    with atomic_write(readme_path, "w") as f:
+        f.write(text)
+    fig = figure(doc)
+    png = encode(fig, "png")
+    pyplot().close(fig)
+    (root / "docs").mkdir(exist_ok=True)
+    with atomic_write(root / "docs" / "lab-arithmetic.png") as f:
+        f.write(png)
+    return bundled_path
 
 
 def bundled() -> dict[str, Any] | None:
@@ -602,3 +652,9 @@ def bundled() -> dict[str, Any] | None:
         return None
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc
+
+
+if __name__ == "__main__":  # python -m posenc.faces.lab.arithmetic RUN_DIR: bundle a run
+    import sys
+
+    print(publish(sys.argv[1] if len(sys.argv) > 1 else "posenc-arithmetic"))
