@@ -314,7 +314,8 @@ def test_the_command_runs_and_refuses_unknown_lines(tmp_path, capsys) -> None:  
 
     tiny = ["--train-len", "2", "--test-len", "4", "--steps", "2", "--seeds", "1",
             "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2",
-            "--eval-examples", "2", "--workers", "1", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+            "--eval-examples", "2", "--workers", "1", "--no-progress",
+            "--out", str(tmp_path)]  # fmt: skip
     assert main(["lab", "arithmetic", "--entries", "coupled,nope", *tiny]) == 0
     out = capsys.readouterr().out
     assert "coupled" in out and "nope" in out and "abacus" not in out
