@@ -176,3 +176,11 @@ def test_abacus_numbers_count_from_one_within_each_number(layout, k) -> None:  #
 
 def test_the_functions_survive_pickle() -> None:
     assert pickle.loads(pickle.dumps(coupled_positions)) is coupled_positions
+
+
+def test_huge_draws_fail_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc.core import checks
+
+    monkeypatch.setattr(checks, "MAX_ELEMENTS", 1000)
+    with pytest.raises(ValueError, match="max_positions=5000"):
+        randomized_positions(3, 5000, torch.Generator())

@@ -335,3 +335,17 @@ def test_the_readme_block_is_replaced_between_its_markers() -> None:
     assert "old table" not in new
     with pytest.raises(ValueError, match="block"):
         arithmetic.readme("no markers", doc)
+
+
+def test_huge_batches_fail_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from posenc.core import checks
+
+    monkeypatch.setattr(checks, "MAX_ELEMENTS", 10_000)
+    # refused by size (drawing 8 numbers of 100000 digits would be the work)
+    with pytest.raises(ValueError, match=r"8 examples at n=2000 would hold"):
+        T.make_batch("add-reversed", 2000, 8, torch.Generator())
+    with pytest.raises(ValueError, match="at most 4000 digits"):
+        T.make_batch("add-reversed", 10**9, 1, torch.Generator())
+    # the widest sum, counted without writing it out
+    assert FORMATS["add-3"].answer_width((5000, 5000, 5000)) == 5001
+    assert FORMATS["add-reversed"].answer_width((3, 1)) == 4

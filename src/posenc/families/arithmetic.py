@@ -157,6 +157,9 @@ def randomized_positions(
         )
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+    checks.check_elements(
+        max_positions, f"randomized_positions' draw of max_positions={max_positions}"
+    )
     draw = torch.randperm(max_positions, generator=generator, device=generator.device)
     return draw[:length].sort().values
 

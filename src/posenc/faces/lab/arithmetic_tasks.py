@@ -41,7 +41,7 @@ import torch
 from posenc.core import checks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
-__all__ = ["FORMATS", "HINTS", "TIMES", "ArithmeticFormat", "example_tokens"]
+__all__ = ["FORMATS", "HINTS", "MAX_DIGITS", "TIMES", "ArithmeticFormat", "example_tokens"]
 
 #: The ``x`` of a product.
 TIMES = PLUS + 1
@@ -49,6 +49,8 @@ TIMES = PLUS + 1
 HINT0 = TIMES + 1
 #: Hint tokens a format with hints has: numbers up to this many digits.
 HINTS = 128
+#: The most digits an operand may have (Python converts at most 4300 digits to a string).
+MAX_DIGITS = 4000
 _DIGIT0 = 4
 _AFTER, _OUTSIDE = -1, -2  # posenc.families.arithmetic's AFTER_NUMBER and OUTSIDE
 
@@ -108,7 +110,10 @@ class ArithmeticFormat:
         """The widest result of operands of these digits: its zero-padded width."""
         if self.operation == "multiply":
             return sum(lengths)
-        return len(str(sum(10**d - 1 for d in lengths)))
+        largest, width = sum(10**d - 1 for d in lengths), max(lengths)
+        while largest >= 10**width:  # its digits, without converting it to a string
+            width += 1
+        return width
 
     def columns(self, n: int) -> int:
         """The widest number's digits at length ``n``: its answer's, zero-padded."""
@@ -215,9 +220,15 @@ def _batch(rows: list[tuple[list[int], list[int], int]], n: int) -> Batch:
 def _maker(fmt: ArithmeticFormat, training: bool) -> Callable[[int, int, torch.Generator], Batch]:
     def make(n: int, batch_size: int, generator: torch.Generator) -> Batch:
         n = checks.check_int(n, "n", minimum=1)
+        if n > MAX_DIGITS:
+            raise ValueError(f"n must be at most {MAX_DIGITS} digits per operand; got {n}")
         batch_size = checks.check_int(batch_size, "batch_size", minimum=1)
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+        # huge sizes fail here, before a number is drawn
+        checks.check_elements(
+            batch_size * fmt.sequence_length(n), f"a batch of {batch_size} examples at n={n}"
+        )
         widest = fmt.answer_width(fmt.lengths_of(n))
         if fmt.hints and widest > HINTS:
             raise ValueError(
