@@ -307,6 +307,7 @@ def test_the_readme_and_the_bundled_study_agree() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     block = readme.split("<!-- arithmetic-table -->")[1]
     assert arithmetic.markdown(doc) in block
+    assert arithmetic.id_markdown(arithmetic.id_table()) in readme
 
 
 def test_the_command_runs_and_refuses_unknown_lines(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -54,6 +54,7 @@ __all__ = [
     "Entry",
     "bundled",
     "figure",
+    "id_markdown",
     "id_table",
     "markdown",
     "publish",
@@ -570,6 +571,16 @@ def section(doc: Mapping[str, Any], svg: bytes | None = None, *, explainer: bool
         f"<p>{html.escape(verdict)}</p>",
         "</section>",
     ])  # fmt: skip
+
+
+def id_markdown(rows: Mapping[str, Sequence[Any]]) -> str:
+    """:func:`id_table`'s rows as a Markdown table (the README's), tokens as the header."""
+    tokens = list(rows["token"])
+    lines = ["| | " + " | ".join(tokens) + " |", "|---|" + "---|" * len(tokens)]
+    for name, values in rows.items():
+        if name != "token":
+            lines.append(f"| {name} | " + " | ".join(str(v) for v in values) + " |")
+    return "\n".join(lines)
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
