@@ -579,6 +579,20 @@ def _sizes(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in _LAB_SIZES}
 
 
+def _study_options(parser: argparse.ArgumentParser, out: str) -> None:
+    """Where a study of many lab runs trains and writes (``lab suite``, ``lab arithmetic``)."""
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None,
+        help="where to train (default: cuda where a GPU exists, else cpu)",
+    )  # fmt: skip
+    parser.add_argument("--out", default=out, metavar="DIR", help="default: %(default)s")
+    parser.add_argument(
+        "--workers", type=_int_at_least(1), default=None, metavar="N",
+        help="trainings at once on a CPU (default: one per usable CPU)",
+    )  # fmt: skip
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def _lab_options(parser: argparse.ArgumentParser) -> None:
     """The task, encodings and sizes that ``posenc lab run`` and ``posenc lab profile`` share."""
     from posenc.faces.lab.names import ENCODINGS, TASKS
@@ -857,17 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="seeds per encoding (default: 3, --quick 2)")  # fmt: skip
     defaults = {f.name: f.default for f in dataclasses.fields(suite.SuiteConfig)}
     _lab_sizes(lab_suite, "examples per length", default=defaults)
-    lab_suite.add_argument(
-        "--device", choices=("cpu", "cuda"), default=None,
-        help="where to train (default: cuda where a GPU exists, else cpu)",
-    )  # fmt: skip
-    lab_suite.add_argument("--out", default="posenc-suite", metavar="DIR",
-                           help="default: %(default)s")  # fmt: skip
-    lab_suite.add_argument(
-        "--workers", type=_int_at_least(1), default=None, metavar="N",
-        help="trainings at once on a CPU (default: one per usable CPU)",
-    )  # fmt: skip
-    lab_suite.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _study_options(lab_suite, "posenc-suite")
     lab_suite.set_defaults(run=_lab_suite)
 
     from posenc.faces.lab import arithmetic
@@ -886,8 +890,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab_arith.add_argument(
         "--quick", action="store_true",
-        help="one seed per line (under 20 minutes on 2 CPU cores); the default run reuses "
-        "its models",
+        help="one seed per line, 2000 steps (about 8 minutes on 2 CPU cores)",
     )  # fmt: skip
     lab_arith.add_argument("--entries", default=None, metavar="LIST",
                            help="comma-separated lines of the study (default: all)")  # fmt: skip
@@ -899,17 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="digits of the longest test number; default: 40")  # fmt: skip
     arith_defaults = {f.name: f.default for f in dataclasses.fields(arithmetic.ArithmeticConfig)}
     _lab_sizes(lab_arith, "examples per length", default=arith_defaults)
-    lab_arith.add_argument(
-        "--device", choices=("cpu", "cuda"), default=None,
-        help="where to train (default: cuda where a GPU exists, else cpu)",
-    )  # fmt: skip
-    lab_arith.add_argument("--out", default="posenc-arithmetic", metavar="DIR",
-                           help="default: %(default)s")  # fmt: skip
-    lab_arith.add_argument(
-        "--workers", type=_int_at_least(1), default=None, metavar="N",
-        help="trainings at once on a CPU (default: one per usable CPU)",
-    )  # fmt: skip
-    lab_arith.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _study_options(lab_arith, "posenc-arithmetic")
     lab_arith.set_defaults(run=_lab_arithmetic)
 
     from posenc.faces.plot import KINDS

@@ -483,21 +483,32 @@ def _id_table_html(rows: Mapping[str, Sequence[Any]], caption: str) -> str:
             + "".join(body) + "</table>")  # fmt: skip
 
 
-def _results_table(doc: Mapping[str, Any]) -> str:
+def _cells(doc: Mapping[str, Any]) -> list[tuple[str, list[str], int]]:
+    """Per line: its name, its cells at :func:`_shown_lengths` (mean, and the seeds'
+    min-max when there are several; "-" where not measured) and its reach."""
     lengths = _shown_lengths(doc)
-    head = "".join(f"<th>{n}</th>" for n in lengths)
-    rows = []
+    out = []
     for name, by_len in doc["accuracy"].items():
         cells = []
         for n in lengths:
             v = by_len.get(str(n))
             if v is None:
-                cells.append("<td>-</td>")
-                continue
-            spread = "" if doc["seeds"] == 1 else f" ({v['min']:.2f}-{v['max']:.2f})"
-            cells.append(f"<td>{v['mean']:.2f}{spread}</td>")
-        rows.append(f"<tr><td>{html.escape(name)}</td>{''.join(cells)}"
-                    f"<td>{doc['reach'][name]}</td></tr>")  # fmt: skip
+                cells.append("-")
+            elif doc["seeds"] == 1:
+                cells.append(f"{v['mean']:.2f}")
+            else:
+                cells.append(f"{v['mean']:.2f} ({v['min']:.2f}-{v['max']:.2f})")
+        out.append((name, cells, doc["reach"][name]))
+    return out
+
+
+def _results_table(doc: Mapping[str, Any]) -> str:
+    head = "".join(f"<th>{n}</th>" for n in _shown_lengths(doc))
+    rows = [
+        f"<tr><td>{html.escape(name)}</td>{''.join(f'<td>{c}</td>' for c in cells)}"
+        f"<td>{reach}</td></tr>"
+        for name, cells, reach in _cells(doc)
+    ]
     return ('<table class="numbers"><tr><th>encoding</th>' + head
             + "<th>longest with every length up to it at 0.9 or more</th></tr>"
             + "".join(rows) + "</table>")  # fmt: skip
@@ -590,17 +601,9 @@ def markdown(doc: Mapping[str, Any]) -> str:
         "| encoding | " + " | ".join(f"{n} digits" for n in lengths) + " | reach |",
         "|---|" + "---|" * (len(lengths) + 1),
     ]
-    for name, by_len in doc["accuracy"].items():
-        cells = []
-        for n in lengths:
-            v = by_len.get(str(n))
-            if v is None:
-                cells.append("-")
-            elif doc["seeds"] == 1:
-                cells.append(f"{v['mean']:.2f}")
-            else:
-                cells.append(f"{v['mean']:.2f} ({v['min']:.2f}-{v['max']:.2f})")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {doc['reach'][name]} |")
+    lines += [
+        f"| {name} | " + " | ".join(cells) + f" | {reach} |" for name, cells, reach in _cells(doc)
+    ]
     return "\n".join(lines)
 
 
