@@ -399,25 +399,18 @@ def _lab_run(args: argparse.Namespace) -> int:
 
 
 def _lab_arithmetic(args: argparse.Namespace) -> int:
-    from posenc.faces.lab.arithmetic import (
-        STUDY,
-        ArithmeticConfig,
-        quick_config,
-        run_arithmetic,
-    )
+    from posenc.faces.lab.arithmetic import ArithmeticConfig, quick_config, run_arithmetic
 
-    config = quick_config() if args.quick else ArithmeticConfig()
-    given = {k: v for k, v in _sizes(args).items() if v is not None}
-    for name in ("seeds", "train_len", "test_len"):
-        if getattr(args, name) is not None:
-            given[name] = getattr(args, name)
+    entries = None
     if args.entries is not None:
-        given["entries"] = tuple(e.strip() for e in args.entries.split(",") if e.strip())
-        known = {e.name for e in STUDY}
-        for name in given["entries"]:
-            if name not in known:
-                raise ValueError(f"--entries: {name!r} is not one of {', '.join(sorted(known))}")
-    config = dataclasses.replace(config, **given)
+        entries = tuple(e.strip() for e in args.entries.split(",") if e.strip())
+    options = {**_sizes(args), "seeds": args.seeds, "train_len": args.train_len,
+               "test_len": args.test_len, "entries": entries}  # fmt: skip
+    # ArithmeticConfig checks every option, the entries' names included
+    config = dataclasses.replace(
+        quick_config() if args.quick else ArithmeticConfig(),
+        **{k: v for k, v in options.items() if v is not None},
+    )
 
     def say(i: int, task: str) -> None:
         print(f"arithmetic: task {i + 1}: {task}", file=sys.stderr, flush=True)

@@ -406,9 +406,7 @@ class LabModel(nn.Module):
             raise ValueError(
                 f"significance must have the tokens' {t} columns; got {significance.shape[1]}"
             )
-        if self.training and generator is None:
-            generator = torch.default_generator
-        draws = generator if self.training else None
+        draws = (generator or torch.default_generator) if self.training else None
         return POSITION_IDS[cast(str, scheme)](significance, self.config.id_rows, draws)
 
     def forward(
