@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table
+.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,18 @@ $(VENV)/.test: pyproject.toml setup.py $(KERNEL_SOURCES) constraints-dev.txt | $
 demo: $(VENV)/.demo
 	$(BIN)/posenc report --out posenc-report
 
+# the documentation site, strictly (a warning fails it), into docs/_build/html; it works
+# offline. The explainer (posenc report) is built into it; tests/test_docs.py runs the
+# same command and reads the result in chromium.
+DOCS_OUT ?= docs/_build/html
+docs: $(VENV)/.test
+	rm -rf $(DOCS_OUT)
+	$(BIN)/python -m sphinx -b html -n -W --keep-going -j 2 docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
+
 lint: $(VENV)/.test
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests docs
+	$(BIN)/ruff format --check src tests docs
 
 types: $(VENV)/.test
 	$(BIN)/mypy

@@ -236,3 +236,55 @@ def figure_placeholders(monkeypatch: pytest.MonkeyPatch) -> Callable[..., list[s
         return rendered
 
     return use
+
+
+# --- a real browser (the report's and the documentation site's tests) -------------------
+
+#: where Debian's chromium may be; Playwright's own browser download is not used
+CHROMIUM = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser")
+#: the only URLs a page opened from file:// may load; anything else is refused
+LOCAL = ("file:", "data:", "blob:", "about:")
+
+
+def chromium() -> str | None:
+    """The path of Debian's chromium, or None."""
+    import shutil
+
+    for name in CHROMIUM:
+        found = name if os.path.isfile(name) and os.access(name, os.X_OK) else shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def chromium_executable() -> str:
+    """Debian's chromium, or :func:`unavailable`: CI installs it, so there its absence
+    fails the run instead of skipping every check of a page in a real browser."""
+    found = chromium()
+    if found is None:
+        unavailable(
+            f"Debian's chromium is not installed (none of {', '.join(CHROMIUM)})",
+            provided_by=".ci/run installs it (apt-get install chromium)",
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless chromium through Playwright, shared by the session's browser tests."""
+    sync_api = anchor("playwright.sync_api")
+    executable = chromium_executable()
+    with sync_api.sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=executable, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="session")
+def small_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One small report (d 32, 16 positions, 20 training steps), built once per session:
+    the report's browser tests read it, and the documentation site carries it."""
+    from posenc.faces import report
+
+    out = tmp_path_factory.mktemp("report") / "report"
+    return report.build(out, dim=32, length=16, train_steps=20)

@@ -1,4 +1,4 @@
-"""The cross-engine table: its document, the README's markdown and the report's view."""
+"""The cross-engine table: its document, the patching guide's markdown and the report's view."""
 
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ def test_the_bundled_table_covers_every_case_and_engine():
     assert engine_table.html(None) == ""
 
 
-def test_the_readme_shows_the_bundled_table():
+def test_the_patching_guide_shows_the_bundled_table():
     from pathlib import Path
 
     doc = engine_table.bundled()
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "patching.md").read_text()
     assert engine_table.readme(text, doc) == text, "run `make engine-table`"
     with pytest.raises(ValueError, match="engine-table"):
         engine_table.readme("no markers", doc)

@@ -123,7 +123,9 @@ def test_every_family_is_judged_or_listed(outcomes: dict[str, hf_families.Outcom
 
 
 README = Path(__file__).parents[1] / "README.md"
-# README's family line: "every transformers 5.24 family with a rotary module (199) ...
+#: the pages that state the counts: the README's headline and the patching guide
+STATING = (README, README.parent / "docs" / "guides" / "patching.md")
+# the family line: "every transformers 5.24 family with a rotary module (199) ...
 # **192 the same, 7 refused, 0 silent differences, 0 crashes**"
 README_FAMILIES = re.compile(
     r"every transformers\s+(\d+\.\d+)\s+family with a rotary module\s+\((\d+)\)"
@@ -133,12 +135,15 @@ README_COUNTS = re.compile(
 )
 
 
-def test_readme_states_the_measured_counts(outcomes: dict[str, hf_families.Outcome]) -> None:
+@pytest.mark.parametrize("page", STATING, ids=lambda p: p.name)
+def test_the_docs_state_the_measured_counts(
+    outcomes: dict[str, hf_families.Outcome], page: Path
+) -> None:
     import transformers
 
-    text = README.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     families, counts = README_FAMILIES.search(text), README_COUNTS.search(text)
-    assert families and counts, "README.md no longer states the family counts"
+    assert families and counts, f"{page.name} no longer states the family counts"
     version = families.group(1)
     # the counts are those of the pinned transformers (a new pin needs new counts)
     constraints = (README.parent / "constraints-dev.txt").read_text(encoding="utf-8")
@@ -147,7 +152,7 @@ def test_readme_states_the_measured_counts(outcomes: dict[str, hf_families.Outco
     installed = transformers.__version__
     if not installed.startswith(version + "."):
         pytest.skip(
-            f"README.md states the family counts of transformers {version}; "
+            f"{page.name} states the family counts of transformers {version}; "
             f"{installed} is installed"
         )
     measured = Counter(o.status for o in outcomes.values())

@@ -298,13 +298,13 @@ def test_every_study_line_names_a_registered_encoding_and_format() -> None:
         assert entry.task in FORMATS
 
 
-def test_the_readme_and_the_bundled_study_agree() -> None:
+def test_the_lab_guide_and_the_bundled_study_agree() -> None:
     from pathlib import Path
 
     doc = arithmetic.bundled()
     assert doc is not None, "posenc/faces/data/lab-arithmetic.json is bundled"
     assert doc["seeds"] == 3 and doc["trained_max"] == 10 and doc["tested_max"] == 40
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "guides" / "lab.md").read_text()
     block = readme.split("<!-- arithmetic-table -->")[1]
     assert arithmetic.markdown(doc) in block
     assert arithmetic.id_markdown(arithmetic.id_table()) in readme

@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as written, each in a fresh namespace."""
+"""Every ```python block of the README and of the documentation's pages runs as written,
+each in a fresh namespace (the guides under ``docs/`` are the site's pages)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,27 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-TEXT = README.read_text()
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+PAGES = [p for p in PAGES if "_build" not in p.parts]
 BLOCKS = [
-    (TEXT.count("\n", 0, m.start()) + 2, m.group(1))  # the first line of code, 1-based
-    for m in re.finditer(r"^```python\n(.*?)^```$", TEXT, re.DOTALL | re.MULTILINE)
+    (page, page.read_text().count("\n", 0, m.start()) + 2, m.group(1))  # first code line, 1-based
+    for page in PAGES
+    for m in re.finditer(r"^```python\n(.*?)^```$", page.read_text(), re.DOTALL | re.MULTILINE)
 ]
 
 
-def test_the_readme_has_python_blocks():
-    assert len(BLOCKS) >= 3
+def test_the_pages_have_python_blocks():
+    assert len([b for b in BLOCKS if b[0].name == "README.md"]) >= 2
+    assert len(BLOCKS) >= 20
 
 
-@pytest.mark.parametrize(("line", "code"), BLOCKS, ids=[f"line {n}" for n, _ in BLOCKS])
-def test_block_runs(line, code):
+@pytest.mark.parametrize(
+    ("page", "line", "code"),
+    BLOCKS,
+    ids=[f"{p.relative_to(ROOT)}:{n}" for p, n, _ in BLOCKS],
+)
+def test_block_runs(page, line, code):
     namespace: dict[str, object] = {"__name__": "readme"}
-    padded = "\n" * (line - 1) + code  # a traceback then points at README.md's own lines
-    exec(compile(padded, str(README), "exec"), namespace)
+    padded = "\n" * (line - 1) + code  # a traceback then points at the page's own lines
+    exec(compile(padded, str(page), "exec"), namespace)

@@ -32,9 +32,8 @@ MiB = 2**20
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    out = tmp_path_factory.mktemp("report")
-    return report.build(out, dim=16, length=8, train_steps=5)
+def small(small_report):
+    return small_report  # the session's (d 32, 16 positions), shared with the browser tests
 
 
 def numbers(result, key):
@@ -93,7 +92,7 @@ def test_code_snippets_run(small, capsys):
 def test_numbers_are_the_measured_properties(small):
     geo = numbers(small, "geometry")
     (norm,) = [v for k, v in geo.items() if k.startswith("norm of every row")]
-    assert norm.startswith(f"{math.sqrt(8):.6g}") and "within float64 rounding" in norm
+    assert norm.startswith(f"{math.sqrt(32 / 2):.6g}") and "within float64 rounding" in norm
     shift = numbers(small, "shift")
     assert "within float64 rounding" in shift["PE(p + 10) = M_10 PE(p) at every p"]
     assert shift["R\u00b2 from its (sin, cos) pair"] == "1 (to float64 rounding)"
@@ -124,7 +123,7 @@ def test_the_frequencies_are_fixed_and_said_to_be(small):
     assert "Nothing here is learned" in section.text
     rows = numbers(small, "sinusoidal")
     (params,) = [v for k, v in rows.items() if k.startswith("trainable parameters")]
-    assert params == f"0 / {8 * 16:,}"  # a learned table of 8 positions x 16 channels
+    assert params == f"0 / {16 * 32:,}"  # a learned table of 16 positions x 32 channels
 
 
 def test_timesteps_section_measures_the_presets(small):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,35 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+import conftest
 import posenc
-from conftest import anchor, unavailable
+from conftest import LOCAL
 from posenc.faces import explorers, report
 from posenc.integration.analysis import explorer as data
 
-CANDIDATES = ("/usr/lib/chromium/chromium", "chromium", "chromium-browser")
-DIM, LENGTH, PRESET = 32, 16, "vaswani"
-LOCAL = ("file:", "data:", "blob:", "about:")
+DIM, LENGTH, PRESET = 32, 16, "vaswani"  # the shared small report's (conftest)
 ARTIFACTS = Path(os.environ.get("POSENC_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
-
-
-def _chromium() -> str | None:
-    for name in CANDIDATES:
-        found = name if os.path.isfile(name) and os.access(name, os.X_OK) else shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _executable() -> str:
-    """Debian's chromium, or :func:`unavailable`: CI installs it, so there its absence
-    fails the run instead of skipping every check of the page in a real browser."""
-    found = _chromium()
-    if found is None:
-        unavailable(
-            f"Debian's chromium is not installed (none of {', '.join(CANDIDATES)})",
-            provided_by=".ci/run installs it (apt-get install chromium)",
-        )
-    return found
 
 
 @dataclass
@@ -88,19 +66,8 @@ class Opened:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> report.Report:
-    out = tmp_path_factory.mktemp("report") / "report"
-    return report.build(out, dim=DIM, length=LENGTH, train_steps=20)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    sync_api = anchor("playwright.sync_api")
-    executable = _executable()
-    with sync_api.sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=executable, headless=True)
-        yield launched
-        launched.close()
+def built(small_report: report.Report) -> report.Report:
+    return small_report
 
 
 @pytest.fixture
@@ -135,15 +102,15 @@ def test_missing_chromium_skips_saying_why_and_fails_under_ci(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # the browser fixture's lookup where no candidate exists and PATH holds nothing
-    monkeypatch.setitem(globals(), "CANDIDATES", (str(tmp_path / "chromium"), "chromium"))
+    monkeypatch.setattr(conftest, "CHROMIUM", (str(tmp_path / "chromium"), "chromium"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert _chromium() is None
+    assert conftest.chromium() is None
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
-        _executable()
+        conftest.chromium_executable()
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"chromium is not installed.*\.ci/run"):
-        _executable()
+        conftest.chromium_executable()
 
 
 def test_report_renders_offline(opened: Opened) -> None:
@@ -411,3 +378,27 @@ def test_arithmetic_id_table_shows_posencs_ids(opened: Opened) -> None:
     assert rows()["coupled"] == [str(v + 5 if v else 0) for v in base["coupled"]]
     assert rows()["abacus"] == [str(v + 5 if v else 0) for v in base["abacus"]]
     opened.clean()
+
+
+def test_no_formula_is_wider_than_its_section(browser: Any, built: report.Report) -> None:
+    # at 1024 px every formula fits its section: a long one is split (a narrower window
+    # scrolls it inside its section), never cut off at the section's edge
+    context = browser.new_context(viewport={"width": 1024, "height": 800})
+    page = context.new_page()
+    page.goto(built.index.resolve().as_uri())
+    page.wait_for_load_state("load")
+    overflowing = page.eval_on_selector_all(
+        'section math[display="block"]',
+        """ms => ms.flatMap(m => {
+            const section = m.closest('section'), s = section.getBoundingClientRect();
+            const box = (m.closest('.formula') || m).getBoundingClientRect();
+            const right = Math.max(...[...m.querySelectorAll('*')].map(
+                k => k.getBoundingClientRect().right));  // the glyphs' extent, not the box's
+            const fits = box.left >= s.left - 0.5 && Math.max(box.right, right) <= s.right + 0.5;
+            return fits ? [] : [section.id + ': ' + m.textContent.slice(0, 40)];
+        })""",
+    )
+    count = page.eval_on_selector_all('section math[display="block"]', "ms => ms.length")
+    context.close()
+    assert count >= 10
+    assert overflowing == []

@@ -52,6 +52,21 @@ import numpy.typing as npt
 
 from posenc.core.kernels import compiled, max_workers, workers_for
 
+__all__ = [
+    "EXACT_LIMIT",
+    "PI",
+    "Turns",
+    "decimal_context",
+    "float64_is_fast",
+    "geometric_turns",
+    "progression_blocks",
+    "progression_table",
+    "sincos_numpy",
+    "sincos_torch",
+    "turns_from_radians",
+    "unit_phasors",
+]
+
 #: Positions (after any offset) must satisfy ``|p| < EXACT_LIMIT``.
 EXACT_LIMIT = 2**31
 
@@ -104,6 +119,7 @@ class Turns:
 
     @property
     def size(self) -> int:
+        """How many frequencies the table holds."""
         return int(self.hi.shape[0])
 
     def __getstate__(self) -> dict[str, Any]:
@@ -353,7 +369,7 @@ def _progression_factors(
     """``(step, coarse, fine)``: row ``P B + j`` is ``coarse[P // m] * fine[P % m] * step[j]``.
 
     ``B = _BLOCK_ROWS`` and ``m = len(fine)`` are powers of two, ``m`` near
-    ``sqrt(n / B)``. The three tables are doublings (:func:`_doubling`) of
+    ``sqrt(n / B)``. The three tables are doublings (``_doubling``) of
     exact phasors at ``start`` and at the powers of two, so the exact engine
     runs on about ``log2(n)`` positions; every entry is within ``(log2(n) + 2)
     * 3e-16`` of exact. ``coefficient`` is folded into ``coarse``; with
@@ -432,7 +448,7 @@ def progression_blocks(
     Chunks are processed on several threads at once, each row exactly once.
 
     Each row is ``start_phasor(block) * step_phasor(row in block)``, both within
-    ``(log2(n) + 2) * 3e-16`` of exact (:func:`_progression_factors`), so the
+    ``(log2(n) + 2) * 3e-16`` of exact (``_progression_factors``), so the
     float64 product is exact to a few 1e-15.
     """
     if n <= 0:

@@ -36,8 +36,8 @@ __all__ = ["DerivedBuffers"]
 class DerivedBuffers(nn.Module):
     """Base of the modules whose non-persistent buffers follow from their definition.
 
-    Subclasses define :meth:`_derived_buffers` (name -> exact CPU tensor in the
-    buffer's own dtype) and, if they own learned parameters, :meth:`_init_parameters`;
+    Subclasses define ``_derived_buffers`` (name -> exact CPU tensor in the
+    buffer's own dtype) and, if they own learned parameters, ``_init_parameters``;
     their constructor calls :meth:`reset_parameters` once its attributes are set.
     """
 

@@ -14,6 +14,35 @@ import numpy as np
 
 from posenc.core.angles import EXACT_LIMIT
 
+__all__ = [
+    "MAX_CHANNELS",
+    "MAX_ELEMENTS",
+    "canonical_overrides",
+    "check_bool",
+    "check_channels",
+    "check_choice",
+    "check_device",
+    "check_elements",
+    "check_exact",
+    "check_float_tensor",
+    "check_int",
+    "check_number",
+    "check_position_tensor",
+    "check_positions",
+    "check_range",
+    "compiling",
+    "dtype_name",
+    "is_int_offset",
+    "is_torch",
+    "is_torch_dtype",
+    "is_zero",
+    "numpy_dtype",
+    "tensor_bounds",
+    "torch_dtype",
+    "wants_torch",
+    "work_dtype",
+]
+
 _NUMPY_FLOATS = {
     "float16": np.float16,
     "float32": np.float32,
@@ -29,6 +58,7 @@ def is_torch(x: Any) -> bool:
 
 
 def is_torch_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a ``torch.dtype`` (False when torch is not imported)."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(dtype, torch.dtype)
 
@@ -60,12 +90,14 @@ def wants_torch(positions: Any, dtype: Any) -> bool:
 
 
 def torch_dtype(name: str) -> Any:
+    """The ``torch.dtype`` named ``name`` (``"float32"`` -> ``torch.float32``)."""
     import torch
 
     return getattr(torch, name)
 
 
 def numpy_dtype(name: str) -> Any:
+    """The numpy dtype named ``name``; a dtype only torch has (bfloat16) is a TypeError."""
     if name in _TORCH_ONLY:
         raise TypeError(f"dtype {name} needs torch output: pass torch positions or a torch dtype")
     return _NUMPY_FLOATS[name]

@@ -283,7 +283,7 @@ def _check_angles(cos: Any, sin: Any, xs: list[torch.Tensor], rotary_dim: int) -
 
 
 def _padded(values: Sequence[int], fill: int) -> tuple[int, ...]:
-    """``values`` (leading sizes or strides) padded on the left to :data:`_MAX_LEAD`."""
+    """``values`` (leading sizes or strides) padded on the left to ``_MAX_LEAD``."""
     return (fill,) * (_MAX_LEAD - len(values)) + tuple(values)
 
 

@@ -9,3 +9,5 @@
 Users import them as ``posenc.plot``, ``posenc.report``, ``posenc.bench``,
 ``posenc.lab`` and ``posenc.cli``.
 """
+
+__all__ = []

@@ -37,6 +37,8 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve, sinusoidal
 
+__all__ = ["build_parser", "main"]
+
 _FORMATS = (".npy", ".pt", ".csv", ".json")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -555,7 +557,7 @@ _LAB_SIZES: dict[str, tuple[Any, str]] = {
 def _lab_sizes(
     parser: argparse.ArgumentParser, examples: str, default: Mapping[str, Any] | None = None
 ) -> None:
-    """Add the :data:`_LAB_SIZES` options; ``examples`` is ``--eval-examples``' help and
+    """Add the ``_LAB_SIZES`` options; ``examples`` is ``--eval-examples``' help and
     ``default`` (name -> value) puts the defaults in the help."""
     for name, (kind, text) in _LAB_SIZES.items():
         text = examples if name == "eval_examples" else text
@@ -568,7 +570,7 @@ def _lab_sizes(
 
 
 def _sizes(args: argparse.Namespace) -> dict[str, Any]:
-    """The :data:`_LAB_SIZES` options given (None where not)."""
+    """The ``_LAB_SIZES`` options given (None where not)."""
     return {name: getattr(args, name) for name in _LAB_SIZES}
 
 
@@ -651,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify the shift, norm, dot-product, regression and precision properties",
         description="Measure the properties of the encoding and print each against a bound "
         "derived from float64 rounding: the shift matrix reproduces PE(p+k) from PE(p); "
-        "every row has norm sqrt(d/2) (amplitude * sqrt(pairs)); PE(p).PE(p+k) depends "
+        "every row has norm sqrt(d/2) (amplitude times sqrt(pairs)); PE(p).PE(p+k) depends "
         "on k only; one column is not a linear function of itself shifted but its "
         "(sin, cos) pair is; posenc's float32 values stay within half an ulp at "
         "positions 1e4, 1e6, 1e7 where the usual float32 formula errs by up to 0.7. "
@@ -728,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         "adding versus concatenating, the norm sqrt(d/2), precision, learned versus "
         "sinusoidal beyond the trained length, RoPE (an explorer of q and k), context "
         "extension schedules (an explorer), ALiBi and T5, 2-D grids. Writes DIR/index.html "
-        "(one file, no network needed) and DIR/figures/*.png and *.svg.",
+        "(one file, no network needed) and every figure as PNG and SVG in DIR/figures/.",
     )
     rep.add_argument(
         "--out",

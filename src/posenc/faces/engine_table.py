@@ -4,7 +4,7 @@
 on every config of :data:`~posenc.integration.analysis.engine_cases.CASES` (one child
 process per engine, :func:`~posenc.integration.analysis.engines.run_cases`) and returns
 the document :func:`write` saves; ``make engine-table`` writes it to the bundled
-``data/rope-engines.json``. :func:`markdown` is the README's table of it and :func:`html`
+``data/rope-engines.json``. :func:`markdown` is the guide's table of it and :func:`html`
 the report's view (a config chooser and, for the config chosen, which engines agree).
 """
 
@@ -21,10 +21,22 @@ from typing import Any
 
 from posenc.faces.files import atomic_write
 
-__all__ = ["BUNDLED", "README_MARKERS", "bundled", "html", "markdown", "measure", "readme", "write"]
+__all__ = [
+    "BUNDLED",
+    "GUIDE",
+    "README_MARKERS",
+    "bundled",
+    "html",
+    "markdown",
+    "measure",
+    "readme",
+    "write",
+]
 
-#: The README's table lies between these two lines (``make engine-table`` rewrites it).
+#: The table lies between these two lines of :data:`GUIDE` (``make engine-table`` rewrites it).
 README_MARKERS = ("<!-- engine-table -->", "<!-- /engine-table -->")
+#: The page, relative to the repository, that shows the table (the patching guide).
+GUIDE = "docs/guides/patching.md"
 
 #: The bundled table's file name in ``posenc/faces/data``.
 BUNDLED = "rope-engines.json"
@@ -77,7 +89,7 @@ def write(doc: Mapping[str, Any], path: Path) -> None:
 
 
 def readme(text: str, doc: Mapping[str, Any]) -> str:
-    """``text`` (a README) with the table between :data:`README_MARKERS` made from ``doc``.
+    """``text`` (a guide's page) with the table between :data:`README_MARKERS` made from ``doc``.
 
     Raises:
         ValueError: the markers are missing or out of order.
@@ -85,7 +97,7 @@ def readme(text: str, doc: Mapping[str, Any]) -> str:
     start, end = README_MARKERS
     a, b = text.find(start), text.find(end)
     if a < 0 or b < a:
-        raise ValueError(f"the README has no {start} ... {end} block for the engine table")
+        raise ValueError(f"the page has no {start} ... {end} block for the engine table")
     return text[: a + len(start)] + "\n" + markdown(doc) + "\n" + text[b:]
 
 
@@ -123,7 +135,7 @@ def _why(result: Mapping[str, Any]) -> str:
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
-    """The README's table: one row per case, one column per engine."""
+    """The guide's table: one row per case, one column per engine."""
     names = list(doc["engines"])
     head = "| case | " + " | ".join(names) + " |"
     rule = "|---|" + "---|" * len(names)
@@ -196,7 +208,7 @@ def html(doc: Mapping[str, Any] | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m posenc.faces.engine_table [OUT]``: measure, write, print the README table."""
+    """``python -m posenc.faces.engine_table [OUT]``: measure, write, print the guide's table."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -204,8 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = measure()
     write(doc, out)
     print(markdown(doc))
-    readme_path = Path(__file__).resolve().parents[3] / "README.md"
-    if not args and readme_path.is_file():  # the repository's README, beside the package
+    readme_path = Path(__file__).resolve().parents[3] / GUIDE
+    if not args and readme_path.is_file():  # the repository's guide, beside the package
         text = readme(readme_path.read_text(), doc)
         with atomic_write(readme_path, "w") as f:
             f.write(text)

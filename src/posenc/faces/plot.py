@@ -30,7 +30,7 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.integration.analysis.explorer import hand_pairs
 
-__all__ = ["KINDS", "colour_scale", "encode", "figure", "new_figure", "pyplot", "save"]
+__all__ = ["KINDS", "PNG_DPI", "colour_scale", "encode", "figure", "new_figure", "pyplot", "save"]
 
 #: PNG resolution: twice matplotlib's screen resolution, sharp on high-density displays.
 PNG_DPI = 220
@@ -741,6 +741,7 @@ def timesteps(*, dim: int = 64, **_: Any) -> Any:
     return fig
 
 
+#: Every figure ``posenc plot`` draws, by name: the function that draws it.
 KINDS: dict[str, Callable[..., Any]] = {
     "permutation": permutation,
     "index": index,

@@ -45,11 +45,12 @@ from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve
 from posenc.integration import analysis
 
-__all__ = ["Report", "Section", "build", "mathml", "rope_settings"]
+__all__ = ["MAX_DIM", "MAX_LENGTH", "Report", "Section", "build", "mathml", "rope_settings"]
 
 #: The page embeds the explorer's table for every d and base it offers, so its size grows
 #: with both; at these maxima it stays under 4 MiB.
 MAX_LENGTH = 128
+#: The largest ``--dim`` (see :data:`MAX_LENGTH`).
 MAX_DIM = 1024
 
 #: The lab results shown when no ``lab`` directory is given: ``posenc lab run`` and
@@ -416,8 +417,8 @@ def _sections(
             ["timesteps"],
             [
                 r"e(t) = \big[\sin(t\,\omega_0), \ldots, \sin(t\,\omega_{h-1}),\ "
-                r"\cos(t\,\omega_0), \ldots, \cos(t\,\omega_{h-1})\big],\quad "
-                r"\omega_k = \exp\!\left(-\frac{k\,\ln 10000}{h - s}\right),\quad "
+                r"\cos(t\,\omega_0), \ldots, \cos(t\,\omega_{h-1})\big]",
+                r"\omega_k = \exp\!\left(-\frac{k\,\ln 10000}{h - s}\right)",
                 r"s = 1\ \text{(ddpm, annotated-diffusion)};\ \text{ldm: } s = 0"
                 r"\text{, the halves swapped}",
                 r"\mathrm{emb}(t) = W_2\, \mathrm{SiLU}\big(W_1\, e(t) + b_1\big) + b_2",
@@ -1196,7 +1197,8 @@ p{margin:.6em 0}.lead{color:var(--muted)}
 nav{columns:2;font-size:.92em;margin:1em 0 2em;padding:.8em 1em;background:var(--code);
 border-radius:6px}nav a{display:block;color:var(--accent);text-decoration:none}
 math{font-family:"STIX Two Math","Cambria Math","Latin Modern Math","DejaVu Math TeX Gyre",
-math}math[display=block]{margin:.8em 0;font-size:1.12em;overflow-x:auto}
+math}math[display=block]{margin:.8em 0;font-size:1.12em}
+.formula{max-width:100%;overflow-x:auto;overflow-y:hidden}
 pre{background:var(--code);padding:.7em 1em;border-radius:6px;overflow-x:auto;
 font-size:.88em;line-height:1.4}
 table.numbers{border-collapse:collapse;margin:.8em 0;font-size:.92em}
@@ -1215,7 +1217,7 @@ def _section_html(s: Section, figures: dict[str, Path], explorers: dict[str, str
     parts = [f'<section id="{s.key}"><h2>{html.escape(s.title)}</h2>']
     paragraphs = s.text.split("\n\n")
     parts += [f"<p>{html.escape(p)}</p>" for p in paragraphs[:1]]
-    parts += [mathml(f) for f in s.formulas]
+    parts += [f'<div class="formula">{mathml(f)}</div>' for f in s.formulas]
     parts += [f"<p>{html.escape(p)}</p>" for p in paragraphs[1:]]
     if s.explorer is not None:
         parts.append(explorers[s.explorer])

@@ -13,3 +13,5 @@
 
 Users import them as ``posenc.absolute``, ``posenc.rotary`` and ``posenc.bias``.
 """
+
+__all__ = []

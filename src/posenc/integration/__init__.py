@@ -13,3 +13,5 @@
 
 Users import them as ``posenc.attention``, ``posenc.hf`` and ``posenc.analysis``.
 """
+
+__all__ = []

@@ -22,8 +22,9 @@ output decides what replaces it:
   :class:`HFRotaryEmbedding` computing :func:`posenc.rotary.multiaxis.mrope_cos_sin`
   for ``(3, batch, seq)`` positions, the order checked on a probe;
 - anything multi-axis else (vision towers' axial RoPE, GLM-4V's M-RoPE order, M-RoPE
-  per layer type): :class:`HFGatheredRotaryEmbedding` (per layer type inside an
-  :class:`HFLayerTypes`), each output channel's axis and frequency read from the
+  per layer type): :class:`~posenc.integration.hf_module.HFGatheredRotaryEmbedding`
+  (per layer type inside an :class:`~posenc.integration.hf_module.HFLayerTypes`), each
+  output channel's axis and frequency read from the
   module's output against exact tables and checked on a second, wider probe;
 - GPT-J's and CodeGen's modules, which carry no config or rope type: a table of the
   enclosing model's config (``rotary_dim``, base 10000), read from their output as
@@ -99,7 +100,7 @@ def _frequency_rtol(base: float, factor: float = 0.0) -> float:
 
 
 def _inv_freq_rtol(spec: RopeSpec) -> float:
-    """:func:`_frequency_rtol` of ``spec`` (its factor counted from 1)."""
+    """``_frequency_rtol`` of ``spec`` (its factor counted from 1)."""
     factor = spec.params.get("factor")
     factor = factor if isinstance(factor, (int, float)) and factor > 1 else 1.0
     return _frequency_rtol(spec.base, factor)
@@ -571,7 +572,7 @@ def _fixed_table(model: Any, name: str, module: Any, label: str) -> Any:
     GPT-J's and CodeGen's modules hold a table made at construction from their model's
     config (base-10000 RoPE over ``rotary_dim``, no RoPE key) and return ``(sin, cos)``
     of half width. The config is the nearest enclosing module's; the module's output on
-    probe positions decides the form (:func:`_verify_output`), and whether its tables
+    probe positions decides the form (``_verify_output``), and whether its tables
     come in ``x``'s dtype (GPT-J) or in its table's own (CodeGen).
 
     Raises:

@@ -190,6 +190,8 @@ class HFRotaryEmbedding(DerivedBuffers):
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
     ) -> Any:
+        """``(cos, sin)`` for ``position_ids`` in the replaced module's own form and dtype
+        (``x``'s), from posenc's exact tables; ``layer_type`` picks a per-layer-type spec."""
         spec = self._spec(layer_type)
         seq_len = None
         if spec.rope_type in LENGTH_DEPENDENT:
@@ -339,6 +341,8 @@ class HFGatheredRotaryEmbedding(DerivedBuffers):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[Any, Any]:
+        """The replaced axial or M-RoPE module's output for ``position_ids`` (one row per
+        axis), read channel by channel from posenc's exact tables."""
         if self.broadcast and position_ids.ndim == 2:
             # a text model's M-RoPE takes (batch, seq) positions as the same on every axis
             position_ids = position_ids.expand(self.axes, -1, -1)
@@ -403,6 +407,7 @@ class HFLayerTypes(torch.nn.Module):
     def forward(
         self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
     ) -> Any:
+        """The output of ``layer_type``'s module (one per layer type of the config)."""
         if layer_type is None or layer_type not in self.per_type:
             raise ValueError(f"layer_type must be one of {self.layer_types}; got {layer_type!r}")
         return self.per_type[layer_type](x, position_ids)

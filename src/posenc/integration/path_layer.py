@@ -204,7 +204,7 @@ class PaTHTransforms(nn.Module):
     def _conv(self, raw: torch.Tensor, starts: torch.Tensor | None) -> torch.Tensor:
         """The causal depthwise convolution and SiLU over ``raw`` ``(batch, seq, kv_dim)``.
 
-        Written as its three taps, oldest first, the order :meth:`_step` adds them
+        Written as its three taps, oldest first, the order ``_step`` adds them
         in, so that decoding reproduces the full pass's directions exactly. ``starts``
         ``(seq,)``: each position's document start (inputs before it count as 0).
         """

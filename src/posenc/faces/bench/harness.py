@@ -358,7 +358,7 @@ def _measure(
 ) -> tuple[dict[int, list[float]], dict[int, Callable[[], object]]]:
     """Warm up, then time interleaved; failed or skipped rows go into ``rows``.
 
-    Each call is followed by the device's synchronize (:func:`_synchronizer`); a
+    Each call is followed by the device's synchronize (``_synchronizer``); a
     run, warm-up runs included, is ``inner`` such calls and records their mean
     (a warm-up run stops early once it exceeds ``budget_s``). With ``strict``
     False, posenc's rows and the baselines fail into an error row as a peer does.

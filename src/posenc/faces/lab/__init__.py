@@ -16,3 +16,5 @@
 
 ``posenc lab run`` is the command. Needs torch (and matplotlib for the figure).
 """
+
+__all__ = []

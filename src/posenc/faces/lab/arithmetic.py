@@ -24,7 +24,7 @@ rotation or a table to read them).
 writes ``arithmetic.json``, ``arithmetic.svg`` and ``index.html``;
 :func:`section` is the page's section (the explainer, the position-id tables of
 one example, the curves and the table), which ``posenc report`` shows from the
-bundled run; :func:`markdown` is the README's table.
+bundled run; :func:`markdown` is the guide's table.
 """
 
 from __future__ import annotations
@@ -45,10 +45,13 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 
 __all__ = [
+    "BUNDLED",
     "CODE",
     "EXPLAINER",
     "FORMULAS",
     "GOAL",
+    "GUIDE",
+    "README_MARKER",
     "STUDY",
     "ArithmeticConfig",
     "Entry",
@@ -484,7 +487,7 @@ def _id_table_html(rows: Mapping[str, Sequence[Any]], caption: str) -> str:
 
 
 def _cells(doc: Mapping[str, Any]) -> list[tuple[str, list[str], int]]:
-    """Per line: its name, its cells at :func:`_shown_lengths` (mean, and the seeds'
+    """Per line: its name, its cells at ``_shown_lengths`` (mean, and the seeds'
     min-max when there are several; "-" where not measured) and its reach."""
     lengths = _shown_lengths(doc)
     out = []
@@ -585,7 +588,7 @@ def section(doc: Mapping[str, Any], svg: bytes | None = None, *, explainer: bool
 
 
 def id_markdown(rows: Mapping[str, Sequence[Any]]) -> str:
-    """:func:`id_table`'s rows as a Markdown table (the README's), tokens as the header."""
+    """:func:`id_table`'s rows as a Markdown table (the guide's), tokens as the header."""
     tokens = list(rows["token"])
     lines = ["| | " + " | ".join(tokens) + " |", "|---|" + "---|" * len(tokens)]
     for name, values in rows.items():
@@ -595,7 +598,7 @@ def id_markdown(rows: Mapping[str, Sequence[Any]]) -> str:
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
-    """The README's table: mean exact match (seed min-max) at the shown lengths."""
+    """The guide's table: mean exact match (seed min-max) at the shown lengths."""
     lengths = _shown_lengths(doc)
     lines = [
         "| encoding | " + " | ".join(f"{n} digits" for n in lengths) + " | reach |",
@@ -609,31 +612,33 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 #: The run bundled with posenc (``posenc/faces/data``): ``posenc lab arithmetic``'s document.
 BUNDLED = "lab-arithmetic.json"
-#: The README's table sits between two of these lines.
+#: The lab guide's table sits between two of these lines.
 README_MARKER = "<!-- arithmetic-table -->"
+#: The page, relative to the repository, that shows the bundled table (the lab's guide).
+GUIDE = "docs/guides/lab.md"
 
 
 def readme(text: str, doc: Mapping[str, Any]) -> str:
-    """``text`` (a README) with :func:`markdown` of ``doc`` between the two markers.
+    """``text`` (a guide's page) with :func:`markdown` of ``doc`` between the two markers.
 
     Raises:
-        ValueError: the README has no pair of :data:`README_MARKER` lines.
+        ValueError: the page has no pair of :data:`README_MARKER` lines.
     """
     a = text.find(README_MARKER)
     b = text.find(README_MARKER, a + len(README_MARKER))
     if a < 0 or b < 0:
-        raise ValueError(f"the README has no {README_MARKER} ... {README_MARKER} block")
+        raise ValueError(f"the page has no {README_MARKER} ... {README_MARKER} block")
     return text[: a + len(README_MARKER)] + "\n" + markdown(doc) + "\n" + text[b:]
 
 
 def publish(run: str | Path, repository: str | Path | None = None) -> Path:
-    """Bundle a finished run: its ``arithmetic.json`` as :data:`BUNDLED`, the README's
+    """Bundle a finished run: its ``arithmetic.json`` as :data:`BUNDLED`, the guide's
     table, and ``docs/lab-arithmetic.png`` of the checkout (every file written atomically).
 
     Returns the bundled file's path.
 
     Raises:
-        ValueError: ``run`` has no ``arithmetic.json``, or the README no table markers.
+        ValueError: ``run`` has no ``arithmetic.json``, or the guide no table markers.
     """
     from posenc.faces.plot import encode, pyplot
 
@@ -646,7 +651,7 @@ def publish(run: str | Path, repository: str | Path | None = None) -> Path:
     bundled_path = Path(str(resources.files("posenc.faces"))) / "data" / BUNDLED
     with atomic_write(bundled_path, "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
-    readme_path = root / "README.md"
+    readme_path = root / GUIDE
     text = readme(readme_path.read_text(), doc)
     with atomic_write(readme_path, "w") as f:
         f.write(text)

@@ -42,14 +42,21 @@ __all__ = [
     "PER_LAYER",
     "POSITION_IDS",
     "REGISTRY",
+    "Absolute",
     "Encoding",
+    "Kernel",
+    "Rotation",
     "lookup",
     "scaling_for",
     "training_encoding",
 ]
 
+#: The absolute encodings an :class:`Encoding` may add to the token embeddings.
 Absolute = Literal["sinusoidal", "learned"]
+#: The rotations an :class:`Encoding` may apply to q and k.
 Rotation = Literal["rope", "xpos", "fope"]
+#: The attention an :class:`Encoding` runs: softmax (``posenc.attention``), stick-breaking
+#: or PaTH.
 Kernel = Literal["softmax", "stick-breaking", "path"]
 
 _ABSOLUTE: tuple[Absolute, ...] = ("sinusoidal", "learned")

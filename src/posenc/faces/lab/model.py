@@ -267,7 +267,7 @@ def _attend(
     bottom-right alignment), each query rotated at its own position by ``turn``; under
     ``context``, ring attention of the rank's shard (queries and keys alike) over its group.
 
-    ``kernel``: an entry of :data:`_KERNELS` (``"stick-breaking"``:
+    ``kernel``: an entry of ``_KERNELS`` (``"stick-breaking"``:
     :func:`posenc.stick_breaking_attention`, the share no key took given to the query's
     own value; ``"path"``: :func:`posenc.path_attention`). ``chunk``: keys of the query's
     chunk only. ``temperature``: the queries' scale at every key position (Llama 4's NoPE

@@ -1,7 +1,8 @@
 """Where positions live in a trained lab model: linear probes of its residual stream.
 
 After training, the lab asks of every layer's residual stream (layer 0 the
-embedding output, layer ``l`` the output of block ``l``; :meth:`LabModel.residuals`)
+embedding output, layer ``l`` the output of block ``l``;
+:meth:`~posenc.lab.model.LabModel.residuals`)
 how much of each token's absolute position, its index ``0 .. T - 1`` in the
 sequence, a linear read-out recovers:
 

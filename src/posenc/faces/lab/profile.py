@@ -1,7 +1,7 @@
 """``posenc lab profile``: where a lab training's time goes, per phase and per operation.
 
 Each training encoding of a :class:`~posenc.lab.run.LabConfig` is trained for a
-sample of steps exactly as :func:`posenc.lab.run.train` trains it (the same
+sample of steps exactly as :func:`posenc.lab.run.run` trains it (the same
 model, batches, optimiser and schedule), on the threads a ``posenc lab run``
 worker has (one by default). The wall time of every step is split into its
 phases (drawing the batch, forward and loss, backward, gradient clipping plus

@@ -56,9 +56,10 @@ from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig
 from posenc.faces.lab.probes import Probe, bias_parameters, probe_model
 from posenc.faces.lab.probes import settings as probe_settings
 
-__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Record", "run", "text_corpus"]
+__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Outcome", "Record", "run", "text_corpus"]
 
 VERSION = 3  # part of every key: bump when training or evaluation changes (rounding included)
+#: The encodings ``posenc lab run`` trains when ``--encodings`` is not given.
 DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned", "nope", "hybrid-nope")
 
 
@@ -131,10 +132,12 @@ class LabConfig:
 
     @property
     def max_positions(self) -> int:
+        """The longest sequence the run evaluates (its test length, in tokens)."""
         return T.sequence_length(self.task, self.test_len)
 
     @property
     def model(self) -> ModelConfig:
+        """The model every encoding of the run trains: vocabulary, sizes and lengths."""
         columns = None if self.task == "text" else T.SYNTHETIC[self.task].columns
         return ModelConfig(
             T.vocab_size(self.task), self.d_model, self.layers, self.heads, self.max_positions,
@@ -174,6 +177,7 @@ class LabConfig:
         return corpus.digest
 
     def eval_key(self, encoding: str, seed: int) -> str:
+        """The trained model's key and the evaluation's settings: one per evaluation."""
         extra = {"encoding": encoding, "test_len": self.test_len, "n": self.eval_examples}
         return f"{self.training_key(encoding, seed)}-{_digest(extra)}"
 
@@ -770,7 +774,7 @@ def _start_worker(threads: int, progress: Any) -> None:
 def _worker_job(
     config: LabConfig, training: _Training, directory: Path, until: int
 ) -> _Done | None:
-    """:func:`_train_and_evaluate` in a worker process, reporting progress on its channel.
+    """``_train_and_evaluate`` in a worker process, reporting progress on its channel.
 
     A piece that ends before ``config.steps`` trains up to ``until`` and stops at a
     checkpoint (None); the last piece finishes the training and evaluates.

@@ -59,4 +59,5 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Channels per attention head: the width over the head count."""
         return self.d_model // self.heads

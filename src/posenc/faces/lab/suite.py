@@ -91,6 +91,7 @@ class SuiteSplit:
 
     @property
     def key(self) -> str:
+        """The split's name in results: ``task_trN_tsM``."""
         return f"{self.task}_tr{self.train_len}_ts{self.test_len}"
 
 
@@ -313,6 +314,7 @@ class SuiteResult:
 
     @property
     def mrr(self) -> dict[str, float]:
+        """Each encoding's mean reciprocal rank over the suite's tasks."""
         return dict(self.doc["mrr"])
 
 

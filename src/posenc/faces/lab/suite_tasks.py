@@ -59,6 +59,7 @@ __all__ = [
     "vocab_size",
 ]
 
+#: The suite's own tokens after ``PLUS``: the signs and punctuation its tasks print.
 MINUS, TIMES, POW, X, EQUALS, COMMA, NEXT, QUERY = 15, 16, 17, 18, 19, 20, 21, 22
 _DIGIT0 = 4
 _VAR0 = 23  # LEGO's first variable

@@ -535,9 +535,9 @@ def _python_files(directory: Path) -> Iterator[Path]:
 def _text_files(directory: Path) -> Iterator[Path]:
     """Every file under ``directory`` but hidden ones, lazily, in sorted path order.
 
-    The walk of :func:`_python_files` without its filter: names starting with ``.``
+    The walk of ``_python_files`` without its filter: names starting with ``.``
     (``.git``, ``.venv``, dotfiles) are skipped, directories and files alike, and so are
-    directories that cannot be listed; whether a file holds text is :func:`_read_text`'s test.
+    directories that cannot be listed; whether a file holds text is ``_read_text``'s test.
     """
     try:
         with os.scandir(directory) as listing:

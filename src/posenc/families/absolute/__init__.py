@@ -6,3 +6,5 @@
 
 The public functions are re-exported from :mod:`posenc`.
 """
+
+__all__ = []

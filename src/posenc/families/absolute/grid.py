@@ -46,7 +46,24 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.core.angles import Turns, geometric_turns, sincos_numpy
 
+__all__ = [
+    "ALIASES",
+    "AXES",
+    "PRESETS",
+    "TIMM_ONLY",
+    "AxisChannels",
+    "Fit",
+    "GridLayout",
+    "GridSpec",
+    "grid",
+    "grid_frequencies",
+    "resolve",
+]
+
+#: How a grid's channels are laid out: each axis's [sin | cos] halves, interleaved pairs, or
+#: all sines then all cosines (``by_function``).
 GridLayout = Literal["half", "interleaved", "by_function"]
+#: What to do when the channels do not divide among the axes: refuse, or drop the rest.
 Fit = Literal["exact", "truncate"]
 
 _LAYOUTS = ("half", "interleaved", "by_function")

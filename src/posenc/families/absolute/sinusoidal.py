@@ -45,8 +45,25 @@ from posenc.core.angles import (
     sincos_torch,
 )
 
+__all__ = [
+    "ALIASES",
+    "DIFFUSERS_ONLY",
+    "PRESETS",
+    "Layout",
+    "OddPolicy",
+    "Order",
+    "Sinusoid",
+    "Slots",
+    "resolve",
+    "shift_matrix",
+    "sinusoidal",
+]
+
+#: Sines and cosines interleaved channel by channel, or in two halves.
 Layout = Literal["interleaved", "half"]
+#: Which comes first in each pair or half: sin or cos.
 Order = Literal["sin_cos", "cos_sin"]
+#: An odd channel count: a zero last channel, one more frequency, one less, or refused.
 OddPolicy = Literal["zero", "extend", "truncate", "error"]
 
 _LAYOUTS = ("interleaved", "half")
@@ -187,9 +204,12 @@ class Sinusoid:
         return self.turns(dim).radians.copy()
 
     def amplitude_for(self, dim: int) -> float:
+        """The factor the values are multiplied by at ``dim`` channels (``d**-0.5`` for
+        x-transformers' ``"rsqrt_dim"``)."""
         return dim**-0.5 if self.amplitude == "rsqrt_dim" else float(self.amplitude)
 
 
+#: The named conventions, by name (``posenc presets`` lists them with their sources).
 PRESETS: dict[str, Sinusoid] = {
     "vaswani": Sinusoid(
         anchor="Vaswani et al. 2017 section 3.5, the PyTorch tutorial, the Annotated "

@@ -6,18 +6,20 @@
   exact frequencies and the attention scaling.
 - :mod:`posenc.rotary.tables`: exact cos/sin tables in the half (GPT-NeoX, HF)
   and interleaved (GPT-J, Meta) orders.
-- :mod:`posenc.rotary.apply`: :func:`apply_rotary`, whose backward is the
+- :mod:`posenc.rotary.apply`: :func:`posenc.apply_rotary`, whose backward is the
   inverse rotation.
-- :mod:`posenc.rotary.module`: the :class:`Rotary` module (GQA, per-batch
+- :mod:`posenc.rotary.module`: the :class:`posenc.Rotary` module (GQA, per-batch
   positions, KV-cache offsets, packed sequences, ``from_hf_config``).
-- :mod:`posenc.rotary.rerotate`: :func:`rerotate_keys`, KV-cache keys moved from
-  one length's tables to another's (``dynamic``, ``longrope``), exactly;
-  :meth:`Rotary.rerotate` and :func:`posenc.hf.rerotate_cache` use it.
+- :mod:`posenc.rotary.rerotate`: :func:`~posenc.rotary.rerotate.rerotate_keys`, KV-cache keys
+  moved from one length's tables to another's (``dynamic``, ``longrope``), exactly;
+  :meth:`posenc.Rotary.rerotate` and :func:`posenc.hf.rerotate_cache` use it.
 - :mod:`posenc.rotary.multiaxis`: M-RoPE (Qwen2-VL contiguous, Qwen3-VL
   interleaved sections, VideoRoPE's low-frequency time), axial 2-D/3-D RoPE
-  (:class:`AxialRotary`) and xPos.
-- :mod:`posenc.rotary.fope`: :class:`FoPE`, the Fourier Position Embedding (each
+  (:class:`posenc.rotary.multiaxis.AxialRotary`) and xPos.
+- :mod:`posenc.rotary.fope`: :class:`posenc.FoPE`, the Fourier Position Embedding (each
   pair rotated by a learned mix of the frequencies).
 
 ``Rotary`` and ``apply_rotary`` are re-exported from :mod:`posenc`.
 """
+
+__all__ = []

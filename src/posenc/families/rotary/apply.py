@@ -128,7 +128,7 @@ def _rotate_kernel(
 ) -> torch.Tensor | None:
     """The rotation in one fused pass (``posenc.core._kernels.rotate``), or None if it cannot.
 
-    For an ``x`` the kernel takes (:func:`_kernel_applies`: CPU float32 and bfloat16
+    For an ``x`` the kernel takes (``_kernel_applies``: CPU float32 and bfloat16
     with unit stride along ``head_dim``, any strides elsewhere; ``cos`` and ``s``
     float32, broadcast through their expanded strides): one read of ``x`` and one
     write of the result, where torch's eager ops take three passes for the half
@@ -267,7 +267,7 @@ def _rotate_eager(
 ) -> tuple[torch.Tensor, ...]:
     """Every ``x`` of ``xs`` rotated by ``sign * theta``, fresh tensors of their dtypes.
 
-    ``backend`` is resolved (:func:`_resolve_backend`): ``"triton"`` rotates all of
+    ``backend`` is resolved (``_resolve_backend``): ``"triton"`` rotates all of
     ``xs`` in one launch; ``"kernel"`` takes the C kernel where it applies to an ``x``
     (``"auto"`` on CPU resolves to it, and a gradient may not qualify), torch's ops
     elsewhere.

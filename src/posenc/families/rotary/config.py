@@ -165,7 +165,7 @@ class RopeSpec:
         mrope_interleaved: Qwen3-VL's interleaved M-RoPE (``True``),
             Qwen2-VL's contiguous sections (``False``), or ``None`` when the
             config does not say (transformers decides by model class;
-            :func:`patch_model` reads it from the module).
+            :func:`posenc.hf.patch_model` reads it from the module).
         layout: which channels the model rotates together: ``"half"`` (HF's
             ``rotate_half``, pairs (i, i + rotary_dim / 2)) or ``"interleaved"``
             (pairs (2i, 2i + 1), GPT-J's order), as the model's attention applies it.

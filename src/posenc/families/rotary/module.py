@@ -33,9 +33,9 @@ from posenc.families.rotary.rerotate import rerotate_keys
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
-__all__ = ["Rotary"]
+__all__ = ["INITIAL_LENGTH", "Rotary"]
 
-# Tables start with this many positions and double when a longer one is needed.
+#: Tables start with this many positions and double when a longer one is needed.
 INITIAL_LENGTH = 2048
 
 
@@ -139,8 +139,9 @@ class Rotary(ExactTables, DerivedBuffers):
                 ``rope_scaling`` + ``rope_theta`` form (see :func:`posenc.rotary.config.rope_spec`).
             layer_type: which layer type's RoPE, for per-layer-type configs.
             layout: as in the constructor; by default the pairing the model's own
-                attention applies (:attr:`RopeSpec.layout`: ``"interleaved"`` for GPT-J,
-                Cohere, GLM-4 ..., ``"half"`` for Llama and most others).
+                attention applies (:attr:`~posenc.rotary.config.RopeSpec.layout`:
+                ``"interleaved"`` for GPT-J, Cohere, GLM-4 ..., ``"half"`` for Llama and
+                most others).
             seq_dim: as in the constructor.
 
         The config is read as the model's own code reads it (see

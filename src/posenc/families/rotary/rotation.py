@@ -4,7 +4,7 @@ A rotary encoding turns each query and key by angles of its position. Attention
 needs one thing of it: :meth:`Rotation.rotate`, the tensors ``(batch, heads, seq,
 head_dim)`` rotated at positions ``(seq,)`` (every row alike) or ``(rows, seq)``
 (positions within packed documents, per row). :class:`posenc.Rotary` (every
-frequency schedule), :class:`posenc.rotary.FoPE` (a learned mix of frequencies per
+frequency schedule), :class:`posenc.FoPE` (a learned mix of frequencies per
 head) and :class:`RotaryTables` (cos/sin tables made elsewhere: M-RoPE's, or any
 model's own) implement it; so can a user's class.
 """
@@ -77,6 +77,7 @@ class RotaryTables:
     def rotate(
         self, xs: Sequence[torch.Tensor], positions: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
+        """Every ``x`` of ``xs`` rotated by the rows of the given tables at ``positions``."""
         for x in xs:
             if x.shape[-1] < self.rotary_dim:
                 raise ValueError(

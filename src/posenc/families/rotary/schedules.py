@@ -51,6 +51,28 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.core.angles import PI, Turns, decimal_context, turns_from_radians
 
+__all__ = [
+    "PARAMETERS",
+    "SCHEDULES",
+    "RopeFrequencies",
+    "Schedule",
+    "base_exponents",
+    "check_params",
+    "default",
+    "dynamic",
+    "frequencies",
+    "linear",
+    "llama3",
+    "longrope",
+    "ntk",
+    "proportional",
+    "register",
+    "resonance",
+    "resonance_rounded",
+    "resonance_yarn",
+    "yarn",
+]
+
 _CTX = decimal_context()
 
 
@@ -78,8 +100,10 @@ class RopeFrequencies:
         return self.turns.radians.copy()
 
 
+#: A frequency schedule: ``(rotary_dim, base, params, *, head_dim, seq_len)`` to
+#: :class:`RopeFrequencies`.
 Schedule = Callable[..., RopeFrequencies]
-#: rope_type -> schedule(rotary_dim, base, params, *, head_dim, seq_len) -> RopeFrequencies
+#: Every schedule by HF's ``rope_type``: a :data:`Schedule` each (:func:`register` adds one).
 SCHEDULES: dict[str, Schedule] = {}
 #: rope_type -> (required keys, optional keys) of its ``params``
 PARAMETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {}

@@ -89,6 +89,7 @@ _GEMMA3 = {
 }  # fmt: skip
 _GEMMA3_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
 
+#: The RoPE configurations each engine is compared on, by name.
 CASES: dict[str, Case] = {c.name: c for c in [
     Case("default", "Llama 3's base 500000, no scaling",
          _LLAMA),

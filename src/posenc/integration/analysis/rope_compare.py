@@ -10,7 +10,7 @@ attention factor, float32 angles, a scaling not applied or a linear factor
 applied twice, a wrong base, LongRoPE's other factor, a partial rotary factor
 ignored).
 
-Tolerances (see :func:`_value_tolerance`): a value may differ from the exact one by
+Tolerances (see ``_value_tolerance``): a value may differ from the exact one by
 the rounding of the stored dtype and by what a float64 computation of the
 frequencies and of ``position * omega`` costs; float32 angles, which err by about
 ``position * omega * 2**-24``, do not agree.
@@ -39,7 +39,7 @@ from posenc.integration.analysis.rope_reading import Reading, ranges, show
 
 __all__ = ["MAX_POSITION", "Verdict", "compare", "compare_mrope", "golden_tables"]
 
-#: Positions the exact angle engine evaluates within its error budget (|position| < 2**31).
+#: Positions the exact angle engine evaluates within its error budget (``|position| < 2**31``).
 MAX_POSITION = 2**31 - 1
 #: posenc's own error on a float64 table value (the exact engine: about 1e-15, before scaling).
 _POSENC_ERROR = 2.0**-49
@@ -117,10 +117,11 @@ class Verdict:
     first: dict[str, Any] | None = None
     cause: str | None = None
     score: float = 0.0
-    #: the largest |theirs - exact| (set by :func:`compare_mrope`)
+    #: the largest ``|theirs - exact|`` (set by :func:`compare_mrope`)
     largest: float | None = None
 
     def as_json(self) -> dict[str, Any]:
+        """The verdict as the plain values ``posenc rope --compare --json`` prints."""
         return {
             "what": self.what,
             "layer_type": self.layer_type,
@@ -161,7 +162,7 @@ def _value_tolerance(
     ``scale * (4 u + 2**-49 + |angle| * rho64)``: their dtype's rounding of cos, sin
     and the product with the scaling (``u``, 4 ulps), posenc's own error, and what
     float64 frequencies and a float64 product ``position * omega`` cost
-    (``rho64``, :func:`_frequency_rtol` at float64 plus the product's rounding).
+    (``rho64``, ``_frequency_rtol`` at float64 plus the product's rounding).
     """
     rho64 = _frequency_rtol(spec, 2.0**-53) + 2.0**-52
     return abs(scale) * (4 * u + _POSENC_ERROR + np.abs(angle) * rho64)

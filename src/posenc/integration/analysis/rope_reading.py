@@ -232,6 +232,7 @@ class Row:
     shown: str = ""
 
     def display(self) -> str:
+        """The value as ``posenc rope`` prints it (its own wording, if it has one)."""
         return self.shown or show(self.value)
 
 

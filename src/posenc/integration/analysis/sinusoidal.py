@@ -607,7 +607,7 @@ def permutation_check(
         A :class:`PermutationCheck`. Its bound is twice the larger of the
         two runs' summed entrywise rounding bounds (``attn(P X)`` and
         ``P attn(X)`` each within its bound of the exact value, see
-        :func:`_attention`), doubled for the second-order terms the bound
+        ``_attention``), doubled for the second-order terms the bound
         leaves out and for evaluating it on computed values.
 
     Raises:

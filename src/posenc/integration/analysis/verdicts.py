@@ -1,7 +1,8 @@
 """The verdicts of ``posenc check``: each measured property against its bound, PASS or FAIL.
 
 :func:`check` measures the properties of one sinusoidal encoding with
-:mod:`.sinusoidal` and :mod:`.precision` and decides each one here; the
+:mod:`posenc.analysis.sinusoidal` and :mod:`posenc.analysis.precision` and decides
+each one here; the
 command only prints the rows. A property that does not apply (a lone channel
 has no constant norm) or that the positions cannot show (every column nearly
 straight over a few positions) is a row with ``passed=None``.
@@ -25,7 +26,7 @@ from posenc.integration.analysis.sinusoidal import (
     shift_error,
 )
 
-__all__ = ["Verdict", "check"]
+__all__ = ["NOT_LINEAR_R2", "OFFSETS", "PRECISION_POSITIONS", "Verdict", "check"]
 
 #: the shifts ``k`` of the shift and dot-product checks
 OFFSETS = (1, 10, 100)

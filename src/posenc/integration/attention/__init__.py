@@ -51,6 +51,7 @@ from posenc.integration.attention.softmax import SoftmaxAttention
 
 __all__ = ["BACKENDS", "attention"]
 
+#: What ``attention(backend=)`` accepts: ``"auto"`` picks by device and input.
 BACKENDS = ("auto", "kernel", "blockwise", "flex")
 
 # inputs FlexAttention takes as they are and the other paths compute in float32
@@ -98,7 +99,7 @@ def attention(
         terms: more score terms (:class:`posenc.families.terms.ScoreTerm`),
             added after ``cope``, ``bias`` and ``log_fgate`` in order.
         rotary: any :class:`posenc.rotary.rotation.Rotation` (a
-            :class:`posenc.Rotary`, :class:`posenc.rotary.FoPE`,
+            :class:`posenc.Rotary`, :class:`posenc.FoPE`,
             :class:`posenc.rotary.rotation.RotaryTables`); rotates q at positions
             ``k_len - q_len .. k_len - 1`` and k at ``0 .. k_len - 1`` (pass
             keys already rotated, and no rotary, if your cache stores them rotated).

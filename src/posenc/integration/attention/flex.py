@@ -149,6 +149,7 @@ class BlockMasks:
             return len(self._entries)
 
     def clear(self) -> None:
+        """Forget every cached block mask."""
         with self._lock:
             self._entries.clear()
 

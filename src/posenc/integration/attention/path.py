@@ -58,7 +58,7 @@ from posenc.integration.attention.layout import check_qkv
 __all__ = ["path_attention", "path_keys"]
 
 #: Where float32's exp leaves its normal range (``exp(-87.34) = 2**-126``): weights
-#: below it are set to 0 (see :func:`_exp_`).
+#: below it are set to 0 (see ``_exp_``).
 _UNDERFLOW = -87.0
 
 #: Positions per chunk by default: the chunks' own work grows with it (seq * block
@@ -166,7 +166,7 @@ def _mask(plan: _Plan, s: torch.Tensor, gate: torch.Tensor | None, i: int, j0: i
 
 
 def _exp_(s: torch.Tensor) -> torch.Tensor:
-    """``exp`` in place, 0 below :data:`_UNDERFLOW`.
+    """``exp`` in place, 0 below ``_UNDERFLOW``.
 
     Scores shifted by their row's maximum (or log-sum-exp) whose weight would be below
     ``exp(-87)``, under float32's smallest normal number: the row's largest weight is

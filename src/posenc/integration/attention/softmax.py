@@ -212,6 +212,8 @@ class SoftmaxAttention(torch.autograd.Function):
         use_kernel: bool,
         *tensors: torch.Tensor,
     ) -> torch.Tensor:
+        """The attention output, block by block; saves q, k, v, the output and the
+        log-sum-exp (not the scores) for :meth:`backward`."""
         out, lse, ctx.kernel = forward_block(plan, tensors, q, k, v, use_kernel)
         ctx.plan = plan
         ctx.save_for_backward(q, k, v, out, lse, *tensors)
@@ -220,6 +222,8 @@ class SoftmaxAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[Any, ...]:
+        """The gradients of q, k, v and of each score term's tensors that asks for one,
+        recomputed block by block from the saved output and log-sum-exp."""
         q, k, v, out, lse, *tensors = ctx.saved_tensors
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)

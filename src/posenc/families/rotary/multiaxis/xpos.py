@@ -86,7 +86,7 @@ def xpos_tables(
     RoPE's tables times :func:`xpos_scale` for the queries, divided by it for the
     keys, computed in float64 and rounded once to ``dtype`` (float32 by default).
     A rotation times a positive per-pair scale is still linear with transpose
-    (same cos, negated sin), so :func:`~posenc.rotary.apply_rotary` applies each pair
+    (same cos, negated sin), so :func:`~posenc.apply_rotary` applies each pair
     and its backward stays right. Queries and keys at any positions of one
     sequence whose centre is ``center`` (:func:`xpos_rotate` uses ``T // 2``; the
     centre cancels in ``q . k``).

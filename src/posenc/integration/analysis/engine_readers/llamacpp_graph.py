@@ -1,6 +1,7 @@
 """libllama's own step from GGUF keys to ggml's rope arguments, for the llama.cpp reader.
 
-Runs under llama.cpp's Python (see :mod:`llamacpp_reader`), never posenc. libllama
+Runs under llama.cpp's Python (see
+:mod:`~posenc.analysis.engine_readers.llamacpp_reader`), never posenc. libllama
 derives the arguments of ``ggml_rope_ext`` / ``ggml_rope_multi`` in its loader
 (``load_hparams``), its context (``yarn_attn_factor``, ``n_ctx_orig_yarn``) and its
 model graph (per-layer base, scale and frequency factors), all C++ without an API that
@@ -33,8 +34,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "DRIVER",
+    "DRIVER_SOURCE",
+    "ENV",
+    "MAX_CONTEXT",
+    "MAX_PARAMETERS",
+    "TIMEOUT_S",
+    "TINY_VISION",
+    "available",
+    "context_for",
+    "full_gguf",
+    "node_for",
+    "rope_nodes",
+    "stand_ins",
+]
+
 #: The environment's root: the virtual environment this Python runs in.
 ENV = Path(sys.prefix)
+#: The C driver that prints the arguments llama.cpp passes to ``ggml_rope_ext``.
 DRIVER = ENV / "ggml" / "llama-rope-args"
 #: Seconds one ``llama-rope-args`` run may take.
 TIMEOUT_S = 120.0

@@ -6,7 +6,8 @@ llama.cpp's converter imports), never posenc. The environment holds, from the ll
 source vendored in the ``llama-cpp-python`` sdist, the converter
 (``llama.cpp/convert_hf_to_gguf.py``, its ``conversion/`` package and its own
 ``gguf-py``), and built from that source, CPU only, under ``ggml/``: ggml's libraries,
-libllama, and ``llama-rope-args`` (:mod:`llamacpp_graph`); ``llama.cpp/BUILD_INFO.json``
+libllama, and ``llama-rope-args``
+(:mod:`~posenc.analysis.engine_readers.llamacpp_graph`); ``llama.cpp/BUILD_INFO.json``
 names the commit and build.
 
 llama.cpp reads an HF config in three steps, and the reader runs them:
@@ -20,7 +21,8 @@ llama.cpp reads an HF config in three steps, and the reader runs them:
    keys and the ``rope_freqs`` / ``rope_factors_long`` / ``rope_factors_short``
    tensors, written to a GGUF file with gguf-py's writer and read back with its reader.
 2. **libllama** turns those keys into the arguments of ``ggml_rope_ext`` /
-   ``ggml_rope_multi`` (loader, context, model graph): :mod:`llamacpp_graph` converts a
+   ``ggml_rope_multi`` (loader, context, model graph):
+   :mod:`~posenc.analysis.engine_readers.llamacpp_graph` converts a
    tiny random checkpoint of the config, loads it in libllama with a context of
    ``seq_len`` tokens and reads the arguments off the graph's ``ROPE`` nodes (the first
    node of the window's ``layer``, else layer 0). Where no tiny checkpoint can be built
@@ -42,7 +44,7 @@ n_ctx_orig_yarn``), not from the tokens seen; the reader states a context of
 ``ggml_rope_multi`` with those positions and a 4th axis of 0 (a text window gets every
 axis at the token index and the 4th at 0, as llama.cpp's graph input does).
 
-The protocol (request, batch, answer) is :mod:`protocol`'s.
+The protocol (request, batch, answer) is :mod:`~posenc.analysis.engine_readers.protocol`'s.
 """
 
 from __future__ import annotations
@@ -55,6 +57,27 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+__all__ = [
+    "ARCHITECTURES",
+    "ENV",
+    "MODE_NAMES",
+    "READS_FREQ_BASE_SWA",
+    "READS_SECTIONS",
+    "READS_YARN_KEYS",
+    "READS_YARN_LOG_MUL",
+    "ROPE_TYPES",
+    "SOURCE",
+    "SWA_PERIODS",
+    "answer",
+    "build_info",
+    "convert",
+    "ggml",
+    "ggml_rope",
+    "is_swa_layer",
+    "llamacpp_graph_node",
+    "rope_arguments",
+]
 
 #: The environment's root: the virtual environment this Python runs in.
 ENV = Path(sys.prefix)
@@ -88,6 +111,7 @@ ARCHITECTURES = {
 
 # ggml's rope modes (ggml.h's GGML_ROPE_TYPE_*)
 NORM, NEOX, MROPE, IMROPE = 0, 2, 8, 40
+#: ggml's names of its rope modes, by mode number.
 MODE_NAMES = {NORM: "NORMAL", NEOX: "NEOX", MROPE: "MROPE", IMROPE: "IMROPE"}
 GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26
 

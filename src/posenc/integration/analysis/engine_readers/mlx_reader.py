@@ -26,7 +26,7 @@ says so. mlx-lm is text only: its rotary modules take a token offset, never
 multi-axis positions, so an M-RoPE window (``position_ids``) gets the rows at the
 token index and the note says so.
 
-The protocol (request, batch, answer) is :mod:`protocol`'s.
+The protocol (request, batch, answer) is :mod:`~posenc.analysis.engine_readers.protocol`'s.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import importlib.util
 import sys
 import types
 from typing import Any
+
+__all__ = ["MAX_PREFILL_ELEMENTS", "answer"]
 
 #: The largest prefill evaluated in one call (elements of the unit-vector input).
 MAX_PREFILL_ELEMENTS = 2**26

@@ -64,7 +64,7 @@ picked at the asked positions; when that prefill would be too large, only the as
 positions are evaluated and ``mode`` says so. An M-RoPE module gets 3-row positions:
 all three axes at the token index, or the window's ``position_ids``.
 
-The protocol (request, batch, answer) is :mod:`protocol`'s.
+The protocol (request, batch, answer) is :mod:`~posenc.analysis.engine_readers.protocol`'s.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ import os
 import sys
 import tempfile
 from typing import Any
+
+__all__ = ["MAX_PREFILL_ELEMENTS", "answer"]
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 

@@ -48,7 +48,7 @@ token indices. vLLM's tables are fixed at construction: ``seq_len`` changes noth
 dynamic NTK is one table of ``max_position_embeddings`` rows; LongRoPE picks short or
 long factors once, from ``max_model_len``).
 
-The protocol (request, batch, answer) is :mod:`protocol`'s.
+The protocol (request, batch, answer) is :mod:`~posenc.analysis.engine_readers.protocol`'s.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ import os
 import sys
 import tempfile
 from typing import Any
+
+__all__ = ["DTYPE_VARIABLE", "MODEL_FILES", "answer"]
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
