@@ -288,3 +288,23 @@ def small_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     out = tmp_path_factory.mktemp("report") / "report"
     return report.build(out, dim=32, length=16, train_steps=20)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the documentation site's build when its tests will run: it builds beside
+    the other tests, on the CPU they leave idle (``tests/docs_site.py``)."""
+    if any(item.path.name == "test_docs.py" for item in session.items):
+        import docs_site
+
+        docs_site.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the documentation build if the session ends before its tests waited for it."""
+    import sys
+
+    docs_site = sys.modules.get("docs_site")
+    for build in getattr(docs_site, "BUILD", []):
+        if build.process.poll() is None:
+            build.process.kill()
+            build.process.wait()

@@ -1,9 +1,10 @@
 """The site's own Sphinx extension: the API pages, references by short path, the explainer.
 
-- ``builder-inited``: one page per public module under ``api/`` (generated, not kept in
-  git): the module's docstring, then every name of its ``__all__``, in that order.
-  Modules are named by the short paths users import (``posenc.rotary.schedules``), the
-  ones :data:`posenc._moved.MOVED` serves.
+- ``builder-inited``: the reference's pages under ``api/`` (generated, not kept in git),
+  one per import path (``posenc.rotary`` and its submodules) and per layer: a section per
+  public module, its docstring, then every name of its ``__all__`` in that order. Modules
+  are named by the short paths users import (``posenc.rotary.schedules``), the ones
+  :data:`posenc._moved.MOVED` serves.
 - ``autodoc-process-docstring``: a public name with no docstring is a warning, so the
   strict build (``-W``) fails on it; an override takes its posenc base's docstring; a
   data docstring's first line stays prose (napoleon would read ``words: ...`` as a type).
@@ -13,7 +14,8 @@
   (``posenc.sinusoidal``) resolves to the entry of the same Python object.
 - ``autodoc-process-signature``: a dataclass field's ``<factory>`` default reads ``...``.
 - ``build-finished``: the explainer ``posenc report`` writes, built into ``explainer/``
-  (``posenc_explainer = PATH``: a report already built there is copied instead).
+  (``posenc_explainer = PATH``: a report already built there is copied instead;
+  ``none``: none is written, the caller puts one there).
 """
 
 from __future__ import annotations
@@ -141,8 +143,8 @@ def full_entry(short: str, module: ModuleType, name: str, home: dict[int, list[s
 
 
 def module_page(short: str, module: ModuleType, home: dict[int, list[str]]) -> str:
-    """The reST of one module's page: full entries for its own names, links for the rest."""
-    lines = [short, "=" * len(short), "", f".. automodule:: {short}", "   :no-members:", ""]
+    """The reST of one module's section: full entries for its own names, links for the rest."""
+    lines = [short, "-" * len(short), "", f".. automodule:: {short}", "   :no-members:", ""]
     for name in public_names(module):
         value = getattr(module, name)
         kind = _directive(value, module)
@@ -164,11 +166,23 @@ def module_page(short: str, module: ModuleType, home: dict[int, list[str]]) -> s
 LAYERS = ("posenc.core", "posenc.families", "posenc.integration", "posenc.faces")
 
 
-def index_page(modules: dict[str, ModuleType]) -> str:
+def group(short: str) -> str:
+    """The page a module is on: ``posenc`` alone; else its import path's first two parts
+    (``posenc.rotary`` holds ``posenc.rotary.schedules``), the layers' modules by layer."""
+    return ".".join(short.split(".")[:2])
+
+
+def group_page(name: str, members: list[str], modules: dict[str, ModuleType], home: Any) -> str:
+    """One page of the reference: a section per module of the group."""
+    title = f"{name} (layer)" if name in LAYERS else name
+    lines = [title, "=" * len(title), ""]
+    for short in members:
+        lines += [module_page(short, modules[short], home), ""]
+    return "\n".join(lines)
+
+
+def index_page(groups: dict[str, list[str]]) -> str:
     """The reference's first page: the import paths, then the layers beneath them."""
-    layered = [s for s in modules if s.split(".")[:2] in [x.split(".") for x in LAYERS]]
-    layered += [s for s in modules if s.startswith(tuple(x + "." for x in LAYERS))]
-    paths = [s for s in modules if s not in layered]
 
     def toctree(caption: str, names: list[str]) -> list[str]:
         head = [".. toctree::", "   :maxdepth: 1", f"   :caption: {caption}", ""]
@@ -177,13 +191,16 @@ def index_page(modules: dict[str, ModuleType]) -> str:
     lines = ["API reference", "=============", ""]
     lines += [
         "Every public name, module by module, under the import path users type",
-        "(``posenc.rotary.schedules``). The names ``posenc`` itself exports are on its",
-        "page. The code lives in four layers beneath these paths (core, families,",
-        "integration, faces, each importing only from the ones below it); their other",
-        "modules, which the paths' pages refer to, follow.",
+        "(``posenc.rotary.schedules``, on the page of ``posenc.rotary``). The names",
+        "``posenc`` itself exports are on its page. The code lives in four layers beneath",
+        "these paths (core, families, integration, faces, each importing only from the",
+        "ones below it); their other modules, which the paths' pages refer to, follow.",
         "",
     ]
-    lines += toctree("Import paths", paths) + toctree("The layers", sorted(set(layered)))
+    paths = [g for g in groups if g not in LAYERS]
+    lines += toctree("Import paths", paths) + toctree(
+        "The layers", [g for g in LAYERS if g in groups]
+    )
     return "\n".join(lines)
 
 
@@ -194,14 +211,18 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_api(app: Sphinx) -> None:
+    """Write the reference's pages (before the build reads its sources)."""
     out = Path(app.srcdir) / API
     out.mkdir(exist_ok=True)
     modules = public_modules()
     home = homes(modules)
-    for short, module in modules.items():
-        _write(out / f"{short}.rst", module_page(short, module, home))
-    _write(out / "index.rst", index_page(modules))
-    for stale in set(out.glob("*.rst")) - {out / f"{s}.rst" for s in modules} - {out / "index.rst"}:
+    groups: dict[str, list[str]] = {}
+    for short in modules:
+        groups.setdefault(group(short), []).append(short)
+    for name, members in groups.items():
+        _write(out / f"{name}.rst", group_page(name, members, modules, home))
+    _write(out / "index.rst", index_page(groups))
+    for stale in set(out.glob("*.rst")) - {out / f"{g}.rst" for g in groups} - {out / "index.rst"}:
         stale.unlink()
 
 
@@ -379,7 +400,9 @@ def build_explainer(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
     out = Path(app.outdir) / "explainer"
-    if app.config.posenc_explainer:  # a report already built (the tests share theirs)
+    if app.config.posenc_explainer == "none":  # the caller puts one there (the tests)
+        return
+    if app.config.posenc_explainer:  # a report already built
         shutil.copytree(app.config.posenc_explainer, out, dirs_exist_ok=True)
         return
     from posenc import report
