@@ -26,6 +26,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -142,6 +143,16 @@ def full_entry(short: str, module: ModuleType, name: str, home: dict[int, list[s
     return f"{short}.{name}"
 
 
+def summary(value: Any, kind: str) -> str:
+    """A re-export's one-line summary: its docstring's first line, references as code
+    (they were written for the defining module's scope)."""
+    first = (
+        (inspect.getdoc(value) or "").split("\n\n")[0].replace("\n", " ") if kind != "data" else ""
+    )
+    first = re.sub(r":[a-z]+:`~?([^`]+)`", r"``\1``", first)
+    return f" {first}" if first else ""
+
+
 def module_page(short: str, module: ModuleType, home: dict[int, list[str]]) -> str:
     """The reST of one module's section: full entries for its own names, links for the rest."""
     lines = [short, "-" * len(short), "", f".. automodule:: {short}", "   :no-members:", ""]
@@ -159,7 +170,7 @@ def module_page(short: str, module: ModuleType, home: dict[int, list[str]]) -> s
         else:  # a re-export: its own anchor (not a second entry: a name has one target)
             lines += [".. raw:: html", "", f'   <span id="{short}.{name}"></span>', ""]
             lines += [f".. py:{kind}:: {name}", "   :no-index:", ""]
-            lines += [f"   :py:obj:`{entry}`, imported here.", ""]
+            lines += [f"   :py:obj:`{entry}`, imported here.{summary(value, kind)}", ""]
     return "\n".join(lines)
 
 
@@ -177,7 +188,10 @@ def group_page(name: str, members: list[str], modules: dict[str, ModuleType], ho
     title = f"{name} (layer)" if name in LAYERS else name
     lines = [title, "=" * len(title), ""]
     for short in members:
-        lines += [module_page(short, modules[short], home), ""]
+        section = module_page(short, modules[short], home)
+        if short == name:  # the group's own module: its docstring opens the page
+            section = section.split("\n", 3)[3]
+        lines += [section, ""]
     return "\n".join(lines)
 
 
