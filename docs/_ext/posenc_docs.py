@@ -68,7 +68,7 @@ def public_names(module: ModuleType) -> list[str]:
 
 def _directive(value: Any, module: ModuleType) -> str:
     if inspect.ismodule(value) and value.__name__.startswith(module.__name__ + "."):
-        return ""  # a submodule: it has its own page
+        return ""  # a submodule: it has its own section
     if inspect.isclass(value):
         return "class"
     if callable(value) and (inspect.isroutine(value) or hasattr(value, "__wrapped__")):
