@@ -38,8 +38,8 @@ demo: $(VENV)/.demo
 # same command and reads the result in chromium.
 DOCS_OUT ?= docs/_build/html
 docs: $(VENV)/.test
-	rm -rf $(DOCS_OUT)
-	$(BIN)/python -m sphinx -b html -n -W --keep-going -j 2 docs $(DOCS_OUT)
+	rm -rf $(DOCS_OUT) docs/_build/doctrees  # a fresh build: -W sees every page's warnings
+	$(BIN)/python -m sphinx -b html -n -W --keep-going -j 2 -d docs/_build/doctrees docs $(DOCS_OUT)
 	@echo "docs: $(DOCS_OUT)/index.html"
 
 lint: $(VENV)/.test
