@@ -70,12 +70,7 @@ def public_modules() -> dict[str, ModuleType]:
     for info in pkgutil.walk_packages(posenc.__path__, "posenc."):
         if any(part.startswith("_") for part in info.name.split(".")):
             continue
-        homes = [
-            h for h in _moved.MOVED.values() if info.name == h or info.name.startswith(h + ".")
-        ]
-        home = max(homes, key=len, default="")  # the most specific short path names it
-        short = {h: s for s, h in _moved.MOVED.items()}.get(home, "") + info.name[len(home) :]
-        found[short if home else info.name] = importlib.import_module(info.name)
+        found[_moved.short(info.name)] = importlib.import_module(info.name)
     return found
 
 

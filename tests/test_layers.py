@@ -160,3 +160,13 @@ def test_submodules_of_short_paths():
 
 
 import importlib  # noqa: E402  (used by the tests above; kept beside them)
+
+
+def test_a_home_is_named_by_its_most_specific_short_path():
+    assert _moved.short("posenc.families.absolute.modules.SinusoidalEmbedding") == (
+        "posenc.modules.SinusoidalEmbedding"
+    )
+    assert _moved.short("posenc.families.absolute.grid") == "posenc.absolute.grid"
+    assert _moved.short("posenc.core.checks") == "posenc.core.checks"  # served by none
+    for home in _moved.MOVED.values():  # the short name leads back to the same module
+        assert _moved.home(_moved.short(home)) == home

@@ -54,7 +54,7 @@ def public_modules() -> dict[str, ModuleType]:
     found: dict[str, ModuleType] = {"posenc": posenc}
     for info in pkgutil.walk_packages(posenc.__path__, "posenc."):
         if not any(part.startswith("_") for part in info.name.split(".")):
-            found[short_path(info.name)] = importlib.import_module(info.name)
+            found[_moved.short(info.name)] = importlib.import_module(info.name)
     return dict(sorted(found.items()))
 
 
@@ -135,7 +135,7 @@ def full_entry(short: str, module: ModuleType, name: str, home: dict[int, list[s
     source, there = origin(module.__name__, name)
     if source != module.__name__:
         private = any(part.startswith("_") for part in source.split("."))
-        return f"{short}.{name}" if private else f"{short_path(source)}.{there}"
+        return f"{short}.{name}" if private else f"{_moved.short(source)}.{there}"
     value = getattr(module, name)
     if not isinstance(value, SCALARS) and id(value) in home:
         entries = home[id(value)]  # posenc's lazy names: the same object, defined elsewhere
@@ -325,17 +325,6 @@ def skip_torch_hooks(
     return True if name in TORCH_HOOKS else None
 
 
-def short_path(target: str) -> str:
-    """``target``'s name under the short path that serves it (the most specific one:
-    ``posenc.modules`` over ``posenc.absolute.modules``), or ``target`` itself."""
-    served = [(home, short) for short, home in _moved.MOVED.items()
-              if target == home or target.startswith(home + ".")]  # fmt: skip
-    if not served:
-        return target
-    home, short = max(served, key=lambda hs: len(hs[0]))
-    return short + target[len(home) :]
-
-
 def _resolve(module_path: str) -> Any:
     """The Python object a documented dotted name stands for (None if unknown)."""
     parts = module_path.split(".")
@@ -374,7 +363,7 @@ def short_reference(
         return None
     domain = env.get_domain("py")
     target, kind, doc = node["reftarget"].lstrip(".~"), node["reftype"], node["refdoc"]
-    short = short_path(target)
+    short = _moved.short(target)
     if short != target:
         found = domain.resolve_xref(env, doc, app.builder, kind, short, node, contnode)
         if found is not None:

@@ -43,6 +43,16 @@ def home(name: str) -> str | None:
     return None
 
 
+def short(name: str) -> str:
+    """``name``'s path under the short path that serves it, the most specific one
+    (``posenc.modules`` over ``posenc.absolute.modules``), or ``name`` itself."""
+    served = [(h, s) for s, h in MOVED.items() if name == h or name.startswith(h + ".")]
+    if not served:
+        return name
+    target, path = max(served, key=lambda hs: len(hs[0]))
+    return path + name[len(target) :]
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
     """Import a short path as its home module, registered under both names."""
 
