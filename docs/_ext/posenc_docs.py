@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -76,6 +77,7 @@ def _directive(value: Any, module: ModuleType) -> str:
     return "data"
 
 
+@functools.cache  # each module's source is parsed once per build, not once per name
 def defined_names(module: ModuleType) -> set[str]:
     """The names a module's own source binds at its top level (not its imports)."""
     source = inspect.getsource(module)
@@ -90,6 +92,7 @@ def defined_names(module: ModuleType) -> set[str]:
     return bound
 
 
+@functools.cache  # each module's source is parsed once per build, not once per name
 def imported_names(module: ModuleType) -> dict[str, tuple[str, str]]:
     """name -> (module, name) for each ``from ... import`` at a module's top level."""
     package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
