@@ -10,6 +10,7 @@ computes blocks of queries, which the tests force to be small.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from torch import nn
 from torch.func import functional_call
 
 import posenc
+from gpu_markers import no_cuda
 from posenc.integration.attention import checkpointed as contextual
 
 # (batch, heads, kv_heads, q_len, k_len, head_dim, v_dim)
@@ -544,3 +546,42 @@ def test_empty_results():
     q, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 0)
     dape = posenc.DAPE(posenc.ALiBi(2))
     assert posenc.attention(q, q, v, bias=dape, causal=True).shape == (1, 2, 5, 0)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])]
+)
+@pytest.mark.parametrize("name", ["cope", "dape-fire"])
+def test_auto_on_the_device_trains_as_the_formula(name, device, small_blocks):
+    """What ``backend="auto"`` takes on the device, forward and backward, against the
+    dense float64 formula on CPU. FlexAttention has no form of a term that reads the
+    scores, so on CUDA "auto" takes the blockwise path there (``make gpu-check`` runs
+    the CUDA variant); on CPU, the same path."""
+    shape = SHAPES["cache-gqa"]
+    q, k, v = inputs(shape, seed=4, grad=True)
+    mask = padding(shape[0], shape[4])
+    scale = 1 / math.sqrt(shape[5])
+    torch.manual_seed(6)
+    if name == "cope":
+        module = cope_module(shape[5], 6, scale_with_logits=True)
+        key = "cope"
+        ref = dense_cope(
+            q, k, v, module.pos_emb, npos_max=6, scale=scale, scale_with_logits=True, mask=mask
+        )
+    else:  # FIRE past its threshold: the per-block bias, not a table
+        module = posenc.DAPE(posenc.FIRE(shape[1], init_L=4.0), width=8).double()
+        key = "bias"
+        ref = dense_dape(q, k, v, module, causal=True, scale=scale, mask=mask)
+    there = copy.deepcopy(module).to(device)
+    qd, kd, vd = (t.detach().to(device).requires_grad_(True) for t in (q, k, v))
+    out = posenc.attention(qd, kd, vd, causal=True, attention_mask=mask.to(device), **{key: there})
+    assert out.device.type == device and out.dtype == torch.float64
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=out.dtype)
+    trained = [p for p in module.parameters() if p.requires_grad]
+    got = torch.autograd.grad(
+        out, [qd, kd, vd, *(p for p in there.parameters() if p.requires_grad)], g.to(device)
+    )
+    want = torch.autograd.grad(ref, [q, k, v, *trained], g)
+    assert (out.detach().cpu() - ref.detach()).abs().max() <= F64
+    for a, b in zip(got, want, strict=True):
+        assert (a.cpu() - b).abs().max() <= F64 * max(1.0, float(b.abs().max()))

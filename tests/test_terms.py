@@ -321,3 +321,25 @@ def test_a_process_that_never_compiles_never_imports_the_compiler():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]", run.stdout
+
+
+@pytest.mark.parametrize("name", ["cope", "dape"])
+def test_auto_off_the_cpu_reads_the_scores_blockwise(name, monkeypatch):
+    # meta tensors stand in for a GPU's: off the CPU "auto" takes FlexAttention, which
+    # has no form of a term that reads the scores; those take the blockwise path
+    taken = []
+
+    def flex_attend(q, k, v, plan, tensors):
+        taken.append("flex")
+        return torch.empty(q.shape[:-1] + v.shape[-1:], device=q.device, dtype=q.dtype)
+
+    monkeypatch.setattr(flex_engine, "attend", flex_attend)
+    q = torch.empty(1, 2, 8, 16, device="meta")
+    if name == "cope":
+        given = {"cope": posenc.CoPE(16, 8).to("meta")}
+    else:
+        given = {"bias": posenc.DAPE(posenc.ALiBi(2)).to("meta")}
+    out = posenc.attention(q, q, q, causal=True, **given)
+    assert out.shape == (1, 2, 8, 16) and out.device.type == "meta" and taken == []
+    posenc.attention(q, q, q, causal=True, bias=posenc.ALiBi(2).to("meta"))
+    assert taken == ["flex"]  # every other term takes FlexAttention there

@@ -135,7 +135,9 @@ def attention(
             each packed document. Gradients reach it.
         backend: ``"auto"``, ``"kernel"`` (CPU float32; falls back to blockwise
             where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
-            FlexAttention; on CPU forward only).
+            FlexAttention; on CPU forward only). ``"auto"`` takes ``"kernel"`` on
+            CPU and ``"flex"`` on other devices, except with a term that reads the
+            scores (``cope``, a DAPE bias), which takes ``"blockwise"`` there.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in q's dtype. On ``"flex"``
@@ -185,8 +187,6 @@ def attention(
         # after the rotation: chunks confine the keys as documents do, but restart no position
         docs = layout.chunks(docs, layout.check_chunk_size(chunk_size, lq, lk), lk, q.device)
     dtype = q.dtype
-    if backend == "auto":
-        backend = "kernel" if q.device.type == "cpu" else "flex"
     # float16/bfloat16 stay as they are on the flex path only; their terms are float32
     work = torch.float32 if dtype in _LOW_PRECISION else dtype
     ctx = TermContext(
@@ -195,6 +195,10 @@ def attention(
     )  # fmt: skip
     forms = [t.score_form(ctx) for t in given]
     reads = any(f.read is not None for f in forms)
+    if backend == "auto":
+        # the compiled loop on CPU, FlexAttention elsewhere; a term that reads the
+        # scores has no FlexAttention form: the blockwise path on every device
+        backend = "kernel" if q.device.type == "cpu" else "blockwise" if reads else "flex"
     if reads:
         if backend == "flex":
             raise ValueError(
