@@ -150,6 +150,18 @@ def test_the_residual_stream_is_the_forward_pass(encoding):
     assert torch.equal(stream[0], embedded)
 
 
+@pytest.mark.parametrize("encoding", ["abacus", "coupled"])
+def test_encodings_that_read_the_numbers_are_probed_with_their_layout(encoding):
+    # their residual stream needs the batch's layout of the numbers (significance)
+    config = LabConfig(task="add-reversed", encodings=(encoding,), train_len=4, d_model=32, heads=2)
+    model = perturbed_lab_model(ModelConfig(20, 32, 2, 2, max_positions=40, max_ids=8), encoding)
+    found = P.probe_model(model, config, 0)
+    assert [(p.layer, p.metric) for p in found] == [
+        (layer, m) for layer in range(3) for m in P.METRICS
+    ]
+    assert all(math.isfinite(p.value) for p in found)
+
+
 def test_hybrid_nope_is_rope_in_all_but_every_kth_layer():
     spec = REGISTRY["hybrid-nope"]
     assert spec.rotary == "rope" and spec.nope_every == 2 and spec.bias is None

@@ -226,22 +226,24 @@ def linear_accuracy(
     return float((predicted == yt).double().mean())
 
 
-def _sequences(config: Any, corpus: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fit and held-out tokens ``(sequences, T)``: the longest trained sequences."""
+def _sequences(config: Any, corpus: Any) -> tuple[T.Batch, T.Batch]:
+    """The fit and held-out batches, ``(sequences, T)`` tokens: the longest trained sequences."""
     fit, test = torch.Generator().manual_seed(_FIT_SEED), torch.Generator().manual_seed(_TEST_SEED)
     if config.task == "text":
-        return (corpus.batch("train", config.train_len, FIT_SEQUENCES, fit).tokens,
-                corpus.batch("test", config.train_len, TEST_SEQUENCES, test).tokens)  # fmt: skip
-    return (T.make_batch(config.task, config.train_len, FIT_SEQUENCES, fit).tokens,
-            T.make_batch(config.task, config.train_len, TEST_SEQUENCES, test).tokens)  # fmt: skip
+        return (corpus.batch("train", config.train_len, FIT_SEQUENCES, fit),
+                corpus.batch("test", config.train_len, TEST_SEQUENCES, test))  # fmt: skip
+    return (T.make_batch(config.task, config.train_len, FIT_SEQUENCES, fit),
+            T.make_batch(config.task, config.train_len, TEST_SEQUENCES, test))  # fmt: skip
 
 
 @torch.no_grad()
-def _stream(model: LabModel, tokens: torch.Tensor, seed: int) -> list[torch.Tensor]:
-    """Every layer's residual stream as rows ``(sequences * T, d_model)``."""
+def _stream(model: LabModel, batch: T.Batch, seed: int) -> list[torch.Tensor]:
+    """Every layer's residual stream as rows ``(sequences * T, d_model)``; the layout of
+    the numbers goes with the tokens (the encodings that read it need it)."""
     device = next(model.parameters()).device
     positions = torch.Generator().manual_seed(seed)
-    layers = model.residuals(tokens.to(device), generator=positions)
+    batch = batch.to(device)
+    layers = model.residuals(batch.tokens, generator=positions, significance=batch.significance)
     return [h.reshape(-1, h.shape[-1]) for h in layers]
 
 
@@ -262,12 +264,12 @@ def probe_model(model: LabModel, config: Any, seed: int, corpus: Any = None) -> 
         return []
     was_training = model.training
     model.eval()
-    fit_tokens, test_tokens = _sequences(config, corpus)
-    fit = _stream(model, fit_tokens, _FIT_SEED)
-    test = _stream(model, test_tokens, _TEST_SEED)
+    fit_batch, test_batch = _sequences(config, corpus)
+    fit = _stream(model, fit_batch, _FIT_SEED)
+    test = _stream(model, test_batch, _TEST_SEED)
     model.train(was_training)
-    fit_y = torch.arange(positions).repeat(fit_tokens.shape[0])
-    test_y = torch.arange(positions).repeat(test_tokens.shape[0])
+    fit_y = torch.arange(positions).repeat(fit_batch.tokens.shape[0])
+    test_y = torch.arange(positions).repeat(test_batch.tokens.shape[0])
     probes = []
     for layer, (x, xt) in enumerate(zip(fit, test, strict=True)):
         scores = {
