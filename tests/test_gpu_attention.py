@@ -4,7 +4,8 @@
 computed densely in float64 on the same device (scores, bias, masks, softmax),
 gradients of q, k, v and of the bias module's parameters included, for every
 bias: ALiBi, T5, KERPLE, Sandwich, FIRE with every query below its threshold L
-(a table) and with queries on both sides of it (its pieces), NoPE. The inputs
+(a table) and with queries on both sides of it (its pieces), NoPE; and a user's
+term with no table (``Decay``), whose parameter the score mod reads. The inputs
 combine the causal mask, left padding, grouped-query attention and a KV cache
 (64 keys before the first query); packed documents run bidirectional. Each
 error bound is derived from the roundings of the kernel's arithmetic (see
@@ -34,6 +35,7 @@ from conftest import one_thread
 from gpu_markers import no_cuda
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
+from posenc.families.terms import TermContext, TermForm
 from posenc.integration.attention import flex as flex_engine
 
 NO_CUDA = no_cuda()
@@ -477,6 +479,77 @@ def test_bfloat16_forward_and_backward_within_bfloat16_rounding(device):
     # weights before P v, dS before dS k and dS q, the outputs): 2**-8 each
     got, want, tols = run_case("t5", device, causal=True, dtype=torch.bfloat16, seed=2)
     assert all(g.dtype == torch.bfloat16 for g in got[:2])
+    assert_within(got, want, tols)
+
+
+class Decay(torch.nn.Module):
+    """A user's term through the public protocol alone (posenc.families.terms), with no
+    table: ``a_h / (1 + |key - query|)``, its FlexAttention form reading the parameter
+    in the score mod, so that its gradient comes from FlexAttention's gradients of
+    captured tensors (posenc's biases hand it a table instead)."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.linspace(-2.0, 3.0, heads))
+
+    def score_form(self, ctx: TermContext) -> TermForm:
+        offset = ctx.offset
+
+        def block(tensors, q_pos, k_pos):
+            rel = (k_pos[None, :] - q_pos[:, None]).abs().to(tensors[0].dtype)
+            return tensors[0][:, None, None] / (1 + rel)
+
+        def flex(tensors):
+            a = tensors[0]
+
+            def add(b, h, q_idx, kv_idx):
+                return a[h] / (1 + (kv_idx - q_idx - offset).abs().to(a.dtype))
+
+            return add
+
+        return TermForm((self.a.to(ctx.dtype),), block, flex)
+
+
+def test_a_users_term_equal_float64(device):
+    """A term written against the protocol, on FlexAttention: forward (and on CUDA
+    backward, its parameter's gradient included) against float64, within the bounds
+    of ``bounds``; the parameter's as param_bounds derives, every score's dS times
+    |d score / d a_h| = 1 / (1 + |key - query|) summed in any order (n = every score
+    of the head). The term's float32 evaluation: the division (within 2 ulp on a GPU,
+    4 U relative) and the product, 8 U |term| with room."""
+    backward = device.type != "cpu"
+    b, h, hk, lq, lk, d, dv = SHAPE if backward else CPU_SHAPE
+    scale = 1 / math.sqrt(d)
+    term = Decay(h).to(device)
+    q, k, v, dout, mask, ids, _ = make((b, h, hk, lq, lk, d, dv), torch.float32, 4, device)
+    leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+    with torch.set_grad_enabled(backward):
+        out = posenc.attention(
+            *leaves, terms=[term], causal=True, attention_mask=mask, backend=BACKEND
+        )
+    got = [out, *(torch.autograd.grad(out, [*leaves, term.a], dout) if backward else ())]
+
+    q64, k64, v64 = (t.double().requires_grad_(backward) for t in (q, k, v))
+    a64 = term.a.detach().double().requires_grad_(backward)
+    q_pos, k_pos = torch.arange(lk - lq, lk, device=device), torch.arange(lk, device=device)
+    near = 1 / (1 + (k_pos[None, :] - q_pos[:, None]).abs().double())  # d score / d a_h
+    block = a64[:, None, None] * near
+    allowed = allowed_pairs(mask, ids, lq, lk, True)
+    ref = dense(q64, k64, v64, block, allowed, scale)
+    want = [ref]
+    if backward:
+        want += torch.autograd.grad(ref, [q64, k64, v64, a64], dout.double())
+    with torch.no_grad():
+        inputs = [t.detach().double() for t in (q, k, v, dout)]
+        found = bounds(
+            *inputs, block.detach(), allowed, scale, bias_error=8 * U * block.detach().abs(),
+            rounding=0.0, backward=backward,
+        )  # fmt: skip
+        tols = list(found[:4])
+        if backward:
+            ds = found[4]
+            factor = 2 * (d + lk + 16 + 8 * math.sqrt(b * lq * lk)) * U
+            tols.append(factor * torch.einsum("bhij,ij->h", ds, near))
     assert_within(got, want, tols)
 
 

@@ -8,10 +8,12 @@ well under a second each and never install anything.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -117,7 +119,9 @@ def test_step_timeouts_fit_the_budget():
     assert gpu_check.step_timeout(60, 400, 3) == 60
     assert gpu_check.step_timeout(60, 50, 2) == 50 - 2 * gpu_check.RESERVE_S
     assert gpu_check.step_timeout(60, 5, 3) == 0
-    assert gpu_check.BUDGET_S <= 8 * 60 - 20  # the machine's limit, with a margin
+    # a session's 15 device minutes: the machine's start (about 2), this run, and 4 left
+    # for a second machine to start for a rerun
+    assert gpu_check.BUDGET_S <= (15 - 2 - 4) * 60 - 120
     assert all(cap < gpu_check.BUDGET_S / 2 for _, _, cap in gpu_check.BENCH_STEPS)
 
 
@@ -177,6 +181,50 @@ def test_pytest_modules_run_at_once_and_add_up(tmp_path, capsys):
     total = gpu_check.merge_counts(counts)
     assert (total["tests"], total["passed"], total["failed"]) == (2, 1, 1)
     assert total["not_passed"] == ["tests.test_bad::test_b"]
+    # each module's output is its own file, a test per line
+    assert "test_ok.py::test_a PASSED" in (tmp_path / gpu_check.pytest_log(modules[0])).read_text()
+
+
+def test_a_module_past_the_deadline_is_killed_and_the_others_report(tmp_path, capsys):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_ok.py").write_text("import pytest\n@pytest.mark.gpu\ndef test_a(): pass\n")
+    (tests / "test_slow.py").write_text(
+        "import time, pytest\n@pytest.mark.gpu\ndef test_quick(): pass\n"
+        "@pytest.mark.gpu\ndef test_slow(): time.sleep(60)\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: gpu\n")
+    modules = [str(tests / n) for n in ("test_slow.py", "test_ok.py")]
+    start = gpu_check.time.monotonic()
+    assert gpu_check.pytest_modules(sys.executable, tmp_path, modules, timeout=8.0) == 1
+    assert gpu_check.time.monotonic() - start < 30
+    assert "test_slow.py: killed after 8 s" in capsys.readouterr().out
+    assert not (tmp_path / gpu_check.junit_name(modules[0])).exists()
+    assert gpu_check.junit_counts(tmp_path / gpu_check.junit_name(modules[1]))["passed"] == 1
+    # how far the killed module got
+    assert "test_quick PASSED" in (tmp_path / gpu_check.pytest_log(modules[0])).read_text()
+
+
+def test_reports_are_packed_into_one_file(tmp_path):
+    # the device machine sends back at most 8 files
+    for name in ("a.xml", "a.log", "b.xml"):
+        (tmp_path / name).write_text(name)
+    packed = gpu_check.pack(tmp_path, ["a.xml", "a.log", "b.xml", "missing.log"], "r.tar.gz")
+    assert packed == tmp_path / "r.tar.gz" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "r.tar.gz"
+    ]
+    with gpu_check.tarfile.open(packed) as tar:
+        assert sorted(tar.getnames()) == ["a.log", "a.xml", "b.xml"]
+        assert tar.extractfile("b.xml").read() == b"b.xml"
+    assert gpu_check.pack(tmp_path, ["none"], "x.tar.gz") is None
+
+
+def test_steps_to_rerun_are_named():
+    known = ["pytest-gpu", "bench-decode", "bench-rotary-float32"]
+    assert gpu_check.wanted(None, known) == set(known) == gpu_check.wanted(" ", known)
+    assert gpu_check.wanted("bench-decode, pytest-gpu", known) == {"bench-decode", "pytest-gpu"}
+    with pytest.raises(ValueError, match=r"names no step \['bench'\]; the steps are"):
+        gpu_check.wanted("bench", known)
 
 
 def test_gpu_test_files_are_the_marked_modules(tmp_path):
@@ -201,5 +249,34 @@ def test_the_modules_with_cuda_variants_are_selected():
     # import it. tests/gpu_markers.py fails, on every CPU run, any test that skips for
     # lack of CUDA where gpu-check would not run it; this names the modules outright
     modules = ("gpu", "gpu_attention", "triton_rotary", "llama4", "sinusoidal")
-    modules += ("attention_backward",)
+    modules += ("attention_backward", "fox", "contextual", "path", "stick_breaking", "gpu_lab")
     assert {f"tests/test_{m}.py" for m in modules} <= set(gpu_check.gpu_test_files())
+
+
+def test_a_rehearsal_without_cuda_writes_the_three_files(tmp_path):
+    # the whole script, as on the GPU machine but installing nothing: two steps asked
+    # for, one test module; the CUDA variants skip and the CUDA bench case is refused
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out)], capture_output=True, text=True, cwd=ROOT,
+        timeout=180,
+        env={**os.environ, "GPU_CHECK_REHEARSAL": "1", "GPU_CHECK_BUDGET_S": "150",
+             "GPU_CHECK_STEPS": "pytest-gpu,bench-decode",
+             "GPU_CHECK_TESTS": "tests/test_gpu_lab.py"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr  # the bench step failed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu-check.json", "gpu-check.log", "pytest-gpu.tar.gz",
+    ]  # fmt: skip
+    figures = json.loads((out / "gpu-check.json").read_text())
+    assert figures["steps_asked"] == ["bench-decode", "pytest-gpu"]
+    assert [s["name"] for s in figures["steps"]] == ["install", "pytest-gpu", "bench-decode"]
+    assert figures["failed_steps"] == ["bench-decode"]
+    module = figures["pytest"]["modules"]["tests/test_gpu_lab.py"]
+    assert (module["tests"], module["skipped"]) == (2, 2) and not figures["pytest"]["unreported"]
+    with tarfile.open(out / "pytest-gpu.tar.gz") as tar:
+        assert sorted(tar.getnames()) == [
+            "pytest-gpu-test_gpu_lab.log",
+            "pytest-gpu-test_gpu_lab.xml",
+        ]
+    assert "gpu-check: None, torch" in done.stdout.splitlines()[-1]

@@ -62,6 +62,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_markers import no_cuda
 from posenc.core.checks import MAX_ELEMENTS
 from posenc.integration.attention.path import path_attention, path_keys
 from posenc.integration.path_layer import PaTH, PaTHCache
@@ -545,6 +546,49 @@ def test_matches_flas_reference(case, gate, naive_path):
     if gate:
         mutant, _ = _fla(naive_path, q, k, v, w, beta, torch.zeros_like(lf), scale, chunk)
         assert worst_ratio(seq_first(mutant), out, bounds[0]) > MUTANT_FACTOR
+
+
+@pytest.fixture
+def ieee_float32():
+    """IEEE float32 products: TF32 (10-bit mantissas, what a GPU's matmuls may take)
+    would void the float32 bounds."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])]
+)
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "fox"])
+def test_float32_on_the_device_within_the_bounds(gate, device, ieee_float32):
+    """posenc's PaTH in float32 on the device (``make gpu-check`` runs the CUDA
+    variant), forward and backward, against posenc's in float64 on CPU: the two
+    computations' bounds (module docstring) hold for any order of the sums, cuBLAS's
+    and the CPU's alike."""
+    shape, block = (2, 4, 2, 45, 8, 6), 16
+    q, k, v, w, beta, lf, dout = make(*shape, seed=8, gate=gate)
+    scale = shape[4] ** -0.5
+    leaves = [q, k, v, w, beta] + ([lf] if gate else [])
+    there = [t.float().to(device).requires_grad_() for t in leaves]
+    out = path_attention(*there[:5], log_fgate=there[5] if gate else None, block_size=block)
+    assert out.device.type == device and out.dtype == torch.float32
+    grads = torch.autograd.grad(out, there, dout.float().to(device))
+    ours = _inputs(leaves)
+    ref = path_attention(*ours[:5], log_fgate=ours[5] if gate else None, block_size=block)
+    ref_grads = torch.autograd.grad(ref, ours, dout)
+    bounds = total_bounds(
+        propagate(
+            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U32), U32
+        ),
+        propagate(
+            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U64), U64
+        ),
+    )
+    names = ["out", "dq", "dk", "dv", "dw", "dbeta", "dg"][: len(leaves) + 1]
+    got = [t.detach().cpu() for t in (out, *grads)]
+    assert_within(names, got, [ref, *ref_grads], bounds)
 
 
 # ------------------------------------------------------------------------------ memory

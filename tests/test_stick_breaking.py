@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
+from gpu_markers import no_cuda
 from posenc.core.checks import MAX_ELEMENTS
 
 U64 = 2.0**-53
@@ -374,6 +375,57 @@ def test_low_precision_is_computed_in_float32():
     assert out.dtype == rem.dtype == torch.float16
     assert torch.equal(out, out32.half())
     assert torch.equal(rem, rem32.half())
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])]
+)
+@pytest.mark.parametrize("attend_current", [False, True])
+def test_float32_on_the_device_within_the_bounds(attend_current, device):
+    """float32 on the device (``make gpu-check`` runs the CUDA variant), forward and
+    backward, against float64 on CPU: within the sum of the two computations' bounds
+    (grad_bounds), which hold for any order of the sums. IEEE float32 products: TF32
+    would void them."""
+    gen = torch.Generator().manual_seed(23)
+    b, h, hk, length, d, dv = 2, 4, 2, 40, 8, 6
+    q, k, v, dout = (
+        torch.randn(size, generator=gen).double()  # float32-exact
+        for size in ((b, h, length, d), (b, hk, length, d), (b, hk, length, dv), (b, h, length, dv))
+    )
+    drem = torch.randn(b, h, length, generator=gen).double()
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        there = [t.float().to(device).requires_grad_() for t in (q, k, v)]
+        out, rem = posenc.stick_breaking_attention(
+            *there, attend_current=attend_current, block_size=16
+        )
+        grads = torch.autograd.grad(
+            (out, rem), there, (dout.float().to(device), drem.float().to(device))
+        )
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert out.device.type == device and out.dtype == rem.dtype == torch.float32
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_rem = posenc.stick_breaking_attention(
+        *ours, attend_current=attend_current, block_size=16
+    )
+    ref_grads = torch.autograd.grad((ref_out, ref_rem), ours, (dout, drem))
+    bounds = [
+        a + c
+        for a, c in zip(
+            grad_bounds(q, k, v, dout, drem, attend_current=attend_current, u=U32),
+            grad_bounds(q, k, v, dout, drem, attend_current=attend_current, u=U64),
+            strict=True,
+        )
+    ]
+    names = ("out", "rem", "dq", "dk", "dv")
+    got = (out, rem, *grads)
+    for name, a, want, bound in zip(
+        names, got, (ref_out, ref_rem, *ref_grads), bounds, strict=True
+    ):
+        err = (a.detach().cpu().double() - want.detach()).abs()
+        assert (err <= bound).all(), f"{name}: {float((err / bound).max()):.3g} x its bound"
 
 
 class _Largest(TorchDispatchMode):

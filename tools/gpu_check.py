@@ -15,21 +15,31 @@ triton, transformers and numpy stay as they are)::
    (if that fails, the later steps import posenc from ``src/`` instead).
 3. Runs ``pytest -m gpu`` on the test modules that carry the marker (modules
    without it are not even imported, so a module needing a package this machine
-   lacks cannot stop the GPU tests), then ``posenc bench --device cuda --json
-   --keep-going`` for the decode, rotary and attention-bias cases, one process
-   per case so that one crash or timeout loses one case.
+   lacks cannot stop the GPU tests), one process per module, all at once, each
+   killed at a deadline inside the step's so that the others' reports survive;
+   then ``posenc bench --device cuda --json --keep-going`` for the decode, rotary
+   and attention-bias cases, one process per case so that one crash or timeout
+   loses one case.
 
 Every step has a timeout, and all of them fit in a budget of
-``GPU_CHECK_BUDGET_S`` seconds (450 by default: the machine's limit is 8
-minutes); a step that fails or times out does not stop the later ones, and the
-exit status is 1 if any failed. Written into ``OUT`` (the first argument, else
-``$OUT``, else ``./gpu-check-out``):
+``GPU_CHECK_BUDGET_S`` seconds (420 by default: a device machine allows 10 minutes
+a command and 15 a session, its start included, and a machine needs 4 minutes left
+to start; 7 leave time to start another for a rerun). A step that fails or times
+out does not stop the later ones, and the exit status is 1 if any failed. For a
+rerun, ``GPU_CHECK_STEPS`` names the steps to run (comma-separated:
+``pytest-gpu``, ``bench-decode`` ...; all by default) and ``GPU_CHECK_TESTS`` the
+test modules (space-separated; by default every module that carries the marker).
+``GPU_CHECK_REHEARSAL=1`` runs the steps without CUDA and installs nothing (the
+GPU tests skip, the CUDA bench cases fail): how this script's own tests run it.
+Written into ``OUT`` (the first argument, else ``$OUT``, else
+``./gpu-check-out``), three files, as the device machine sends back at most eight:
 
 - ``gpu-check.log``: every command and its output;
-- ``pytest-gpu-<module>.xml``: pytest's JUnit report of each GPU test module (the
-  modules run at once, one process each);
+- ``pytest-gpu.tar.gz``: pytest's JUnit report (``pytest-gpu-<module>.xml``) and
+  output (``pytest-gpu-<module>.log``) of each GPU test module;
 - ``gpu-check.json``: the figures: the machine (GPU, CUDA, versions), the
-  install, each step's status and time, pytest's counts, and every benchmark row.
+  install, each step's status and time, pytest's counts (in all and per module,
+  and the modules killed before their report), and every benchmark row.
 
 The end of the output is a summary and the benchmark tables.
 """
@@ -43,6 +53,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -54,8 +65,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / "gpu-wheels"
 #: The machine's own packages: a wheel for one of these is never installed.
 PROTECTED = ("torch", "triton", "transformers", "numpy")
-#: Seconds for the whole check; the device machine allows 8 minutes for the command.
-BUDGET_S = 450.0
+#: Seconds for the whole check: a rerun must still find 4 of the session's 15 minutes.
+BUDGET_S = 420.0
 #: Seconds kept for each step still to come when a step's timeout is set.
 RESERVE_S = 10.0
 #: Seconds for the GPU tests (their modules run at once, each mostly compiling).
@@ -165,30 +176,79 @@ def junit_name(module: str) -> str:
     return f"pytest-gpu-{Path(module).stem}.xml"
 
 
-def pytest_modules(python: str, out: Path, modules: list[str]) -> int:
+def pytest_log(module: str) -> str:
+    """The output of one test module's pytest: ``pytest-gpu-<module>.log``."""
+    return f"pytest-gpu-{Path(module).stem}.log"
+
+
+def pytest_modules(python: str, out: Path, modules: list[str], timeout: float | None = None) -> int:
     """``pytest -m gpu`` of each module in a process of its own, all at once.
 
-    Returns 0 if every process did (5, nothing selected, counts as done), else 1.
-    Their output goes to this process's stdout, one module's after another's.
+    Each module's output streams into ``out/pytest-gpu-<module>.log`` (a test per line,
+    so a module killed midway still shows how far it got); a module still running
+    after ``timeout`` seconds is killed, the others keep their reports. Returns 0 if
+    every process passed (5, nothing selected, counts as passed), else 1. Their
+    outputs then go to this process's stdout, one module's after another's.
     """
-    cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfEs"]
+    cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-rfEs"]
+    start = time.monotonic()
     procs = []
     for module in modules:
-        log = tempfile.TemporaryFile("w+", encoding="utf-8")
+        log = (out / pytest_log(module)).open("w", encoding="utf-8")
         junit = out / junit_name(module)
         proc = subprocess.Popen(
             [*cmd, f"--junitxml={junit}", module], cwd=ROOT, stdout=log,
-            stderr=subprocess.STDOUT, text=True,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
         procs.append((module, proc, log))
     status = 0
     for module, proc, log in procs:
-        rc = proc.wait()
-        log.seek(0)
-        print(f"--- {module}: rc {rc}\n{log.read()}", flush=True)
+        left = None if timeout is None else max(0.1, start + timeout - time.monotonic())
+        try:
+            rc: int | None = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended just now
+                pass
+            proc.wait()
+            rc = None
         log.close()
+        text = (out / pytest_log(module)).read_text(encoding="utf-8", errors="replace")
+        said = f"killed after {timeout:.0f} s" if rc is None else f"rc {rc}"
+        print(f"--- {module}: {said}\n{text}", flush=True)
         status |= rc not in (0, 5)
     return status
+
+
+def pack(out: Path, names: list[str], archive: str) -> Path | None:
+    """``names`` (files of ``out``, those that exist) moved into ``out/archive``, a tar.gz:
+    the device machine sends back at most 8 files."""
+    found = [out / n for n in names if (out / n).is_file()]
+    if not found:
+        return None
+    path = out / archive
+    with tarfile.open(path, "w:gz") as tar:
+        for f in found:
+            tar.add(f, arcname=f.name)
+    for f in found:
+        f.unlink()
+    return path
+
+
+def wanted(value: str | None, known: list[str]) -> set[str]:
+    """The steps ``GPU_CHECK_STEPS`` names (comma-separated), all of ``known`` if unset.
+
+    Raises:
+        ValueError: a name that is not a step.
+    """
+    if not value or not value.strip():
+        return set(known)
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = sorted(names - set(known))
+    if unknown:
+        raise ValueError(f"GPU_CHECK_STEPS names no step {unknown}; the steps are {known}")
+    return names
 
 
 def gpu_test_files(root: Path = ROOT) -> list[str]:
@@ -420,41 +480,69 @@ def main(argv: list[str]) -> int:
     python = sys.executable
     out = Path(argv[1] if len(argv) > 1 else os.environ.get("OUT") or "gpu-check-out").resolve()
     info = probe(python, dict(os.environ))
-    if not info.get("cuda_available"):
+    rehearsal = os.environ.get("GPU_CHECK_REHEARSAL") == "1"
+    if not info.get("cuda_available") and not rehearsal:
         why = info.get("error") or f"torch {info.get('torch')}: torch.cuda.is_available() is False"
         print(f"gpu-check: no CUDA device for {python} ({why}); nothing to check")
         return 0
 
+    steps = ["pytest-gpu", *(name for name, _, _ in BENCH_STEPS)]
+    try:
+        asked = wanted(os.environ.get("GPU_CHECK_STEPS"), steps)
+    except ValueError as exc:
+        print(f"gpu-check: {exc}")
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     budget = float(os.environ.get("GPU_CHECK_BUDGET_S", BUDGET_S))
     check = Check(out, budget, start)
     check.log.line(f"gpu-check: {python} in {ROOT}; output in {out}; budget {budget:.0f} s")
     check.log.line(f"machine: {json.dumps(info)}")
-    figures: dict[str, Any] = {"machine": info, "budget_s": budget}
-    later = 1 + len(BENCH_STEPS)  # pytest and the bench steps
+    figures: dict[str, Any] = {"machine": info, "budget_s": budget, "steps_asked": sorted(asked)}
+    later = len(asked)  # the steps after the install
 
-    figures["install"] = install(check, python, later)
+    if rehearsal:  # this script's own test, where there is no GPU: nothing is installed
+        check.note("install", "skipped", reason="GPU_CHECK_REHEARSAL=1")
+        figures["install"] = {"rehearsal": True}
+    else:
+        figures["install"] = install(check, python, later)
 
-    tests = gpu_test_files()
-    if tests:
+    tests = os.environ.get("GPU_CHECK_TESTS", "").split() or gpu_test_files()
+    if "pytest-gpu" not in asked:
+        check.note("pytest-gpu", "skipped", reason="not in GPU_CHECK_STEPS")
+    elif tests:
         # one pytest per module, at once: their time is mostly compiling (inductor,
-        # FlexAttention), which uses the CPUs, and the GPU work itself is small
-        cmd = [python, str(Path(__file__).resolve()), "--pytest-modules", str(out), *tests]
+        # FlexAttention), which uses the CPUs, and the GPU work itself is small. The
+        # modules get a deadline inside the step's, so that their reports are written
+        inner = step_timeout(PYTEST_S, check.left(), later - 1) - 2 * RESERVE_S
+        cmd = [python, str(Path(__file__).resolve()), "--pytest-modules", str(out),
+               f"{max(inner, MIN_STEP_S):.0f}", *tests]  # fmt: skip
         check.run("pytest-gpu", cmd, PYTEST_S, later - 1)
-        figures["pytest"] = {"files": tests}
-        junits = [out / junit_name(t) for t in tests]
-        if all(j.exists() for j in junits):
-            figures["pytest"].update(merge_counts([junit_counts(j) for j in junits]))
+        later -= 1
+        modules = {}
+        for t in tests:
+            junit = out / junit_name(t)
+            modules[t] = junit_counts(junit) if junit.exists() else {"report": "none (killed)"}
+        figures["pytest"] = {"files": tests, "modules": modules}
+        reports = [m for m in modules.values() if "tests" in m]
+        figures["pytest"].update(merge_counts(reports))
+        figures["pytest"]["unreported"] = [t for t, m in modules.items() if "tests" not in m]
+        names = [junit_name(t) for t in tests] + [pytest_log(t) for t in tests]
+        packed = pack(out, names, "pytest-gpu.tar.gz")
+        if packed is not None:
+            check.log.line(f"=== pytest-gpu: the reports and logs in {packed.name}")
     else:
         check.note("pytest-gpu", "skipped", reason="no test module uses the gpu marker")
 
     results: list[dict[str, Any]] = []
     environments: dict[str, Any] = {}
-    for n, (name, cases, cap) in enumerate(BENCH_STEPS):
+    for name, cases, cap in BENCH_STEPS:
+        if name not in asked:
+            continue
         cmd = [python, "-m", "posenc.cli", "bench", "--device", "cuda", "--json", "--keep-going"]
         for case in cases:
             cmd += ["--case", case]
-        step = check.run(name, cmd, cap, len(BENCH_STEPS) - n - 1, capture=True)
+        later -= 1
+        step = check.run(name, cmd, cap, later, capture=True)
         text = step.pop("stdout", "")
         if not text.strip():
             continue
@@ -490,6 +578,11 @@ def main(argv: list[str]) -> int:
     tested = (
         f"pytest {summary.get('passed', 0)} passed, {summary.get('failed', 0)} failed, "
         f"{summary.get('errors', 0)} errors, {summary.get('skipped', 0)} skipped"
+        + (
+            f", no report from {', '.join(summary['unreported'])}"
+            if summary.get("unreported")
+            else ""
+        )
         if "tests" in summary
         else "pytest: no report"
     )
@@ -506,5 +599,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--pytest-modules"]:
-        sys.exit(pytest_modules(sys.executable, Path(sys.argv[2]), sys.argv[3:]))
+        sys.exit(
+            pytest_modules(sys.executable, Path(sys.argv[2]), sys.argv[4:], float(sys.argv[3]))
+        )
     sys.exit(main(sys.argv))
