@@ -290,21 +290,30 @@ def small_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return report.build(out, dim=32, length=16, train_steps=20)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the documentation site's build when its tests will run: it builds beside
-    the other tests, on the CPU they leave idle (``tests/docs_site.py``)."""
-    if any(item.path.name == "test_docs.py" for item in session.items):
-        import docs_site
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Run last the test modules that read work done in the background
+    (``tests/background.py``), by when it is done."""
+    import background
 
-        docs_site.start()
+    last = background.modules()
+    items.sort(key=lambda item: item.path.name in last)  # stable: order kept otherwise
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background jobs of the collected test modules (``tests/background.py``):
+    they work beside the other tests, on the CPU those leave idle."""
+    import background
+
+    names = {item.path.name for item in session.items}
+    for job, modules in background.JOBS.items():
+        if names & set(modules):
+            background.start(job)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the documentation build if the session ends before its tests waited for it."""
+    """Stop the background jobs still running if the session ends before a test read them."""
     import sys
 
-    docs_site = sys.modules.get("docs_site")
-    for build in getattr(docs_site, "BUILD", []):
-        if build.process.poll() is None:
-            build.process.kill()
-            build.process.wait()
+    background = sys.modules.get("background")
+    if background is not None:
+        background.stop_all()

@@ -1875,6 +1875,23 @@ def run(
 
 
 # --------------------------------------------------------------------------------------
+# The survey in the background.
+
+
+def surveyed() -> list[Outcome]:
+    """Every family's outcome, from the suite's background job ``hf-survey`` (this
+    file's command line, tests/background.py), waiting for it."""
+    import background
+
+    job = background.wait("hf-survey")
+    payload = json.loads((job.out / "survey.json").read_text())
+    return [
+        Outcome(**{**o, "rotary": tuple(o["rotary"]), "exercised": tuple(o["exercised"])})
+        for o in payload["outcomes"]
+    ]
+
+
+# --------------------------------------------------------------------------------------
 # The survey.
 
 
