@@ -53,8 +53,12 @@ def test_every_encoding_trains_evaluates_and_probes_on_the_device(task, device, 
         batch_size=8, lr=3e-3, d_model=32, layers=2, heads=2, eval_examples=4,
         checkpoint_every=3,
     )  # fmt: skip
-    outcome = run(config, tmp_path, progress=False, device=device)
+    # on CPU the probes' fits (L-BFGS, on CPU wherever the model ran) take most of the
+    # time: only the arithmetic group's there; tests/test_lab_probes.py probes on CPU
+    probe = device.type != "cpu" or task == "add-reversed"
+    outcome = run(config, tmp_path, progress=False, device=device, probe=probe)
     assert {r.encoding for r in outcome.records} == set(GROUPS[task])
     assert all(math.isfinite(r.value) for r in outcome.records)
-    assert {p.encoding for p in outcome.probes} == {training_encoding(e) for e in GROUPS[task]}
+    probed = {training_encoding(e) for e in GROUPS[task]} if probe else set()
+    assert {p.encoding for p in outcome.probes} == probed
     assert all(math.isfinite(p.value) for p in outcome.probes)
