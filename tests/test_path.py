@@ -305,6 +305,19 @@ def total_bounds(*bound_lists):
     return [2 * sum(parts) for parts in zip(*bound_lists, strict=True)]
 
 
+def float32_bounds(q, k, v, w, beta, lf, dout, scale, chunk, block):
+    """A float32 computation in chunks of ``chunk`` against posenc's float64 one in
+    blocks of ``block``: their bounds (:func:`propagate`) added and doubled."""
+    return total_bounds(
+        propagate(
+            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, chunk, U32), U32
+        ),
+        propagate(
+            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U64), U64
+        ),
+    )
+
+
 def worst_ratio(a, b, bound):
     """The largest ``|a - b| / bound`` (exact agreement where the bound is 0: position
     0's w and beta move no score, and have gradient 0)."""
@@ -528,14 +541,7 @@ def test_matches_flas_reference(case, gate, naive_path):
     ref, theirs = _fla(naive_path, q, k, v, w, beta, lf, scale, chunk)
     ref_grads = torch.autograd.grad(ref, theirs, seq_first(dout).float())
     got = [seq_first(ref), *(seq_first(g) for g in ref_grads[: len(ours)])]
-    bounds = total_bounds(
-        propagate(
-            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, chunk, U32), U32
-        ),
-        propagate(
-            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U64), U64
-        ),
-    )
+    bounds = float32_bounds(q, k, v, w, beta, lf, dout, scale, chunk, block)
     names = ["out", "dq", "dk", "dv", "dw", "dbeta", "dg"][: len(ours) + 1]
     assert_within(names, got, [out, *grads], bounds)
 
@@ -578,14 +584,7 @@ def test_float32_on_the_device_within_the_bounds(gate, device, ieee_float32):
     ours = _inputs(leaves)
     ref = path_attention(*ours[:5], log_fgate=ours[5] if gate else None, block_size=block)
     ref_grads = torch.autograd.grad(ref, ours, dout)
-    bounds = total_bounds(
-        propagate(
-            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U32), U32
-        ),
-        propagate(
-            q, k, v, w, beta, lf, dout, scale, chunk_score_errors(q, k, w, beta, block, U64), U64
-        ),
-    )
+    bounds = float32_bounds(q, k, v, w, beta, lf, dout, scale, block, block)
     names = ["out", "dq", "dk", "dv", "dw", "dbeta", "dg"][: len(leaves) + 1]
     got = [t.detach().cpu() for t in (out, *grads)]
     assert_within(names, got, [ref, *ref_grads], bounds)

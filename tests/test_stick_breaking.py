@@ -411,14 +411,10 @@ def test_float32_on_the_device_within_the_bounds(attend_current, device):
         *ours, attend_current=attend_current, block_size=16
     )
     ref_grads = torch.autograd.grad((ref_out, ref_rem), ours, (dout, drem))
-    bounds = [
-        a + c
-        for a, c in zip(
-            grad_bounds(q, k, v, dout, drem, attend_current=attend_current, u=U32),
-            grad_bounds(q, k, v, dout, drem, attend_current=attend_current, u=U64),
-            strict=True,
-        )
-    ]
+    f32, f64 = (
+        grad_bounds(q, k, v, dout, drem, attend_current=attend_current, u=u) for u in (U32, U64)
+    )
+    bounds = [a + c for a, c in zip(f32, f64, strict=True)]
     names = ("out", "rem", "dq", "dk", "dv")
     got = (out, rem, *grads)
     for name, a, want, bound in zip(

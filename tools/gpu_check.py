@@ -176,6 +176,20 @@ def junit_name(module: str) -> str:
     return f"pytest-gpu-{Path(module).stem}.xml"
 
 
+def wait_or_kill(proc: subprocess.Popen[Any], timeout: float | None) -> int | None:
+    """``proc``'s exit status, or None once it ran past ``timeout`` seconds and was
+    killed with its process group (it was started in a session of its own)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended just now
+            pass
+        proc.wait()
+        return None
+
+
 def pytest_log(module: str) -> str:
     """The output of one test module's pytest: ``pytest-gpu-<module>.log``."""
     return f"pytest-gpu-{Path(module).stem}.log"
@@ -204,15 +218,7 @@ def pytest_modules(python: str, out: Path, modules: list[str], timeout: float | 
     status = 0
     for module, proc, log in procs:
         left = None if timeout is None else max(0.1, start + timeout - time.monotonic())
-        try:
-            rc: int | None = proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # it ended just now
-                pass
-            proc.wait()
-            rc = None
+        rc = wait_or_kill(proc, left)
         log.close()
         text = (out / pytest_log(module)).read_text(encoding="utf-8", errors="replace")
         said = f"killed after {timeout:.0f} s" if rc is None else f"rc {rc}"
@@ -347,15 +353,7 @@ class Check:
             assert stream is not None
             reader = threading.Thread(target=self._copy, args=(stream,), daemon=True)
             reader.start()
-            try:
-                rc: int | None = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:  # it ended just now
-                    pass
-                proc.wait()
-                rc = None
+            rc = wait_or_kill(proc, timeout)
             reader.join(timeout=10)
             stream.close()
             out_file.seek(0)
