@@ -10,7 +10,9 @@ it collected (:data:`JOBS`) and runs those modules last; a test waits for its jo
 
 from __future__ import annotations
 
+import importlib
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,23 @@ def wait(name: str) -> Job:
     return job
 
 
+def result(name: str) -> object:
+    """What the function of a :func:`register_call` job returned, once it has ended."""
+    with open(wait(name).out / "result.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def register_call(name: str, module: str, function: str) -> None:
+    """Declare job ``name``: ``function()`` of test module ``module`` (a file name) run in a
+    process of its own; :func:`result` reads what it returned (pickled)."""
+    register(
+        name,
+        (module,),
+        lambda out: [sys.executable, str(Path(__file__).resolve()), "--call",
+                     f"{Path(module).stem}:{function}", str(out)],
+    )  # fmt: skip
+
+
 def stop_all() -> None:
     """End the jobs still running (the session ended before a test waited for them)."""
     for job in STARTED.values():
@@ -124,3 +143,21 @@ def _maxima() -> list[str]:
     from posenc.faces import report
 
     return ["--dim", str(report.MAX_DIM), "--length", str(report.MAX_LENGTH)]
+
+
+#: the engine tests' batches: every case of a module in one child process of the engine
+for _engine_module in ("test_engine_vllm.py", "test_engine_sglang.py",
+                       "test_engine_llamacpp.py", "test_rope_engines.py"):  # fmt: skip
+    register_call(f"batch-{Path(_engine_module).stem}", _engine_module, "batch")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--call"]:
+    # a register_call job: import the test module (this folder on the path, as pytest
+    # puts it), call the function, pickle what it returns
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    module_name, function_name = sys.argv[2].split(":")
+    returned = getattr(importlib.import_module(module_name), function_name)()
+    out = Path(sys.argv[3])
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "result.pkl", "wb") as f:
+        pickle.dump(returned, f)

@@ -17,6 +17,7 @@ import subprocess
 
 import pytest
 
+import background
 from conftest import built_engine
 from posenc.integration.analysis import engines
 
@@ -192,11 +193,16 @@ def python():
     return built_engine("llama.cpp")
 
 
+def batch():
+    """Every case's :class:`~engines.EngineResult`, from one batch child process; the
+    suite runs it in the background (tests/background.py)."""
+    found = engines.run_cases("llama.cpp", [_config(c[0]) for c in CASES.values()])
+    return dict(zip(CASES, found, strict=True))
+
+
 @pytest.fixture(scope="module")
 def results(python):
-    """Every case's :class:`~engines.EngineResult`, from one batch child process."""
-    found = engines.run_cases("llama.cpp", [_config(c[0]) for c in CASES.values()], python)
-    return dict(zip(CASES, found, strict=True))
+    return background.result("batch-test_engine_llamacpp")
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -17,6 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
+import background
 from conftest import built_engine
 from posenc.integration.analysis import engines
 
@@ -69,14 +70,19 @@ def _python():
     return built_engine("sglang")
 
 
-@pytest.fixture(scope="module")
-def sglang_results():
-    """Every cross-engine case, run by SGLang in one child process."""
+def batch():
+    """Every cross-engine case, run by SGLang in one child process; the suite runs it in
+    the background (tests/background.py)."""
     from posenc.integration.analysis.engine_cases import CASES
 
-    python = _python()
-    results = engines.run_cases("sglang", [c.data() for c in CASES.values()], python)
+    results = engines.run_cases("sglang", [c.data() for c in CASES.values()])
     return dict(zip(CASES, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def sglang_results():
+    _python()
+    return background.result("batch-test_engine_sglang")
 
 
 def test_every_case_has_an_expected_sglang_verdict():

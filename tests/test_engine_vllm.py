@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from typing import Any
 
 import pytest
 
+import background
 from conftest import built_engine
 from posenc.integration.analysis import engines
 
@@ -188,19 +190,23 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def results() -> dict[str, engines.EngineResult]:
-    """Every case's result, from one batch child process (vLLM imported once).
+def batch() -> dict[str, engines.EngineResult]:
+    """Every case's result, from one batch child process (vLLM imported once); the suite
+    runs it in the background (tests/background.py).
 
     vLLM's ``dtype="auto"`` computes the tables of these float32 configs in bfloat16 (it
     downcasts float32 models); the cases ask for float32 (vLLM's ``--dtype float32``)
     so that the comparison measures the RoPE, not the cast.
     """
-    built_engine("vllm")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POSENC_VLLM_DTYPE", "float32")
-        found = engines.run_cases("vllm", [config for _, config, _ in CASES], VLLM_PYTHON)
+    os.environ["POSENC_VLLM_DTYPE"] = "float32"  # the job's own process
+    found = engines.run_cases("vllm", [config for _, config, _ in CASES], VLLM_PYTHON)
     return {case: result for (case, _, _), result in zip(CASES, found, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def results():
+    built_engine("vllm")
+    return background.result("batch-test_engine_vllm")
 
 
 @pytest.mark.parametrize(("case", "expected"), [(c, e) for c, _, e in CASES])

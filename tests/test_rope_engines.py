@@ -17,6 +17,7 @@ import textwrap
 
 import pytest
 
+import background
 from conftest import anchor, built_engine
 from posenc.faces.cli import main
 from posenc.integration.analysis import engines
@@ -227,15 +228,20 @@ LLAMA_TOP_LEVEL_ORIGINAL = {**BASE, "model_type": "llama", "hidden_size": 3072,
                                              "long_factor": [2.0] * 48}}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def mlx_results():
-    """Every cross-engine case and the llama.py refusal, run by MLX in one child process."""
+def batch():
+    """Every cross-engine case and the llama.py refusal, run by MLX in one child process;
+    the suite runs it in the background (tests/background.py)."""
     from posenc.integration.analysis.engine_cases import CASES
 
-    python = built_engine("mlx")
     configs = [c.data() for c in CASES.values()] + [LLAMA_TOP_LEVEL_ORIGINAL]
-    results = engines.run_cases("mlx", configs, python)
+    results = engines.run_cases("mlx", configs)
     return dict(zip([*CASES, "llama top-level original"], results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def mlx_results():
+    built_engine("mlx")
+    return background.result("batch-test_rope_engines")
 
 
 def test_every_case_has_an_expected_mlx_verdict():
