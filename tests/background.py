@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,7 @@ def start(name: str) -> Job:
     with open(log, "wb") as f:
         process = subprocess.Popen(
             COMMANDS[name](out), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-            preexec_fn=lambda: os.nice(10),
+            preexec_fn=lambda: os.nice(10), start_new_session=True,  # its group: stop_all
         )  # fmt: skip
     STARTED[name] = Job(process, out, log)
     return STARTED[name]
@@ -98,7 +99,10 @@ def stop_all() -> None:
     """End the jobs still running (the session ended before a test waited for them)."""
     for job in STARTED.values():
         if job.process.poll() is None:
-            job.process.kill()
+            try:  # the job's process group: its own children too (sphinx -j 2's workers)
+                os.killpg(job.process.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended just now
+                pass
             job.process.wait()
 
 
