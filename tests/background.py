@@ -1,7 +1,8 @@
 """Work the suite starts in the background once its tests are collected.
 
 A job is a command that builds something a few tests read (the documentation site, the
-survey of transformers' families, the explainer at its default and largest sizes). Each
+survey of transformers' families, the explainer at its default and largest sizes, the
+engine tests' batches). Each
 runs at a low priority (nice 10), so that it takes the CPU the other tests leave idle
 instead of holding up the suite. ``conftest.py`` starts the jobs of the test modules
 it collected (:data:`JOBS`) and runs those modules last; a test waits for its job with

@@ -102,6 +102,13 @@ class Outcome:
     read_config: str = ""
     cpu_seconds: float = 0.0
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        """An outcome from its JSON object (a worker's line, or the survey's file)."""
+        return cls(
+            **{**data, "rotary": tuple(data["rotary"]), "exercised": tuple(data["exercised"])}
+        )
+
 
 # --------------------------------------------------------------------------------------
 # Families.
@@ -1847,9 +1854,7 @@ def run(
                     results[fam] = _lost(fam, w.phase, why, time.monotonic() - started[fam])
                     feed(w)
                 elif "outcome" in msg:
-                    o = msg["outcome"]
-                    o["rotary"], o["exercised"] = tuple(o["rotary"]), tuple(o["exercised"])
-                    results[o["family"]] = Outcome(**o)
+                    results[msg["outcome"]["family"]] = Outcome.from_json(msg["outcome"])
                     feed(w)
         now = time.monotonic()
         for i, w in enumerate(pool):
@@ -1885,10 +1890,7 @@ def surveyed() -> list[Outcome]:
 
     job = background.wait("hf-survey")
     payload = json.loads((job.out / "survey.json").read_text())
-    return [
-        Outcome(**{**o, "rotary": tuple(o["rotary"]), "exercised": tuple(o["exercised"])})
-        for o in payload["outcomes"]
-    ]
+    return [Outcome.from_json(o) for o in payload["outcomes"]]
 
 
 # --------------------------------------------------------------------------------------
