@@ -86,6 +86,21 @@ VERDICTS = ("same", "different", "refused", "error", "not installed")
 _BFLOAT16_ROUNDOFF = 2.0**-8
 #: A window longer than the original context uses these positions past its middle.
 _FALLBACK_LENGTH = 4096
+#: How far a scale an engine computes in float32 (YaRN's ``0.1 ln(factor) + 1``, DeepSeek's
+#: ``mscale ** 2 / sqrt(head_dim)``) may be from the exact one, relatively: a log, a few
+#: products and a square root, each rounded to float32 (2**-24), well within 16 ulps.
+FLOAT32_SCALAR_RTOL = 2.0**-20
+
+
+def _scaling_rtol(u: float) -> float:
+    """How far a reported attention scaling may be from the reference, relatively.
+
+    The readers report the norm of the engine's own cos/sin pair at position 0: the
+    scale it computed in float32 (:data:`FLOAT32_SCALAR_RTOL`), stored in its tables'
+    dtype (one rounding, the dtype's unit roundoff ``u``: 2**-8 in bfloat16, 2**-11 in
+    float16, 2**-24 in float32).
+    """
+    return FLOAT32_SCALAR_RTOL + u
 
 
 @dataclass(frozen=True)
@@ -541,12 +556,12 @@ def _judge(
         notes.append(f"layout: {name} rotates {layout} pairs, transformers {ref_layout}")
     # the attention scaling of each window (a reader may give it per window)
     scaling: dict[str, Any] = {}
+    scaling_tol = _scaling_rtol(rounding or float(np.finfo(dtype).eps) / 2)
     for w, reading, _, _ in verdicts:
         ref = float(reading.spec.frequencies(seq_len=int(w["seq_len"])).attention_scaling)
         theirs = w.get("attention_scaling", answer.get("attention_scaling"))
         scaling = {"engine": theirs, "reference": ref}
-        if isinstance(theirs, (int, float)) and not math.isclose(theirs, ref, rel_tol=2.0**-20):
-            # the reader's scaling is a float32 cos/sin pair's norm: a few float32 ulps
+        if isinstance(theirs, (int, float)) and not math.isclose(theirs, ref, rel_tol=scaling_tol):
             different = True
             text = (f"attention scaling: {name} {theirs:.6g}, transformers {ref:.6g} "
                     f"({reading.scaling.source})")  # fmt: skip
@@ -559,7 +574,7 @@ def _judge(
         scaling["softmax_scale"] = {"engine": theirs_softmax, "reference": ref_softmax}
         if ref_softmax is None:
             notes.append(f"softmax scale not compared ({softmax_source})")
-        elif not math.isclose(theirs_softmax, ref_softmax, rel_tol=2.0**-20):
+        elif not math.isclose(theirs_softmax, ref_softmax, rel_tol=FLOAT32_SCALAR_RTOL):
             different = True
             notes.append(f"softmax scale: {name} {theirs_softmax:.6g}, transformers "
                          f"{ref_softmax:.6g} ({softmax_source})")  # fmt: skip

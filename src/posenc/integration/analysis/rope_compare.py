@@ -349,8 +349,12 @@ def _frequencies(omega: Sequence[float], scaling: float = 1.0) -> RopeFrequencie
     return RopeFrequencies(tuple(decimal.Decimal(float(w)) for w in omega), scaling)
 
 
-def _base_candidates(r: Reading, ratio: float | None, seq_len: int | None) -> list[_Candidate]:
-    """The misreadings of the frequencies, most specific first."""
+def _base_candidates(
+    r: Reading, estimates: Sequence[float | None], seq_len: int | None
+) -> list[_Candidate]:
+    """The misreadings of the frequencies, most specific first; ``estimates`` are bases
+    their frequencies or angles imply (:func:`_ratio_base`, :func:`_first_angles_base`,
+    :func:`_fitted_base`)."""
     spec = r.spec
     out = []
     if spec.rope_type != "default":
@@ -390,9 +394,8 @@ def _base_candidates(r: Reading, ratio: float | None, seq_len: int | None) -> li
             f"the exponent over head_dim {head} instead of the rotary dim {spec.rotary_dim}: "
             "omega_k = base ** (-2k / head_dim)", lambda: _frequencies(omega),
         ))  # fmt: skip
-    if ratio is not None and ratio > 0 and spec.rotary_dim >= 4:
-        estimate = ratio ** (-spec.rotary_dim / 2)
-        if math.isfinite(estimate) and not math.isclose(estimate, spec.base, rel_tol=1e-9):
+    for estimate in estimates:
+        if estimate is not None and not math.isclose(estimate, spec.base, rel_tol=1e-9):
             for digits in (*range(1, 10), None):
                 b = estimate if digits is None else float(f"{estimate:.{digits}g}")
                 if b <= 1 or math.isclose(b, spec.base, rel_tol=1e-12):
@@ -404,6 +407,54 @@ def _base_candidates(r: Reading, ratio: float | None, seq_len: int | None) -> li
                     functools.partial(_safe_frequencies, other_spec, seq_len),
                 ))  # fmt: skip
     return out
+
+
+def _ratio_base(spec: RopeSpec, ratio: float | None) -> float | None:
+    """The base of a default schedule whose ``omega_1 / omega_0`` is ``ratio``."""
+    if ratio is None or not ratio > 0 or spec.rotary_dim < 4:
+        return None
+    estimate = ratio ** (-spec.rotary_dim / 2)
+    return estimate if math.isfinite(estimate) and estimate > 1 else None
+
+
+def _fitted_base(
+    spec: RopeSpec,
+    seq_len: int | None,
+    angles: npt.NDArray[np.float64],
+    positions: npt.NDArray[np.int64],
+) -> float | None:
+    """The base whose frequencies (``spec``'s schedule) best explain their ``angles``.
+
+    Their angles (``(rows, pairs)``, read off their tables with ``atan2``) are
+    unwrapped against posenc's, ``delta = wrap(theirs - position * omega)``; a base
+    ``base * exp(lam)`` moves each angle by ``lam * g`` to first order, ``g = position *
+    d omega / d ln(base)`` (the schedule's own derivative, taken numerically, so that
+    scaled schedules are fitted too). ``lam`` is the least-squares fit over the
+    values with ``|delta| < 1`` (where the first order holds and nothing wrapped).
+    Where their dtype's rounding hides the base at the first positions (bfloat16:
+    ``u / omega_1`` of an angle near 1), the last positions pin it down ``position``
+    times better. None when nothing constrains it.
+    """
+    if spec.rotary_dim < 4:
+        return None
+    h = 1e-6
+    omegas = []
+    for step in (h, -h):
+        freqs = _safe_frequencies(dataclasses.replace(spec, base=spec.base * math.exp(step)),
+                                  seq_len)  # fmt: skip
+        if freqs is None or freqs.inv_freq.size != angles.shape[1]:
+            return None
+        omegas.append(freqs.inv_freq.astype(np.float64))
+    p = positions.astype(np.float64)[:, None]
+    g = p * (omegas[0] - omegas[1])[None, :] / (2 * h)
+    exact = p * spec.frequencies(seq_len=seq_len).inv_freq.astype(np.float64)[None, :]
+    delta = np.angle(np.exp(1j * (angles - exact)))  # wrapped to (-pi, pi]
+    use = (np.abs(delta) < 1.0) & (g != 0)
+    if not use.any():
+        return None
+    lam = float(np.sum(delta[use] * g[use]) / np.sum(g[use] ** 2))
+    estimate = spec.base * math.exp(lam)
+    return estimate if math.isfinite(estimate) and estimate > 1 else None
 
 
 def _safe_frequencies(spec: RopeSpec, seq_len: int | None) -> RopeFrequencies | None:
@@ -445,7 +496,7 @@ def _compare_inv_freq(theirs: npt.NDArray[Any], r: Reading, seq_len: int | None)
              "relative_difference": float(rel[k]), "tolerance": rtol}  # fmt: skip
     ratio = float(t[1] / t[0]) if t.size > 1 and t[0] > 0 else None
     cause = None
-    for cand in _base_candidates(r, ratio, seq_len):
+    for cand in _base_candidates(r, [_ratio_base(spec, ratio)], seq_len):
         f = cand.freqs()
         if f is not None and np.all(np.abs(t - f.inv_freq) <= rtol * np.abs(f.inv_freq) + 0):
             cause = cand.cause
@@ -592,16 +643,19 @@ def _compare_tables(
         "rope_cache_init does: an error up to position x omega_k x (2k + 8) x 2**-24)",
         lambda: freqs,
     ))  # fmt: skip
-    ratio = _angle_ratio(tc, ts, positions, lay, pairs, omega)
-    candidates += _base_candidates(r, ratio, seq_len)
+    leading = np.arange(pairs) * (2 if lay == "interleaved" else 1)  # each pair's 1st channel
+    angles = np.arctan2(ts[:, leading], tc[:, leading])
+    read = _first_angles_base(angles, positions, omega, spec.rotary_dim, u) if pairs > 1 else None
+    estimate, spread = read if read else (None, math.inf)
+    fitted = _fitted_base(spec, seq_len, angles, positions)
+    candidates += _base_candidates(r, [fitted, estimate], seq_len)
     for cand in candidates:
         if _matches(cand, spec, positions, channels, pairs, lay, scale, u, tc, ts):
             cause = cand.cause
             break
     if cause is None and lay == "pair":
         cause = _frozen(ts, ps, positions[:, None] * np.ones((1, pairs), np.int64))
-    if cause is None and ratio and spec.rotary_dim >= 4:
-        estimate = ratio ** (-spec.rotary_dim / 2)
+    if cause is None and estimate and spec.rotary_dim >= 4 and spread < 1e-3:
         if not math.isclose(estimate, spec.base, rel_tol=1e-3):
             cause = (
                 "no known misreading matches exactly; their angles at the first positive "
@@ -630,25 +684,45 @@ def _frozen(
             "the exact tables turn them")  # fmt: skip
 
 
-def _angle_ratio(
-    tc: Any, ts: Any, positions: Any, lay: str, pairs: int, omega: Any
-) -> float | None:
-    """``omega_1 / omega_0`` read from their table at the first positive position, if unwrapped."""
-    if pairs < 2:
-        return None
+def _first_angles_base(
+    angles: npt.NDArray[np.float64],
+    positions: npt.NDArray[np.int64],
+    omega: npt.NDArray[np.float64],
+    rotary_dim: int,
+    u: float,
+) -> tuple[float, float] | None:
+    """The base a default schedule would need for their angles at the first positive
+    position, and a bound of its relative error; None where nothing can be read.
+
+    Their angle of pair ``k`` at position ``p`` is ``p * base ** (-2k / rotary_dim)`` while
+    it has not wrapped, so ``ln(angle_k)`` falls linearly in ``k`` with slope ``-2 ln(base) /
+    rotary_dim``: fitted by least squares over the pairs with angles in ``(8 u, 3)``,
+    weighted by ``angle_k ** 2``. A value rounded with unit roundoff ``u`` turns its
+    angle by up to ``2 u`` (cos and sin each), ``ln(angle_k)`` by ``2 u / angle_k``; the
+    slope, a weighted sum of these, errs by at most the same sum of their bounds, and
+    ``ln(base)`` by ``rotary_dim / 2`` times that: about 1e-6 in float32 (d = 128,
+    position 1), a few % in bfloat16, where the first positions cannot tell the base
+    to 0.1 % (:func:`_fitted_base` reads the last ones).
+    """
     positive = np.flatnonzero(positions > 0)
-    if positive.size == 0:
+    if positive.size == 0 or omega.size < 2:
         return None
     row = int(positive[0])
-    p = float(positions[row])
-    if p * omega[0] > 2.5:  # their angle could have wrapped past pi
+    if positions[row] * omega[0] > 2.5:  # their first angle could have wrapped past pi
         return None
-    ch = {"half": (0, 1), "interleaved": (0, 2), "pair": (0, 1)}[lay]
-    a0 = math.atan2(ts[row, ch[0]], tc[row, ch[0]])
-    a1 = math.atan2(ts[row, ch[1]], tc[row, ch[1]])
-    if a0 <= 0 or a1 <= 0:
+    a = angles[row]
+    k = np.flatnonzero((a > 8 * u) & (a < 3.0))
+    if k.size < 2:
         return None
-    return a1 / a0
+    w = a[k] ** 2
+    x = k - np.sum(w * k) / np.sum(w)
+    coef = w * x / np.sum(w * x * x)  # slope = sum(coef * ln(a_k))
+    slope = float(np.sum(coef * np.log(a[k])))
+    error = float(np.sum(np.abs(coef) * 2 * u / a[k]))
+    estimate = math.exp(-slope * rotary_dim / 2)
+    if not math.isfinite(estimate) or estimate <= 1:
+        return None
+    return estimate, math.expm1(error * rotary_dim / 2)
 
 
 def _matches(
