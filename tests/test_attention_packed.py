@@ -4,7 +4,9 @@
 query to its own document; rotary positions and every bias restart with it.
 In float64 (the blockwise path) packed and per-document results are the same
 sums in another order; the float32 compiled loops are held to the error bounds
-of tests/test_attention_backward.py, derived per document.
+of tests/test_attention_backward.py, derived per document. Rows packed differently
+(``document_ids`` per row) go through every backend, FlexAttention included, with a bias
+in each of its forms as a score term (a table, FIRE's pieces, per score).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import posenc
 from posenc.families.bias import FIRE, KERPLE, NoPE, Sandwich, T5Bias
 from posenc.families.bias.modules import ALiBi
+from posenc.integration.attention import flex as flex_engine
 from posenc.integration.attention import kernel, softmax
 from test_attention_backward import U, bounds, dense, table_block, weight_stats
 
@@ -341,3 +344,219 @@ def test_packed_with_a_cache_of_keys():
     ref = posenc.attention(q[:, :, -5:], k[:, :, 8:], v[:, :, 8:], **kw)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     assert math.isfinite(float(out.abs().max()))
+
+
+# ---------------------------------------------- rows packed differently, every backend
+
+# two rows of 24 keys packed differently: ids are any ints, a new document wherever they
+# change (row 0's 7 comes back as a third document), one of one token; documents of up to
+# 12 tokens, so that FIRE's positions within them pass init_L = 2
+ROWS = torch.tensor([[7] * 5 + [2] * 3 + [7] * 9 + [3] * 7, [1] * 11 + [4] + [5] * 12])
+# the same documents in every row: (k_len,) ids
+SHARED = torch.tensor([0] * 6 + [1] * 2 + [2] * 10 + [3] * 6)
+
+# each form of a bias as a score term (AttentionBias.score_form): the bias, the documents
+# and the operand its TermForm must have (None: per score, the module evaluated per block
+# and, on FlexAttention, per score at each row's positions)
+FORMS = {
+    # a bias of key - query: a table, whatever the documents
+    "table": (lambda: T5Bias(4), ROWS, "table"),
+    # FIRE past its threshold with the same documents in every row: its linear pieces
+    "pieces": (lambda: FIRE(4, mlp_width=8, init_L=2.0), SHARED, "pieces"),
+    # FIRE past its threshold with rows of different documents: per score
+    "per-score": (lambda: FIRE(4, mlp_width=8, init_L=2.0), ROWS, None),
+}
+
+# backend and dtype: the compiled loops read float32 only; FlexAttention forward only (torch
+# refuses its backward on CPU: test_attention_backward.test_flex_backward_is_refused_on_cpu)
+RUNS = {
+    "kernel": ("kernel", torch.float32),
+    "blockwise": ("blockwise", torch.float64),
+    "flex": ("flex", torch.float64),
+}
+
+# (causal, q_len) of 24 keys; the cache's 13 queries are the last keys, across a boundary in
+# each row (row 1's document of one token among them), the first documents' keys all cache
+LAYOUTS = {"causal": (True, 24), "bidirectional": (False, 24), "causal-cache": (True, 13)}
+
+# float64 rounds by 2**-53, float32 by U = 2**-24: every bound below is linear in the unit
+# roundoff (first order, each doubled for the second), so float64's are 2**-29 of float32's
+UNIT = {torch.float32: 1.0, torch.float64: 2.0**-29}
+
+
+def _documents(ids):
+    """Each position's document (numbered along its row) and position within it."""
+    new = torch.ones_like(ids, dtype=torch.bool)
+    new[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    at = torch.arange(ids.shape[1]).expand_as(ids)
+    start = torch.where(new, at, 0).cummax(1).values
+    return new.cumsum(1), at - start
+
+
+def _dense_rows(q, k, v, bias, ids, *, causal, scale=0.25):
+    """softmax(q k^T scale + bias + mask) v in float64, everything materialised: each query
+    sees the keys of its row's document, the bias (the module itself) at positions
+    within documents."""
+    b, h, lq, _ = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    doc, pos = _documents(ids.expand(b, lk))
+    keys = torch.arange(lk)
+    queries = keys[lk - lq :]
+    allowed = doc[:, queries, None] == doc[:, None, :]
+    if causal:
+        allowed = allowed & (keys[None, :] <= queries[:, None])
+    k, v = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1)
+    s = q @ k.transpose(-1, -2) * scale + bias(pos[:, queries, None], pos[:, None, :]).movedim(0, 1)
+    # every query sees a key (itself): no row without one
+    return torch.softmax(s.masked_fill(~allowed[:, None], -math.inf), -1) @ v
+
+
+def _fire_module_error(bias, n):
+    """A bound of FIRE's float32 bias evaluated as its module (the MLP per block, or unit
+    by unit per score on FlexAttention) at positions within a document of n.
+
+    x = psi(|i - j|) / norm(i) is off by 7 U relative (see ``_fire_error``); a first unit
+    w1 x + b1 then by 7 U |w1 x| + U |w1 x| + U |w1 x + b1| <= 9 U (|w1 x| + |b1|) (ReLU
+    passes it on at most as large); the output b2 + sum_u w2_u relu_u, width products and
+    width + 1 terms summed in any order, by sum_u |w2_u| 9 U (|w1_u x| + |b1_u|) + (width
+    + 2) U (sum_u |w2_u| relu_u + |b2|). In all (width + 11) U max_h (sum_u |w2_hu| (|w1_u|
+    X + |b1_u|) + |b2_h|), X the largest x (in float64).
+    """
+    with torch.no_grad():
+        exact = copy.deepcopy(bias).double()
+        pos = torch.arange(n)
+        x = float(exact._normalised(pos[:, None], pos[None, :]).max())
+        first, last = exact.mlp[0], exact.mlp[2]
+        units = first.weight[:, 0].abs() * x + first.bias.abs()
+        size = float((last.weight.abs() @ units + last.bias.abs()).max())
+        return (first.out_features + 11) * U * size
+
+
+def _row_bounds(q, k, v, dout, bias64, ids, bias_error, *, causal):
+    """Per-element float32 bounds of out, dq, dk and dv: each document of each row alone.
+
+    ``bounds`` (tests/test_attention_backward.py) per document, with the module's float64
+    bias at positions within it: the other documents' keys weigh exactly 0 and the bounds
+    hold for any order of the sums. Keys of a document no query is in get bound 0: their
+    dk and dv must be exactly 0.
+    """
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    offset = lk - lq
+    tols = [torch.zeros((*t.shape[:3], 1), dtype=torch.float64) for t in (dout, q, k, v)]
+    doc, _ = _documents(ids.expand(b, lk))
+    for r in range(b):
+        edges = [0, *(torch.nonzero(doc[r].diff()).flatten() + 1).tolist(), lk]
+        for a, e in itertools.pairwise(edges):
+            first = max(a, offset)  # the document's first query (its queries are its last keys)
+            if e <= first:
+                continue
+            local = torch.arange(e - a)
+            fixed = bias64(local[:, None], local[None, :]).detach()
+            queries, keys = slice(first - offset, e - offset), slice(a, e)
+            part = [q[r : r + 1, :, queries], k[r : r + 1, :, keys], v[r : r + 1, :, keys]]
+            tq, tk, tv, *_, tout = bounds(
+                *part, dout[r : r + 1, :, queries], None, causal=causal, scale=0.25,
+                mask=torch.ones(1, e - a, dtype=torch.bool), bias_error=bias_error,
+                block=lambda qp, kp, fixed=fixed: fixed[:, qp][:, :, kp],
+            )  # fmt: skip
+            at = (queries, queries, keys, keys)
+            for t, where, bound in zip(tols, at, (tout, tq, tk, tv), strict=True):
+                t[r, :, where] = bound
+    return tols
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("form", FORMS)
+def test_rows_packed_differently_on_every_backend(form, run, layout, monkeypatch, request):
+    # document_ids of rows packed differently (or, for FIRE's pieces, the same in every
+    # row) through one backend, its bias in the form named, against (a) the blockwise path
+    # in float64 and (b) the dense float64 formula of _dense_rows: the output and, but on
+    # FlexAttention (forward only on CPU), dq, dk and dv.
+    # Tolerances: each result, the tested one and both float64 references, is within the
+    # per-document bounds of _row_bounds (float32 ones, 2**-29 of them in float64) of the
+    # exact attention, so within the sum of two of them of each other. The bias's own
+    # error: T5's table 8 U |bias| (``bounds``' default; its values are the weights,
+    # exact); FIRE's pieces (_fire_error) or its module (_fire_module_error), their sum,
+    # which bounds the tested path and the references alike (the float64 blockwise path
+    # takes the pieces where the tested one does, the dense formula the module)
+    backend, dtype = RUNS[run]
+    causal, lq = LAYOUTS[layout]
+    make, ids, operand = FORMS[form]
+    if backend == "kernel":
+        request.getfixturevalue("compiled_kernels")  # without the build this one skips
+    torch.manual_seed(14)
+    bias = make()
+    bias64 = copy.deepcopy(bias).double()
+    q, k, v, dout = _inputs(2, 24, seed=15, dtype=torch.float32)
+    q, dout = q[:, :, -lq:], dout[:, :, -lq:]
+    grads = backend != "flex"
+    inputs = [t.to(dtype, copy=True).requires_grad_(grads) for t in (q, k, v)]
+    tested = bias if dtype == torch.float32 else copy.deepcopy(bias64)
+    forms, engines = [], []
+    own = tested.score_form
+
+    def spy_form(ctx):
+        found = own(ctx)
+        forms.append(found.operand)
+        return found
+
+    tested.score_form = spy_form
+    with monkeypatch.context() as m:
+        # the engine named, and only it, makes the result (and its gradients)
+        if backend == "kernel":
+            forward = kernel.forward
+
+            def spy(plan, params, *args):
+                result = forward(plan, params, *args)
+                engines.append("kernel" if result is not None else "declined")
+                return result
+
+            m.setattr(kernel, "forward", spy)
+            if operand is not None:  # the compiled loops read tables and pieces
+                for name in ("forward_blockwise", "backward_blockwise"):
+                    m.setattr(softmax, name, _ran(name))
+        else:
+            for name in ("forward", "backward"):
+                m.setattr(kernel, name, _ran(f"kernel.{name}"))
+        if backend == "flex":
+            m.setattr(softmax, "forward_blockwise", _ran("forward_blockwise"))
+            # eager FlexAttention (no compile: seconds, not minutes), its block mask made
+            # here (not one a test before left in the cache)
+            m.setattr(flex_engine, "BLOCK_MASKS", flex_engine.BlockMasks(1))
+            m.setattr(flex_engine, "compiled", lambda fn: engines.append(fn.__name__) or fn)
+        with torch.set_grad_enabled(grads):
+            out = posenc.attention(
+                *inputs, bias=tested, document_ids=ids, causal=causal, backend=backend
+            )
+            got = [out, *torch.autograd.grad(out, inputs, dout.to(dtype))] if grads else [out]
+    assert forms == [operand]
+    want_engines = {
+        "kernel": ["kernel" if operand is not None else "declined"],
+        "blockwise": [],
+        "flex": ["create_block_mask", "flex_attention"],
+    }
+    assert engines == want_engines[backend]
+
+    exact = [t.double().requires_grad_(True) for t in (q, k, v)]
+    blockwise = posenc.attention(
+        *exact, bias=bias64, document_ids=ids, causal=causal, backend="blockwise"
+    )
+    formula = _dense_rows(*exact, bias64, ids, causal=causal)
+    refs = [[ref, *torch.autograd.grad(ref, exact, dout.double())] for ref in (blockwise, formula)]
+    error = None
+    if form != "table":
+        error = _fire_error(bias, 24) + _fire_module_error(bias, 24)
+    tols = _row_bounds(*(t.double() for t in (q, k, v, dout)), bias64, ids, error, causal=causal)
+    n = len(got)  # FlexAttention: the output alone
+    names = ("out", "dq", "dk", "dv")[:n]
+    for name, g, t, *want in zip(names, got, tols[:n], *(r[:n] for r in refs), strict=True):
+        bound = t * (UNIT[dtype] + UNIT[torch.float64])
+        for which, w in zip(("blockwise", "dense"), want, strict=True):
+            err = (g.detach().double() - w.detach()).abs()
+            over = (err / bound).masked_fill(err == 0, 0.0)
+            assert bool((err <= bound).all()), (
+                f"{name} vs {which}: error {float(err.max()):.3g} (row "
+                f"{int(err.flatten(1).amax(1).argmax())}), {float(over.max()):.3g} x its bound"
+            )
