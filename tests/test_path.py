@@ -745,27 +745,35 @@ def _layer_bound(m, x, errs):
     return 2 * (flat(bound_o) @ wo.T + 2 * m.hidden * U64 * flat(o.abs()) @ wo.T)
 
 
-def _decode_bound(m, x, prefill):
-    """Bound of |full pass - (prefill, then one position at a time)| on the layer output.
+def _chain_bounds(q, k, w, beta, prefill, u):
+    """The score bounds of the full pass and of decoding, their algorithms' rounding in
+    precision ``u`` alone (no kernels' ulps): ``(full, decoded)``, each ``(B, H, L, L)``.
 
     Full pass: path_attention in one chunk (the default block exceeds the length).
     Prefill (positions < T): the same on the first T positions. Decoding position
     i >= T: its keys j < T are path_keys' (the prefill's chunk, ``e_kh``), then every
     key takes one rank-one update per position up to i, each ``(2 d + 7) u`` relative
-    (as test_path_keys_carries_every_key_to_the_end), and ``q . k`` its ``d u``. Both
-    passes: the kernels' ulps (:func:`_kernel_errors`).
+    (as test_path_keys_carries_every_key_to_the_end), and ``q . k`` its ``d u``.
     """
-    q, k, _, w, beta, _ = _layer_inputs(m, x)
     h, length, d = q.shape[1], q.shape[2], q.shape[3]
     t = prefill
-    full = chunk_score_errors(q, k, w, beta, length, U64) + _kernel_errors(q, k)
-    dec = chain_score_errors(q, k, U64, 2 * d + 7, d, start=t) + _kernel_errors(q, k)
-    stages = chunk_stages(None, *(_heads(z, h)[:, :, :t] for z in (k, w, beta)), t, U64)
+    full = chunk_score_errors(q, k, w, beta, length, u)
+    dec = chain_score_errors(q, k, u, 2 * d + 7, d, start=t)
+    stages = chunk_stages(None, *(_heads(z, h)[:, :, :t] for z in (k, w, beta)), t, u)
     e_kh = stages["e_kh"][:, :, 0].norm(dim=-1)  # (B, H, T)
     dec[..., :, :t] += q.norm(dim=-1)[..., :, None] * e_kh[..., None, :]
-    pre = chunk_score_errors(*(z[:, :, :t] for z in (q, k, w, beta)), t, U64)
-    dec[..., :t, :t] = pre + _kernel_errors(q[:, :, :t], k[:, :, :t])
+    dec[..., :t, :t] = chunk_score_errors(*(z[:, :, :t] for z in (q, k, w, beta)), t, u)
     return full, dec
+
+
+def _decode_bound(m, x, prefill):
+    """Bound of |full pass - (prefill, then one position at a time)| on the scores of a
+    float64 layer: :func:`_chain_bounds` in U64, plus, in both passes, the kernels' ulps
+    (:func:`_kernel_errors`)."""
+    q, k, _, w, beta, _ = _layer_inputs(m, x)
+    full, dec = _chain_bounds(q, k, w, beta, prefill, U64)
+    kernels = _kernel_errors(q, k)
+    return full + kernels, dec + kernels
 
 
 LAYERS = {
@@ -806,6 +814,208 @@ def test_decoding_equals_the_full_pass(layer):
     wrong, _ = m(x[:, prefill : prefill + 1], cache=uncarried)
     at = slice(prefill, prefill + 1)
     assert worst_ratio(wrong, full[:, at], bound[:, at]) > MUTANT_FACTOR
+
+
+# ------------------------------------------------------------------ layer in half precision
+
+#: unit roundoffs of the half-precision dtypes, to which the layer rounds at its boundaries
+U_HALF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def _rounded(b, r, dtype):
+    """``(f(b), e)``: ``b`` (float64) rounded to ``dtype``, and a bound ``e`` on ``|low(a) -
+    f(b)|`` for every float32 ``a`` within ``r`` of ``b``, rounded to ``dtype``.
+
+    Rounding is monotone: where ``b - r`` and ``b + r`` round alike, every ``a`` between
+    them rounds to ``f(b)`` too and ``e = 0`` (two passes whose float32 values lie there
+    agree to the bit). Elsewhere a rounding boundary lies within ``r`` of ``b``, which two
+    passes' values may straddle (one ulp apart): ``|low(a) - f(b)| <= |low(a) - a| + |a -
+    b| + |b - f(b)| <= u (|b| + r) + eta + r + |b - f(b)|``, u the dtype's unit roundoff
+    and ``eta`` half its subnormals' spacing (float16's, ``2^-25``, below ``2^-14``).
+    """
+    u = U_HALF[dtype]
+    low = b.to(dtype).double()
+    straddle = (b - r).to(dtype) != (b + r).to(dtype)
+    e = u * (b.abs() + r) + u * torch.finfo(dtype).smallest_normal + r + (b - low).abs()
+    return low, torch.where(straddle, e, 0.0)
+
+
+def _spans(per_t):
+    """``sum_{j < t <= i} per_t[..., t]`` ``(B, H, L, L)``, 0 above the diagonal."""
+    c = per_t.cumsum(-1)
+    below = torch.ones(c.shape[-1], c.shape[-1], dtype=torch.bool).tril()
+    return ((c[..., :, None] - c[..., None, :]) * below).clamp(min=0)
+
+
+def _half_bounds(m, x, prefill, dtype, passes):
+    """Bounds ``(e_o, e_y)``, ``(B, L, hidden)`` each, of the distance of each pass's
+    o_proj input (its attention output rounded to ``dtype``) and of its output to one
+    reference: ``m`` a layer in ``dtype`` on :func:`_dyadic_`'s grid, fed ``x`` in ``dtype``;
+    a pass given by its calls' spans of positions (``[(0, L)]`` the full pass; else a
+    prefill of ``(0, prefill)``, then decoding). Two passes' bounds added bound their
+    difference.
+
+    The reference: the exact layer (float64) on the full pass's inputs, with each rounding
+    to ``dtype`` taken of its exact argument (:func:`_rounded`: a pass's rounding costs
+    nothing unless its float32 argument may lie across a rounding boundary from the exact
+    one, where it costs an ulp and the distance). The inputs: q, k, v and the directions'
+    ``raw`` are the same bits in every pass (the test asserts it); the maps with a bias
+    (beta's, the gates') are each pass's own, from its own calls (torch's F.linear on a
+    non-contiguous 3-d input, as these slices are, rounds the product to the dtype before
+    adding the bias, on a contiguous one once: passes may differ there by an ulp of the
+    argument, whose effect the bound charges). Each pass:
+
+    - ``w``: the convolution in float32 (exact products, two sums: ``2 U32`` of the taps'
+      magnitudes), SiLU (slope < 1.1; 4 ulps), the normalisation (``(d + 6) U32`` relative,
+      as :func:`_kernel_errors`; slope ``1 / sqrt(|s|^2 + eps)`` on its input), doubled for
+      second order; then rounded to ``dtype`` (``e_w``);
+    - ``beta = 2 low(sigmoid(z))``: sigmoid in float32 (4 ulps), doubled; then rounded,
+      plus the distance to the reference's beta (another ``z``);
+    - the log gates, float32 (not rounded to ``dtype``): logsigmoid's 4 ulps, doubled, plus
+      the distance to the reference's;
+    - the scores: the algorithm's float32 rounding (:func:`_chain_bounds` in U32) plus what
+      the inputs moved them, ``|d a / d w_t| <= 2 beta_t |q||k|`` and ``|d a / d beta_t|
+      <= |q||k|`` for each transform ``j < t <= i`` (contractions), and the gates between;
+    - the attention output in float32 (:func:`propagate` in U32), plus the float64
+      reference's own error (:func:`dense_errors`), doubled; then rounded (``e_o``);
+    - o_proj: ``W_o`` on an input within ``e_o`` of the reference's, summed in float32
+      (exact products: ``hidden U32 |W_o||o|``), doubled; then rounded: the pass's bound.
+    """
+    b, length, _ = x.shape
+    h, hk, d = m.heads, m.kv_heads, m.head_dim
+    xl = x.to(dtype)
+    p = m._project(xl, torch.float32)
+    q, k, v, raw = (p[key].detach().double() for key in ("q", "k", "v", "raw"))
+    # the directions
+    weight = m.w_conv1d.weight.detach().double()
+
+    def conv(z, wt):
+        return F.conv1d(F.pad(z.transpose(1, 2), (2, 0)), wt, groups=z.shape[-1]).transpose(1, 2)
+
+    def heads(z):
+        return z.view(b, length, hk, d).transpose(1, 2)
+
+    s = F.silu(conv(raw, weight))
+    err_s = heads(1.1 * 2 * U32 * conv(raw.abs(), weight.abs()) + 4 * U32 * s.abs())
+    s = heads(s)
+    inv = torch.rsqrt((s * s).sum(-1, keepdim=True) + 1e-6)
+    w = s * inv
+    w, e_w = _rounded(
+        w, 2 * (err_s.norm(dim=-1, keepdim=True) * inv + (d + 6) * U32 * w.abs()), dtype
+    )
+
+    # beta and the log gates of each pass, from its own calls
+    def biased(linear, calls):
+        with torch.no_grad():
+            return torch.cat([linear(xl[:, a:c]) for a, c in calls], 1).double().transpose(1, 2)
+
+    def gated(calls):
+        sigma = torch.sigmoid(biased(m.bt_proj, calls))
+        sigma, e_sigma = _rounded(sigma, 2 * 4 * U32 * sigma, dtype)
+        lf = None if m.g_proj is None else F.logsigmoid(biased(m.g_proj, calls))
+        return 2 * sigma, 2 * e_sigma, lf
+
+    beta, _, lf = gated(passes[0])
+    size = q.norm(dim=-1)[..., :, None] * _heads(k, h).norm(dim=-1)[..., None, :]
+    scale = d**-0.5
+    o = dense(q, k, v, w, beta, lf)
+    err_ref = propagate(q, k, v, w, beta, lf, None, scale, dense_errors(q, k, U64), U64)[0]
+    wo = m.o_proj.weight.detach().double()
+
+    def flat(z):
+        return z.transpose(1, 2).reshape(b, length, -1)
+
+    full, dec = _chain_bounds(q, k, w, beta, prefill, U32)
+    bounds = []
+    for calls in passes:
+        beta_p, e_beta, lf_p = gated(calls)
+        e_beta = e_beta + (beta_p - beta).abs()
+        moved = _spans(_heads(2 * beta * e_w.norm(dim=-1) + e_beta, h)) * size
+        if lf is not None:
+            moved = moved + _spans(2 * 4 * U32 * lf_p.abs() + (lf_p - lf).abs())
+        alg = full if calls == [(0, length)] else dec
+        err_o = propagate(q, k, v, w, beta, lf, None, scale, alg + moved, U32)[0]
+        o_low, e_o = (flat(t) for t in _rounded(o, 2 * (err_o + err_ref), dtype))
+        r_y = 2 * (e_o + m.hidden * U32 * (o_low.abs() + e_o)) @ wo.abs().T
+        bounds.append((e_o, _rounded(o_low @ wo.T, r_y, dtype)[1]))
+    return bounds
+
+
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.mark.parametrize("dtype", HALF.values(), ids=HALF.keys())
+@pytest.mark.parametrize("layer", LAYERS.values(), ids=LAYERS.keys())
+def test_half_precision_decoding_equals_the_full_pass(layer, dtype):
+    """A bfloat16 or float16 layer decodes in float32 (its cache and steps; rounded to the
+    dtype where the full pass rounds): against the same layer's full pass (path_attention
+    in float32, rounded to the dtype at the module's boundaries), within the bounds of
+    :func:`_half_bounds`, on o_proj's input (the attention output rounded to the dtype)
+    and on the output. A layer decoding in the dtype itself fails here."""
+    heads, kv_heads, gate = layer
+    torch.manual_seed(10)
+    m = PaTH(32, heads, kv_heads, forget_gate=gate).double()
+    x = _dyadic_(m, torch.randn(2, 15, 32, dtype=torch.float64))
+    exact = [p.detach().clone() for p in m.parameters()]
+    m.to(dtype)
+    xl = x.to(dtype)
+    # the grid (7 bits) is exact in both dtypes
+    assert torch.equal(xl.double(), x)
+    assert all(torch.equal(p.double(), e) for p, e in zip(m.parameters(), exact, strict=True))
+    prefill, length = 6, x.shape[1]
+    one_calls = [(0, prefill)] + [(t, t + 1) for t in range(prefill, length)]
+    rest_calls = [(0, prefill), (prefill, length)]
+    seen = []  # o_proj's inputs: the attention outputs rounded to the dtype
+    m.o_proj.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+
+    def run(calls, cache=None):
+        """The layer over ``calls``' spans of ``xl`` in turn: (output, o_proj's input)."""
+        seen.clear()
+        outs = []
+        for a, b in calls:
+            if cache is None:
+                outs.append(m(xl[:, a:b]))
+            else:
+                out, cache = m(xl[:, a:b], cache=cache)
+                outs.append(out)
+        return torch.cat(outs, 1), torch.cat(seen, 1), cache
+
+    with torch.no_grad():
+        # q, k, v and the directions' inputs are the same bits in every pass, whatever the
+        # call's shape: a product of two grid values is an integer / 4096, an entry's sum of
+        # 32 below 2^17 / 4096, exact in float32, then rounded once (the float64 map rounded);
+        # MHA's second directions' map (on rounded values) is asserted alike
+        want = m._project(xl, torch.float32)
+        for key, proj in (("q", m.q_proj), ("k", m.k_proj), ("v", m.v_proj)):
+            assert torch.equal(proj(xl), F.linear(x, proj.weight.double()).to(dtype)), key
+        for a, b in one_calls + rest_calls:
+            got = m._project(xl[:, a:b], torch.float32)
+            assert torch.equal(got["raw"], want["raw"][:, a:b])
+            assert all(torch.equal(got[key], want[key][:, :, a:b]) for key in "qkv")
+        full, o_full, _ = run([(0, length)])
+        decoded, o_one, cache = run(one_calls, PaTHCache())
+        rest, o_rest, _ = run(rest_calls, PaTHCache())
+    assert full.dtype == decoded.dtype == rest.dtype == dtype
+    assert all(bool(t.isfinite().all()) for t in (full, decoded, rest))
+    kept = [cache.keys, cache.values, cache.conv] + ([cache.gates] if gate else [])
+    assert cache.length == length and all(t.dtype == torch.float32 for t in kept)
+    (eo_full, ey_full), (eo_one, ey_one), (eo_rest, ey_rest) = _half_bounds(
+        m, x, prefill, dtype, [[(0, length)], one_calls, rest_calls]
+    )
+    assert worst_ratio(o_one, o_full, eo_full + eo_one) <= 1.0
+    assert worst_ratio(decoded, full, ey_full + ey_one) <= 1.0
+    # several new positions in one call
+    assert worst_ratio(o_rest, o_one, eo_rest + eo_one) <= 1.0
+    assert worst_ratio(rest, decoded, ey_rest + ey_one) <= 1.0
+    # the bound sees a cache whose keys were not carried to the latest position: its
+    # attention outputs move where no rounding to the dtype can (bound 0). (Not asserted on
+    # the output: one o that may flip loosens, through W_o, the bound of a whole row.)
+    after = slice(prefill, length)
+    with torch.no_grad():
+        _, _, cache = run(one_calls[:1], PaTHCache())
+        uncarried = dataclasses.replace(cache, keys=want["k"][:, :, :prefill].float())
+        _, o_wrong, _ = run(rest_calls[1:], uncarried)
+    assert worst_ratio(o_wrong, o_full[:, after], (eo_full + eo_rest)[:, after]) > MUTANT_FACTOR
 
 
 def test_the_layer_is_path_attention_on_its_projections():
