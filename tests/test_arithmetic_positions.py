@@ -6,6 +6,8 @@ the paper's rule), then by properties over random layouts of numbers.
 
 from __future__ import annotations
 
+import itertools
+import math
 import pickle
 
 import pytest
@@ -68,6 +70,17 @@ def test_index_hints_name_each_digits_place() -> None:
     assert index_hints(sig, 5).tolist() == [5, 6, 7, -1, 5, 6, 7, -1, 5, 6, 7]
 
 
+def test_coupled_positions_are_per_row_in_a_batch_of_widths() -> None:
+    # 653 + 49 = 702 (width 4) beside 12 + 34 = 46, "1 2 + 3 4 = 6 4 0" (width 3, padded
+    # with tokens outside the numbers): each row's columns are its own. By hand, width 3,
+    # start 1: a digit of significance j gets 3 - j, the token after a number 4
+    narrow = [1, 0, AFTER_NUMBER, 1, 0, AFTER_NUMBER, 0, 1, 2]
+    sig = torch.tensor([CHO_SIGNIFICANCE, narrow + [OUTSIDE] * 3])
+    ids = coupled_positions(sig)
+    assert ids[0].tolist() == CHO_IDS
+    assert ids[1].tolist() == [2, 3, 4, 2, 3, 4, 3, 2, 1, 0, 0, 0]
+
+
 def test_offsets_per_row() -> None:
     sig = torch.tensor([CHO_SIGNIFICANCE, CHO_SIGNIFICANCE])
     ids = coupled_positions(sig, torch.tensor([1, 3]))
@@ -96,6 +109,54 @@ def test_random_offsets_are_seeded_and_in_range() -> None:
     again = random_offsets(3, torch.Generator().manual_seed(1), rows=200)
     assert torch.equal(rows, again)
     assert set(rows.tolist()) == {0, 1, 2, 3}  # every value of 0 .. high, and no other
+
+
+def chi_square_bound(cells: int, alpha: float = 1e-9) -> float:
+    """A bound Pearson's statistic over ``cells`` equally likely cells exceeds with
+    probability below ``alpha`` (draws many times the cells, as here: the statistic then
+    follows chi-square with ``k = cells - 1`` degrees of freedom).
+
+    Laurent and Massart (2000), lemma 1: ``P(X - k >= 2 sqrt(k t) + 2 t) <= exp(-t)``;
+    ``t = ln(1 / alpha)``. The draws here are seeded, so each test sees one fixed sample;
+    the bound says any seed passes but once in a billion.
+    """
+    k, t = cells - 1, math.log(1 / alpha)
+    return k + 2 * math.sqrt(k * t) + 2 * t
+
+
+def chi_square(counts: list[int]) -> float:
+    """Pearson's statistic of ``counts`` against equal cells."""
+    expected = sum(counts) / len(counts)
+    return sum((c - expected) ** 2 for c in counts) / expected
+
+
+@pytest.mark.parametrize("high", [0, 1, 5, 99])
+def test_random_offsets_draw_every_value_of_the_range_uniformly(high: int) -> None:
+    # both paths (one int per call, and one per row) draw each of 0 .. high, high included,
+    # with frequencies that fit the uniform law: 200 draws per value expected
+    n = 200 * (high + 1)
+    gen = torch.Generator().manual_seed(11)
+    singles = [random_offsets(high, gen) for _ in range(n)]
+    rows = random_offsets(high, torch.Generator().manual_seed(12), rows=n).tolist()
+    for draws in (singles, rows):
+        counts = [draws.count(v) for v in range(high + 1)]
+        assert sum(counts) == n  # no value outside 0 .. high
+        assert min(counts) > 0, counts  # every value, the last included
+        assert chi_square(counts) <= chi_square_bound(high + 1), counts
+
+
+def test_randomized_positions_are_uniform_subsets() -> None:
+    # Ruoss et al.: a uniform random subset of 0 .. max_positions - 1, sorted. Every one of
+    # the C(8, 3) = 56 subsets, those holding the last position included, is drawn, and their
+    # frequencies fit the uniform law (200 draws per subset expected)
+    subsets = list(itertools.combinations(range(8), 3))
+    gen = torch.Generator().manual_seed(13)
+    draws = [tuple(randomized_positions(3, 8, gen).tolist()) for _ in range(200 * len(subsets))]
+    counts = [draws.count(s) for s in subsets]
+    assert sum(counts) == len(draws)  # sorted, distinct, in range: one of the subsets
+    assert min(counts) > 0, counts
+    assert sum(7 in d for d in draws) > 0  # the last position
+    assert chi_square(counts) <= chi_square_bound(len(subsets)), counts
 
 
 @pytest.mark.parametrize(
@@ -172,6 +233,21 @@ def test_abacus_numbers_count_from_one_within_each_number(layout, k) -> None:  #
     found = [i for i in ids if i]
     expected = [k + 1 + i for number in numbers for i in range(len(number))]
     assert found == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(layouts(), st.integers(1, 9)), min_size=2, max_size=4))
+def test_coupled_positions_of_a_batch_are_each_rows_alone(rows) -> None:  # type: ignore[no-untyped-def]
+    # rows of any widths, padded to one length: each row's ids are those it gets alone
+    length = max(len(sig) for (sig, _), _ in rows)
+    sig = torch.tensor([s + [OUTSIDE] * (length - len(s)) for (s, _), _ in rows])
+    start = torch.tensor([st_ for _, st_ in rows])
+    ids = coupled_positions(sig, start)
+    for i, ((alone, _), first) in enumerate(rows):
+        assert (
+            ids[i, : len(alone)].tolist() == coupled_positions(torch.tensor(alone), first).tolist()
+        )
+        assert bool((ids[i, len(alone) :] == 0).all())
 
 
 def test_the_functions_survive_pickle() -> None:
