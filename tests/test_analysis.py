@@ -18,6 +18,7 @@ import pytest
 import posenc
 from posenc import analysis, sinusoidal
 from posenc.families.absolute.sinusoidal import resolve
+from posenc.integration.analysis.verdicts import OFFSETS
 
 mpmath.mp.dps = 50
 
@@ -260,6 +261,26 @@ def test_check_fails_a_wrong_shift_matrix(monkeypatch):
     rows = analysis.check(16, 50)
     assert [row.passed for row in rows[:3]] == [False, False, False]
     assert all(row.passed for row in rows[3:])
+
+
+def test_check_fails_a_shift_matrix_a_few_tolerances_off(monkeypatch):
+    # the near miss: M(k + delta) for M(k), delta 3 tolerances over the fastest frequency
+    # (omega_0 = 1 in the paper's table, amplitude 1). PE(p) @ M(k + delta).T then differs
+    # from PE(p + k) by the turn delta of pair 0 (|2 sin(delta / 2)| ~ delta, 3 tolerances)
+    # less the honest rounding, which stays within one tolerance: at least 2 tolerances,
+    # at most 4 (a tolerance 4 times looser than shift_error's would let it pass)
+    tolerance = analysis.shift_error(16, 50, 1).tolerance
+    delta = 3 * tolerance
+    real = analysis.sinusoidal.shift_matrix
+    monkeypatch.setattr(
+        analysis.sinusoidal, "shift_matrix", lambda k, dim, **kw: real(k + delta, dim, **kw)
+    )
+    near = analysis.shift_error(16, 50, OFFSETS)
+    assert all(2 * tolerance <= e <= 4 * tolerance for e in near.max_error), near.max_error
+    rows = analysis.check(16, 50)
+    shift_rows = [row for row in rows if row.claim.startswith("shift:")]
+    assert len(shift_rows) == len(OFFSETS)
+    assert [row.passed for row in shift_rows] == [False] * len(shift_rows)
 
 
 def test_check_skips_what_a_lone_channel_breaks():
