@@ -172,6 +172,24 @@ def stored(values: np.ndarray, dtype: str) -> np.ndarray:
     return torch.as_tensor(values).to(getattr(torch, dtype)).double().numpy()
 
 
+def readings_of(config: dict) -> list[rope_reading.Reading]:
+    """``config``'s RoPEs as ``posenc rope`` reads a file."""
+    return rope_reading.read(rope_reading.Loaded(copy.deepcopy(config), "c", "file"))
+
+
+def stored_windows(config: dict, tables: Tables, dtype: str) -> list[tuple]:
+    """``(window, positions, cos, sin)`` for each window the judge asks of ``config`` (one
+    RoPE): ``tables`` at its positions, stored in ``dtype``."""
+    readings = readings_of(config)
+    (reading,) = readings
+    out = []
+    for w in engines.windows(readings):
+        positions = np.asarray(w["positions"], dtype=np.int64)
+        cos, sin = (stored(t, dtype) for t in tables(reading, positions, w["seq_len"]))
+        out.append((w, positions, cos, sin))
+    return out
+
+
 def answer(
     config: dict, tables: Tables, dtype: str, *, layout: str = "half",
     scaling: float | None = None, softmax: float | None = None,
@@ -179,14 +197,10 @@ def answer(
     """The reader's answer for ``config``'s windows: ``tables`` stored in ``dtype``, the
     attention scaling read off them as the readers do (the norm of the pair at position 0,
     unless ``scaling`` says otherwise) and ``softmax``."""
-    readings = rope_reading.read(rope_reading.Loaded(copy.deepcopy(config), "c", "file"))
-    (reading,) = readings
-    windows = []
-    for w in engines.windows(readings):
-        positions = np.asarray(w["positions"], dtype=np.int64)
-        cos, sin = (stored(t, dtype) for t in tables(reading, positions, w["seq_len"]))
-        windows.append({"seq_len": w["seq_len"], "positions": w["positions"],
-                        "cos": cos.tolist(), "sin": sin.tolist()})  # fmt: skip
+    windows = [
+        {"seq_len": w["seq_len"], "positions": w["positions"], "cos": c.tolist(), "sin": s.tolist()}
+        for w, _, c, s in stored_windows(config, tables, dtype)
+    ]
     c0, s0 = windows[0]["cos"][0][0], windows[0]["sin"][0][0]
     return {"version": "fake 3.0", "source": "test", "layout": layout, "dtype": dtype,
             "attention_scaling": math.hypot(c0, s0) if scaling is None else scaling,
@@ -209,7 +223,7 @@ def envelope(u: float, angle: np.ndarray, base: float, factor: float = 1.0) -> n
 def threshold(u: float, config: dict, change: Callable[[np.ndarray, np.ndarray], np.ndarray]):
     """The smallest magnitude of a miss that is certainly seen: ``change(p, omega)`` is its
     angle change per unit magnitude at each ``(p, k)`` of the windows, to first order."""
-    readings = rope_reading.read(rope_reading.Loaded(copy.deepcopy(config), "c", "file"))
+    readings = readings_of(config)
     (reading,) = readings
     best = 0.0
     for w in engines.windows(readings):
@@ -347,11 +361,8 @@ def test_the_ladder(ladders, dtype, name):
 def seen_by_tables(config: dict, tables: Tables, dtype: str) -> bool:
     """Whether the judge calls ``tables`` (stored in ``dtype``) different from the exact
     ones by their values alone: a divergence not explained as float32 angles."""
-    readings = rope_reading.read(rope_reading.Loaded(copy.deepcopy(config), "c", "file"))
-    (reading,) = readings
-    for w in engines.windows(readings):
-        positions = np.asarray(w["positions"], dtype=np.int64)
-        cos, sin = (stored(t, dtype) for t in tables(reading, positions, w["seq_len"]))
+    readings = readings_of(config)
+    for _, positions, cos, sin in stored_windows(config, tables, dtype):
         arrays = {"positions": positions, "cos": cos, "sin": sin}
         for v in rope_compare.compare(readings, arrays, rounding=U[dtype]):
             if not v.agree and not (v.cause or "").startswith("float32 angles"):
@@ -494,13 +505,9 @@ def test_a_wrong_base_is_named_in_every_dtype(config, base, named, dtype):
     # bfloat16's first positions cannot tell a base to 10 % (a 2**-8 rounding of an angle
     # near 1, raised to the power d / 2); its last positions, read against posenc's
     # angles, can: the cause is named there too, with the base the engine used
-    readings = rope_reading.read(rope_reading.Loaded(copy.deepcopy(config), "c", "file"))
-    (window,) = engines.windows(readings)
-    positions = np.asarray(window["positions"], dtype=np.int64)
-    tables = other_spec(base=lambda s: base)(readings[0], positions, window["seq_len"])
-    cos, sin = (stored(t, dtype) for t in tables)
+    ((_, positions, cos, sin),) = stored_windows(config, other_spec(base=lambda s: base), dtype)
     arrays = {"positions": positions, "cos": cos, "sin": sin}
-    (verdict,) = rope_compare.compare(readings, arrays, rounding=U[dtype])
+    (verdict,) = rope_compare.compare(readings_of(config), arrays, rounding=U[dtype])
     assert not verdict.agree
     assert verdict.cause is not None and verdict.cause.startswith("a wrong base"), verdict.cause
     assert named in verdict.cause, verdict.cause

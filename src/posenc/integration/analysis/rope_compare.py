@@ -422,8 +422,10 @@ def _fitted_base(
     seq_len: int | None,
     angles: npt.NDArray[np.float64],
     positions: npt.NDArray[np.int64],
+    omega: npt.NDArray[np.float64],
 ) -> float | None:
-    """The base whose frequencies (``spec``'s schedule) best explain their ``angles``.
+    """The base whose frequencies (``spec``'s schedule, ``omega`` at ``spec.base``) best
+    explain their ``angles``.
 
     Their angles (``(rows, pairs)``, read off their tables with ``atan2``) are
     unwrapped against posenc's, ``delta = wrap(theirs - position * omega)``; a base
@@ -447,7 +449,7 @@ def _fitted_base(
         omegas.append(freqs.inv_freq.astype(np.float64))
     p = positions.astype(np.float64)[:, None]
     g = p * (omegas[0] - omegas[1])[None, :] / (2 * h)
-    exact = p * spec.frequencies(seq_len=seq_len).inv_freq.astype(np.float64)[None, :]
+    exact = p * omega.astype(np.float64)[None, :]
     delta = np.angle(np.exp(1j * (angles - exact)))  # wrapped to (-pi, pi]
     use = (np.abs(delta) < 1.0) & (g != 0)
     if not use.any():
@@ -645,9 +647,9 @@ def _compare_tables(
     ))  # fmt: skip
     leading = np.arange(pairs) * (2 if lay == "interleaved" else 1)  # each pair's 1st channel
     angles = np.arctan2(ts[:, leading], tc[:, leading])
-    read = _first_angles_base(angles, positions, omega, spec.rotary_dim, u) if pairs > 1 else None
+    read = _first_angles_base(angles, positions, omega, spec.rotary_dim, u)
     estimate, spread = read if read else (None, math.inf)
-    fitted = _fitted_base(spec, seq_len, angles, positions)
+    fitted = _fitted_base(spec, seq_len, angles, positions, omega)
     candidates += _base_candidates(r, [fitted, estimate], seq_len)
     for cand in candidates:
         if _matches(cand, spec, positions, channels, pairs, lay, scale, u, tc, ts):
