@@ -416,7 +416,7 @@ def test_lab_trains_on_the_device(tmp_path, device):
     """Fifty steps of a two-layer model on CUDA; on CPU, for time, thirty steps of a
     one-layer model (tests/test_lab.py trains every encoding on CPU): the model, its
     batches, checkpoints and copies on the device."""
-    from posenc.faces.lab.run import LabConfig, _World, train
+    from posenc.faces.lab.training import LabConfig, _World, train
 
     size = {"d_model": 64, "layers": 2, "heads": 4, "train_len": 8, "steps": 50}
     if device.type == "cpu":

@@ -27,7 +27,7 @@ import torch
 from conftest import one_thread
 from gpu_markers import no_cuda
 from posenc.faces.lab.encodings import ENCODINGS, REGISTRY, training_encoding
-from posenc.faces.lab.run import LabConfig, run
+from posenc.faces.lab.training import LabConfig, run
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, no_cuda()])])

@@ -18,7 +18,7 @@ from posenc.faces.cli import main
 from posenc.faces.lab import names, tasks
 from posenc.faces.lab.encodings import REGISTRY, training_encoding
 from posenc.faces.lab.model import _ROTATIONS, ENCODINGS, LabModel, ModelConfig, scaling_for
-from posenc.faces.lab.run import (
+from posenc.faces.lab.training import (
     LabConfig,
     Record,
     _World,
@@ -167,7 +167,7 @@ def test_the_rotations_are_posencs_own():
 
 @pytest.mark.parametrize("encoding", ["alibi", "t5", "rope", "xpos", "learned", "randomized"])
 def test_the_loss_of_the_scored_span_is_the_whole_loss(encoding):
-    from posenc.faces.lab.run import batch_loss
+    from posenc.faces.lab.training import batch_loss
 
     model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
     batch = tasks.make_batch("copy", 6, 8, torch.Generator().manual_seed(2))
@@ -345,7 +345,7 @@ def test_position_biases_step_in_proportion_to_their_scale(encoding):
 
 
 def test_killed_run_keeps_finished_results(tmp_path, monkeypatch):
-    from posenc.faces.lab import run as lab_run
+    from posenc.faces.lab import training as lab_run
 
     real = lab_run.train
 
@@ -455,7 +455,7 @@ def _partial_then_full(target, data=b"partial"):
 
 
 def test_save_failing_part_way_keeps_the_previous_file(tmp_path, monkeypatch):
-    from posenc.faces.lab import run as lab_run
+    from posenc.faces.lab import training as lab_run
 
     checkpoint, records = tmp_path / "key.pt", tmp_path / "key.json"
     lab_run._save({"step": 10}, checkpoint)
@@ -492,7 +492,7 @@ def test_results_write_failing_part_way_keeps_the_previous_page(tmp_path, monkey
 
 
 def test_lab_device_defaults_to_a_gpu_where_one_exists(monkeypatch):
-    from posenc.faces.lab.run import lab_device
+    from posenc.faces.lab.training import lab_device
 
     assert lab_device("cpu") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -137,7 +137,7 @@ def test_sequence_length_is_the_longest_example(name: str, n: int) -> None:
 
 
 def _model(encoding: str, task: str = "add-reversed", test_len: int = 12) -> LabModel:
-    from posenc.faces.lab.run import LabConfig
+    from posenc.faces.lab.training import LabConfig
 
     cfg = LabConfig(task=task, encodings=(encoding,), train_len=4, test_len=test_len,
                     d_model=16, layers=1, heads=2)  # fmt: skip
@@ -257,7 +257,7 @@ def test_the_study_runs_and_writes_its_outputs(tmp_path) -> None:  # type: ignor
 
 
 def test_summaries_are_means_over_seeds_with_their_spread() -> None:
-    from posenc.faces.lab.run import Record
+    from posenc.faces.lab.training import Record
 
     config = arithmetic.ArithmeticConfig(entries=("rope",), train_len=2, test_len=5, seeds=2)
     records = {"add-reversed": [

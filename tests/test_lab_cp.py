@@ -24,7 +24,7 @@ from posenc.faces.cli import main
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, REGISTRY, training_encoding
 from posenc.faces.lab.model import ContextParallel, LabModel
-from posenc.faces.lab.run import (
+from posenc.faces.lab.training import (
     LabConfig,
     _sharded_loss,
     _share,

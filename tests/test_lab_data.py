@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from posenc.faces.cli import main
-from posenc.faces.lab.run import LabConfig, config_from, run, text_corpus
 from posenc.faces.lab.tasks import TextCorpus
+from posenc.faces.lab.training import LabConfig, config_from, run, text_corpus
 
 #: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
 #: cores shared with other processes two OpenMP threads made them several times slower

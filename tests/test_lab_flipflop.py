@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from posenc.faces.lab import flipflop, names, tasks
 from posenc.faces.lab.flipflop import BIT0, READ, SKIP, WRITE
-from posenc.faces.lab.run import LabConfig, run
 from posenc.faces.lab.tasks import BOS, IGNORE, make_batch
+from posenc.faces.lab.training import LabConfig, run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

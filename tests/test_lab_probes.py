@@ -12,10 +12,10 @@ import torch
 from conftest import anchor, perturbed_lab_model
 from posenc.faces.lab import probes as P
 from posenc.faces.lab import results, tasks
-from posenc.faces.lab import run as lab_run
+from posenc.faces.lab import training as lab_run
 from posenc.faces.lab.encodings import REGISTRY, Encoding, lookup
 from posenc.faces.lab.model import _ROTATIONS, ModelConfig, _attend
-from posenc.faces.lab.run import DEFAULT_ENCODINGS, LabConfig, _World, run, train
+from posenc.faces.lab.training import DEFAULT_ENCODINGS, LabConfig, _World, run, train
 
 #: torch on one thread here (conftest.one_torch_thread): the lab's ops are tiny, and on
 #: cores shared with other processes two OpenMP threads made them several times slower

@@ -9,7 +9,7 @@ import torch
 
 from posenc.faces.cli import main
 from posenc.faces.lab.profile import KINDS, PHASES, Profile, _kind, format_profile, profile
-from posenc.faces.lab.run import LabConfig
+from posenc.faces.lab.training import LabConfig
 
 TINY = LabConfig(
     task="copy", encodings=("alibi", "rope", "rope-linear", "sinusoidal"), train_len=3,

@@ -14,7 +14,6 @@ import torch
 
 from posenc.faces.lab import names
 from posenc.faces.lab import suite_tasks as S
-from posenc.faces.lab.run import LabConfig, _Data
 from posenc.faces.lab.tasks import (
     BOS,
     EOS,
@@ -29,6 +28,7 @@ from posenc.faces.lab.tasks import (
     sequence_length,
     vocab_size,
 )
+from posenc.faces.lab.training import LabConfig, _Data
 
 D0 = 4  # digit d is token 4 + d
 SEEDS = range(6)

@@ -21,6 +21,7 @@ MOVED = {
     "posenc.rotary": "posenc.families.rotary",
     "posenc.bias": "posenc.families.bias",
     "posenc.arithmetic": "posenc.families.arithmetic",
+    "posenc.terms": "posenc.families.terms",
     "posenc.modules": "posenc.families.absolute.modules",
     "posenc.positions": "posenc.core.positions",
     "posenc.attend": "posenc.integration.attention",

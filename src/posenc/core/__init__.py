@@ -8,5 +8,3 @@
   implementations make them (fairseq, OPT, KV caches).
 - :mod:`posenc.core.tables`: the exact-table cache of the torch modules.
 """
-
-__all__ = []

@@ -52,21 +52,6 @@ import numpy.typing as npt
 
 from posenc.core.kernels import compiled, max_workers, workers_for
 
-__all__ = [
-    "EXACT_LIMIT",
-    "PI",
-    "Turns",
-    "decimal_context",
-    "float64_is_fast",
-    "geometric_turns",
-    "progression_blocks",
-    "progression_table",
-    "sincos_numpy",
-    "sincos_torch",
-    "turns_from_radians",
-    "unit_phasors",
-]
-
 #: Positions (after any offset) must satisfy ``|p| < EXACT_LIMIT``.
 EXACT_LIMIT = 2**31
 

@@ -30,8 +30,6 @@ from torch import nn
 
 from posenc.core.tables import LOCK
 
-__all__ = ["DerivedBuffers"]
-
 
 class DerivedBuffers(nn.Module):
     """Base of the modules whose non-persistent buffers follow from their definition.

@@ -14,35 +14,6 @@ import numpy as np
 
 from posenc.core.angles import EXACT_LIMIT
 
-__all__ = [
-    "MAX_CHANNELS",
-    "MAX_ELEMENTS",
-    "canonical_overrides",
-    "check_bool",
-    "check_channels",
-    "check_choice",
-    "check_device",
-    "check_elements",
-    "check_exact",
-    "check_float_tensor",
-    "check_int",
-    "check_number",
-    "check_position_tensor",
-    "check_positions",
-    "check_range",
-    "compiling",
-    "dtype_name",
-    "is_int_offset",
-    "is_torch",
-    "is_torch_dtype",
-    "is_zero",
-    "numpy_dtype",
-    "tensor_bounds",
-    "torch_dtype",
-    "wants_torch",
-    "work_dtype",
-]
-
 _NUMPY_FLOATS = {
     "float16": np.float16,
     "float32": np.float32,

@@ -17,8 +17,6 @@ import os
 import sys
 from types import ModuleType
 
-__all__ = ["compiled", "max_workers", "workers_for"]
-
 
 def _load() -> ModuleType | None:
     try:  # optional: numpy and torch do the same work without it

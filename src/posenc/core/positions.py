@@ -52,20 +52,6 @@ import numpy.typing as npt
 
 from posenc.core import checks
 
-__all__ = [
-    "cache_positions",
-    "cu_seqlens_from_document_ids",
-    "document_positions",
-    "fairseq_positions",
-    "mask_positions",
-    "opt_positions",
-    "packed_document_ids",
-    "packed_positions",
-    "restart_positions",
-    "v2pe_positions",
-    "videorope_positions",
-]
-
 
 def _is_symint(value: Any) -> bool:
     torch = sys.modules.get("torch")

@@ -31,8 +31,6 @@ from torch import nn
 
 from posenc.core import checks
 
-__all__ = ["LOCK", "ExactTables", "Tables"]
-
 #: Guards growth and swaps of every module's tables. Rare events; one module-level lock
 #: (re-entrant: a table may be derived from another) keeps the modules picklable.
 LOCK = threading.RLock()

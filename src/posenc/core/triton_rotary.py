@@ -53,8 +53,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["available", "launch", "rotate"]
-
 LAYOUTS = ("half", "interleaved")
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_LEAD = 4  # leading dims the kernel decomposes a row index into

@@ -9,5 +9,3 @@
 Users import them as ``posenc.plot``, ``posenc.report``, ``posenc.bench``,
 ``posenc.lab`` and ``posenc.cli``.
 """
-
-__all__ = []

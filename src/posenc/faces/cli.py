@@ -37,8 +37,6 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve, sinusoidal
 
-__all__ = ["build_parser", "main"]
-
 _FORMATS = (".npy", ".pt", ".csv", ".json")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -345,8 +343,8 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _lab_config(args: argparse.Namespace) -> Any:
-    """The :class:`~posenc.lab.run.LabConfig` of ``posenc lab run``'s or ``profile``'s options."""
-    from posenc.faces.lab.run import config_from
+    """The :class:`posenc.lab.LabConfig` of ``posenc lab run``'s or ``profile``'s options."""
+    from posenc.faces.lab.training import config_from
 
     encodings = None
     if args.encodings is not None:
@@ -359,7 +357,7 @@ def _lab_config(args: argparse.Namespace) -> Any:
 
 def _lab_profile(args: argparse.Namespace) -> int:
     from posenc.faces.lab.profile import format_profile, profile
-    from posenc.faces.lab.run import usable_cpus
+    from posenc.faces.lab.training import usable_cpus
 
     result = profile(_lab_config(args), steps=args.sample, threads=args.threads)
     print(format_profile(result, workers=usable_cpus()))
@@ -368,7 +366,7 @@ def _lab_profile(args: argparse.Namespace) -> int:
 
 def _lab_run(args: argparse.Namespace) -> int:
     from posenc.faces.lab import results
-    from posenc.faces.lab.run import run
+    from posenc.faces.lab.training import run
 
     config = _lab_config(args)
     outcome = run(

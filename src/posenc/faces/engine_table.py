@@ -21,18 +21,6 @@ from typing import Any
 
 from posenc.faces.files import atomic_write
 
-__all__ = [
-    "BUNDLED",
-    "GUIDE",
-    "README_MARKERS",
-    "bundled",
-    "html",
-    "markdown",
-    "measure",
-    "readme",
-    "write",
-]
-
 #: The table lies between these two lines of :data:`GUIDE` (``make engine-table`` rewrites it).
 README_MARKERS = ("<!-- engine-table -->", "<!-- /engine-table -->")
 #: The page, relative to the repository, that shows the table (the patching guide).

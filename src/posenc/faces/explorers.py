@@ -34,17 +34,6 @@ import numpy as np
 
 from posenc.integration.analysis import explorer as data
 
-__all__ = [
-    "WEB",
-    "bias_modules",
-    "containers",
-    "encode",
-    "payload",
-    "rope_settings",
-    "scripts",
-    "standalone",
-]
-
 #: The page's static files (d3, the explorers' script and style), shipped with posenc.
 WEB = resources.files("posenc.faces") / "web"
 

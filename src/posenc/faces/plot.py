@@ -30,7 +30,11 @@ from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.integration.analysis.explorer import hand_pairs
 
-__all__ = ["KINDS", "PNG_DPI", "colour_scale", "encode", "figure", "new_figure", "pyplot", "save"]
+__all__ = [
+    "KINDS",
+    "figure",
+    "save",
+]
 
 #: PNG resolution: twice matplotlib's screen resolution, sharp on high-density displays.
 PNG_DPI = 220

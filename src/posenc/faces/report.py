@@ -45,7 +45,9 @@ from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS, resolve
 from posenc.integration import analysis
 
-__all__ = ["MAX_DIM", "MAX_LENGTH", "Report", "Section", "build", "mathml", "rope_settings"]
+__all__ = [
+    "build",
+]
 
 #: The page embeds the explorer's table for every d and base it offers, so its size grows
 #: with both; at these maxima it stays under 4 MiB.

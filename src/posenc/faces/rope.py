@@ -74,17 +74,6 @@ from posenc.integration.analysis.rope_reading import (
     show,
 )
 
-__all__ = [
-    "Loaded",
-    "compare",
-    "describe",
-    "load_config",
-    "parse_positions",
-    "parse_set",
-    "run",
-    "write_golden",
-]
-
 #: Names of the arrays of a golden file (each prefixed ``<layer_type>/`` for per-type RoPE).
 ARRAYS = ("inv_freq", "positions", "cos", "sin", "cos_interleaved", "sin_interleaved")
 

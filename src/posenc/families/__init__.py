@@ -13,5 +13,3 @@
 
 Users import them as ``posenc.absolute``, ``posenc.rotary`` and ``posenc.bias``.
 """
-
-__all__ = []

@@ -30,8 +30,6 @@ from posenc.core.buffers import DerivedBuffers
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.terms import TermContext, TermForm
 
-__all__ = ["DAPE", "CoPE"]
-
 
 class CoPE(DerivedBuffers):
     """CoPE (Golovneva et al. 2024): positions counted by gates on the keys, per query.

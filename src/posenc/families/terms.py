@@ -48,7 +48,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["OPERANDS", "ScoreTerm", "TermContext", "TermForm"]
+__all__ = [
+    "ScoreTerm",
+    "TermContext",
+    "TermForm",
+]
 
 #: The kinds of operand the compiled loop reads (see the module docstring).
 OPERANDS: tuple[str, ...] = ("table", "pieces", "gate")

@@ -13,5 +13,3 @@
 
 Users import them as ``posenc.attention``, ``posenc.hf`` and ``posenc.analysis``.
 """
-
-__all__ = []

@@ -48,7 +48,14 @@ from posenc.families.terms import TermContext, TermForm
 from posenc.integration.attention import softmax
 from posenc.integration.attention.layout import Mask, Plan, check_qkv, rotate
 
-__all__ = ["LAYOUTS", "gather", "ring_attention", "shard", "shard_positions", "unshard"]
+__all__ = [
+    "LAYOUTS",
+    "gather",
+    "ring_attention",
+    "shard",
+    "shard_positions",
+    "unshard",
+]
 
 CpLayout = Literal["contiguous", "zigzag"]
 #: the ways a sequence is cut among ranks (see the module docstring)

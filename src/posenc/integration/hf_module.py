@@ -21,8 +21,6 @@ from posenc.families.rotary.multiaxis import mrope_cos_sin
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import cos_sin
 
-__all__ = ["FORMS", "HFGatheredRotaryEmbedding", "HFLayerTypes", "HFRotaryEmbedding"]
-
 #: How an HF rotary module returns its tables, as :func:`posenc.hf.patch_model` reads them
 #: from the module's own output: ``(cos, sin)`` in the half layout (``cat(theta, theta)``:
 #: Llama and most), interleaved (``theta0, theta0, theta1, ...``: Cohere, BLT), half-width

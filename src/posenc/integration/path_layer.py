@@ -35,8 +35,6 @@ from posenc.core import checks
 from posenc.core.positions import packed_positions
 from posenc.integration.attention.path import path_attention, path_keys
 
-__all__ = ["PaTH", "PaTHCache", "PaTHTransforms"]
-
 #: The rank of the directions' map when every query head has its own kv head (fla's).
 W_RANK = 32
 #: The width of the directions' causal convolution (fla's ShortConvolution(kv_dim, 3)).

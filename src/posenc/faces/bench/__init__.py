@@ -20,32 +20,38 @@ from __future__ import annotations
 
 from posenc.faces.bench import attention, decode, rotary, sinusoidal
 from posenc.faces.bench.harness import (
-    CASES,
-    DEVICES,
-    Case,
-    Impl,
-    Timing,
-    format_table,
-    peak_memory,
-    register,
-    run,
-    run_case,
-    to_json,
+    CASES as CASES,
 )
-
-__all__ = [
-    "CASES",
-    "DEVICES",
-    "Case",
-    "Impl",
-    "Timing",
-    "format_table",
-    "peak_memory",
-    "register",
-    "run",
-    "run_case",
-    "to_json",
-]
+from posenc.faces.bench.harness import (
+    DEVICES as DEVICES,
+)
+from posenc.faces.bench.harness import (
+    Case as Case,
+)
+from posenc.faces.bench.harness import (
+    Impl as Impl,
+)
+from posenc.faces.bench.harness import (
+    Timing as Timing,
+)
+from posenc.faces.bench.harness import (
+    format_table as format_table,
+)
+from posenc.faces.bench.harness import (
+    peak_memory as peak_memory,
+)
+from posenc.faces.bench.harness import (
+    register,
+)
+from posenc.faces.bench.harness import (
+    run as run,
+)
+from posenc.faces.bench.harness import (
+    run_case as run_case,
+)
+from posenc.faces.bench.harness import (
+    to_json as to_json,
+)
 
 for _case in (*sinusoidal.CASES, *rotary.CASES, *attention.CASES, *decode.CASES):
     register(_case)

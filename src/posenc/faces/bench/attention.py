@@ -35,8 +35,6 @@ from typing import Any
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "causal_impls", "cuda_impls", "impls", "train_impls"]
-
 
 def impls(batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu") -> list[Impl]:
     """Forward attention over ``(batch, heads, seq, head_dim)`` float32 q, k, v.

@@ -28,8 +28,6 @@ from typing import Any
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "INNER", "impls", "llama_config"]
-
 #: Calls per timed run: one call takes tens of microseconds.
 INNER = 50
 

@@ -69,20 +69,6 @@ import numpy as np
 import posenc
 from posenc.core.checks import check_int
 
-__all__ = [
-    "CASES",
-    "DEVICES",
-    "Case",
-    "Impl",
-    "Timing",
-    "format_table",
-    "peak_memory",
-    "register",
-    "run",
-    "run_case",
-    "to_json",
-]
-
 Role = Literal["baseline", "ours", "peer"]
 Status = Literal["ok", "skipped", "error"]
 

@@ -23,8 +23,6 @@ from typing import Any
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "impls"]
-
 
 def _hf_rotate_half(x: Any) -> Any:
     """HF's ``rotate_half`` written out (the formula torch.compile is given)."""

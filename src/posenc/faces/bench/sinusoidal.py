@@ -18,8 +18,6 @@ import numpy as np
 import posenc
 from posenc.faces.bench.harness import Case, Impl
 
-__all__ = ["CASES", "annotated_diffusion_embedding", "impls", "numpy_tutorial_table"]
-
 
 def numpy_tutorial_table(sequence_length: int, d_model: int, dtype: Any = np.float64) -> np.ndarray:
     """A numpy tutorial's ``positional_encoding``: the Vaswani et al. 2017 table.

@@ -7,14 +7,34 @@
   and test-time scaling), importable without torch;
 - :mod:`posenc.lab.model`: a small decoder-only transformer from posenc's
   pieces, one positional encoding per model;
-- :mod:`posenc.lab.run`: training (cached, resumable; under torchrun DDP, and
+- :mod:`posenc.lab.training`: training (cached, resumable; under torchrun DDP, and
   context parallelism with ring attention) and evaluation at every length;
 - :mod:`posenc.lab.probes`: linear probes of where each layer's residual stream
   keeps the absolute position;
 - :mod:`posenc.lab.results`: the figure and HTML page, and ``results.json`` read
   back (probes and trained bias modules included).
 
-``posenc lab run`` is the command. Needs torch (and matplotlib for the figure).
+``posenc lab run`` is the command; :func:`run` with a :class:`LabConfig` is the same
+from Python. Needs torch (and matplotlib for the figure).
 """
 
-__all__ = []
+from typing import Any
+
+from posenc.faces.lab.encodings import ENCODINGS
+
+# torch-backed names, imported on first use
+_LAZY = {"LabConfig": "posenc.faces.lab.training", "run": "posenc.faces.lab.training"}
+
+__all__ = [
+    "ENCODINGS",
+    "LabConfig",
+    "run",
+]
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")

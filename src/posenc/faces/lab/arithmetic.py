@@ -20,7 +20,7 @@ positions leaves the same model (the lab refuses ``random_positions`` without a
 rotation or a table to read them).
 
 :func:`run_arithmetic` trains each task's encodings through
-:func:`posenc.lab.run.run` (one directory per task, cached and resumable) and
+:func:`posenc.lab.training.run` (one directory per task, cached and resumable) and
 writes ``arithmetic.json``, ``arithmetic.svg`` and ``index.html``;
 :func:`section` is the page's section (the explainer, the position-id tables of
 one example, the curves and the table), which ``posenc report`` shows from the
@@ -43,30 +43,6 @@ import numpy as np
 
 from posenc.core import checks
 from posenc.faces.files import atomic_write
-
-__all__ = [
-    "BUNDLED",
-    "CODE",
-    "EXPLAINER",
-    "FORMULAS",
-    "GOAL",
-    "GUIDE",
-    "README_MARKER",
-    "STUDY",
-    "ArithmeticConfig",
-    "Entry",
-    "bundled",
-    "figure",
-    "id_markdown",
-    "id_table",
-    "markdown",
-    "publish",
-    "quick_config",
-    "readme",
-    "run_arithmetic",
-    "section",
-    "summarize",
-]
 
 
 @dataclass(frozen=True)
@@ -106,7 +82,7 @@ GOAL_RATIO = 2.5
 
 @dataclass(frozen=True)
 class ArithmeticConfig:
-    """The study's settings (the lab's :class:`~posenc.lab.run.LabConfig` fields it sets).
+    """The study's settings (the lab's :class:`~posenc.lab.training.LabConfig` fields it sets).
 
     Attributes:
         entries: names from :data:`STUDY`.
@@ -138,8 +114,8 @@ class ArithmeticConfig:
             raise ValueError(f"test_len ({self.test_len}) must exceed train_len ({self.train_len})")
 
     def lab_configs(self) -> dict[str, Any]:
-        """One :class:`~posenc.lab.run.LabConfig` per task, with its entries' encodings."""
-        from posenc.faces.lab.run import LabConfig
+        """One :class:`~posenc.lab.training.LabConfig` per task, with its entries' encodings."""
+        from posenc.faces.lab.training import LabConfig
 
         by_task: dict[str, list[str]] = {}
         for name in self.entries:
@@ -217,16 +193,16 @@ def run_arithmetic(
 ) -> dict[str, Any]:
     """Train and test every line of the study; write ``arithmetic.json`` and the page.
 
-    Each task format runs through :func:`posenc.lab.run.run` in ``out/<task>/``,
+    Each task format runs through :func:`posenc.lab.training.run` in ``out/<task>/``,
     so finished trainings are read back and an interrupted run resumes. The
     document (:func:`summarize`) gains ``"seconds"`` (this call's wall time) and
     ``"trained"`` (models trained by it).
 
     Raises:
         TypeError: a config that is no :class:`ArithmeticConfig`.
-        ValueError: what :func:`posenc.lab.run.run` refuses.
+        ValueError: what :func:`posenc.lab.training.run` refuses.
     """
-    from posenc.faces.lab.run import run
+    from posenc.faces.lab.training import run
 
     config = ArithmeticConfig() if config is None else config
     if not isinstance(config, ArithmeticConfig):

@@ -41,8 +41,6 @@ import torch
 from posenc.core import checks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
 
-__all__ = ["FORMATS", "HINTS", "MAX_DIGITS", "TIMES", "ArithmeticFormat", "example_tokens", "task"]
-
 #: The ``x`` of a product.
 TIMES = PLUS + 1
 #: The first hint token; hint ``h`` is token ``HINT0 + h``.

@@ -5,7 +5,7 @@ absolute table added to the token embedding, a rotation of queries and keys
 in every layer or in all but every k-th, an attention-bias module, a position
 module of each layer, the attention kernel, randomized positions) and which
 rope scaling it applies at test time. :mod:`posenc.lab.model` builds every
-model from these fields alone, and :mod:`posenc.lab.run` keys and evaluates
+model from these fields alone, and :mod:`posenc.lab.training` keys and evaluates
 runs through them, so adding an encoding is adding one entry here.
 
 A per-layer method (FoX's gates, CoPE, DAPE, PaTH's transforms) is one entry of
@@ -36,20 +36,6 @@ if TYPE_CHECKING:
     from posenc.faces.lab.layers import PositionModule
     from posenc.faces.lab.sizes import ModelConfig
     from posenc.families.bias.modules import AttentionBias
-
-__all__ = [
-    "ENCODINGS",
-    "PER_LAYER",
-    "POSITION_IDS",
-    "REGISTRY",
-    "Absolute",
-    "Encoding",
-    "Kernel",
-    "Rotation",
-    "lookup",
-    "scaling_for",
-    "training_encoding",
-]
 
 #: The absolute encodings an :class:`Encoding` may add to the token embeddings.
 Absolute = Literal["sinusoidal", "learned"]

@@ -33,19 +33,6 @@ import torch
 from posenc.core import checks
 from posenc.faces.lab._layout import BOS, IGNORE, Batch
 
-__all__ = [
-    "BIT0",
-    "P_IGNORE",
-    "READ",
-    "SHORTEST",
-    "SKIP",
-    "VOCAB",
-    "WRITE",
-    "lengths",
-    "make_batch",
-    "sequence_length",
-]
-
 #: Token of bit 0 (bit ``b`` is ``BIT0 + b``): the lab's digit tokens.
 BIT0 = 4
 #: The instruction tokens: write, read, and ignore (``i``).

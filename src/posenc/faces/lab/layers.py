@@ -24,14 +24,6 @@ from posenc.families.bias.forget import ForgetGate, ForgetGateTerm
 from posenc.families.contextual import DAPE, CoPE
 from posenc.integration.path_layer import PaTHTransforms
 
-__all__ = [
-    "CoPETerm",
-    "DAPETerm",
-    "ForgetGates",
-    "Householder",
-    "PositionModule",
-]
-
 
 class PositionModule(nn.Module):
     """One layer's position module: the inputs of its attention call, from the layer's input.

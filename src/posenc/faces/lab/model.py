@@ -41,14 +41,18 @@ from torch import nn
 
 from posenc.core import checks
 from posenc.faces.lab.encodings import (
-    ENCODINGS,
+    ENCODINGS as ENCODINGS,
+)
+from posenc.faces.lab.encodings import (
     PER_LAYER,
     POSITION_IDS,
     REGISTRY,
     Encoding,
     lookup,
-    scaling_for,
     training_encoding,
+)
+from posenc.faces.lab.encodings import (
+    scaling_for as scaling_for,
 )
 from posenc.faces.lab.layers import PositionModule
 from posenc.faces.lab.sizes import ModelConfig
@@ -66,16 +70,6 @@ from posenc.integration.attention import attention
 from posenc.integration.attention.path import path_attention
 from posenc.integration.attention.stick_breaking import stick_breaking_attention
 from posenc.integration.context_parallel import ring_attention, shard
-
-__all__ = [
-    "ENCODINGS",
-    "TEST_TIME_SCALING",
-    "ContextParallel",
-    "LabModel",
-    "ModelConfig",
-    "scaling_for",
-    "training_encoding",
-]
 
 #: Encodings that are another encoding's model in training and a rope scaling at test time.
 TEST_TIME_SCALING = {e.name: e.test_scaling for e in REGISTRY.values() if e.test_scaling}

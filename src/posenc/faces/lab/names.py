@@ -2,9 +2,7 @@
 
 from dataclasses import dataclass
 
-from posenc.faces.lab.encodings import ENCODINGS
-
-__all__ = ["ARITHMETIC_TASKS", "ENCODINGS", "SUITE", "SUITE_TASKS", "TASKS", "SuiteTask"]
+from posenc.faces.lab.encodings import ENCODINGS as ENCODINGS
 
 #: The tasks of Kazemnejad et al. (2023)'s length-generalisation suite that the lab's
 #: first tasks do not already cover (:mod:`posenc.lab.suite_tasks` makes them).

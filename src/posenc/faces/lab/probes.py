@@ -40,21 +40,6 @@ from posenc.faces.lab import tasks as T
 if TYPE_CHECKING:
     from posenc.faces.lab.model import LabModel
 
-__all__ = [
-    "FIT_SEQUENCES",
-    "L2",
-    "METRICS",
-    "RIDGE",
-    "STEPS",
-    "TEST_SEQUENCES",
-    "Probe",
-    "bias_parameters",
-    "linear_accuracy",
-    "linear_r2",
-    "probe_model",
-    "settings",
-]
-
 #: Sequences the probes are fitted on, and sequences (another draw) they are scored on.
 FIT_SEQUENCES, TEST_SEQUENCES = 256, 128
 #: The least-squares ridge, relative to the mean eigenvalue of the centred features' Gram matrix.

@@ -1,7 +1,7 @@
 """``posenc lab profile``: where a lab training's time goes, per phase and per operation.
 
-Each training encoding of a :class:`~posenc.lab.run.LabConfig` is trained for a
-sample of steps exactly as :func:`posenc.lab.run.run` trains it (the same
+Each training encoding of a :class:`~posenc.lab.training.LabConfig` is trained for a
+sample of steps exactly as :func:`posenc.lab.training.run` trains it (the same
 model, batches, optimiser and schedule), on the threads a ``posenc lab run``
 worker has (one by default). The wall time of every step is split into its
 phases (drawing the batch, forward and loss, backward, gradient clipping plus
@@ -24,7 +24,7 @@ import torch
 from posenc.core import checks
 from posenc.faces.lab.encodings import training_encoding
 from posenc.faces.lab.model import LabModel
-from posenc.faces.lab.run import (
+from posenc.faces.lab.training import (
     LabConfig,
     batch_loss,
     evaluate,
@@ -32,8 +32,6 @@ from posenc.faces.lab.run import (
     training_state,
     update,
 )
-
-__all__ = ["KINDS", "PHASES", "Profile", "format_profile", "profile"]
 
 #: The phases of one training step, in order.
 PHASES = ("data", "forward", "backward", "optimiser")

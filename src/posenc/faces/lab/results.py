@@ -31,23 +31,8 @@ from posenc.faces.files import atomic_write
 
 if TYPE_CHECKING:
     from posenc.faces.lab.probes import Probe
-    from posenc.faces.lab.run import LabConfig, Record
+    from posenc.faces.lab.training import LabConfig, Record
     from posenc.families.bias.modules import AttentionBias
-
-__all__ = [
-    "BUNDLED",
-    "BiasParameters",
-    "LabResults",
-    "bias_module",
-    "bundled",
-    "figure",
-    "probe_figure",
-    "probe_summary",
-    "read",
-    "section",
-    "summary",
-    "write",
-]
 
 #: The runs bundled with posenc (``posenc/faces/data``): ``posenc lab run``, ``posenc lab
 #: run --task text`` at their defaults, and ``posenc lab run --task flipflop --encodings
@@ -82,8 +67,8 @@ class LabResults:
     """A ``posenc lab run``'s ``results.json``, read back by :func:`read`.
 
     Attributes:
-        config: the run's :class:`~posenc.lab.run.LabConfig`.
-        records: its :class:`~posenc.lab.run.Record` list (accuracy or perplexity
+        config: the run's :class:`~posenc.lab.training.LabConfig`.
+        records: its :class:`~posenc.lab.training.Record` list (accuracy or perplexity
             per encoding, seed and length).
         probes: its :class:`~posenc.lab.probes.Probe` list (per trained encoding,
             seed, layer and metric); empty for a run from before the probes.
@@ -100,8 +85,8 @@ class LabResults:
 def read(doc: dict[str, Any]) -> LabResults:
     """The :class:`LabResults` of a ``results.json`` document (its parsed JSON).
 
-    ``doc`` holds ``"config"`` (the :class:`~posenc.lab.run.LabConfig` fields) and
-    ``"records"`` (:class:`~posenc.lab.run.Record` fields each), and, since the
+    ``doc`` holds ``"config"`` (the :class:`~posenc.lab.training.LabConfig` fields) and
+    ``"records"`` (:class:`~posenc.lab.training.Record` fields each), and, since the
     probes, ``"probes"`` (:class:`~posenc.lab.probes.Probe` fields each) and
     ``"bias_parameters"`` (``{"encoding", "seed", "parameters"}`` each); a
     document without the last two reads with empty lists.
@@ -112,7 +97,7 @@ def read(doc: dict[str, Any]) -> LabResults:
             whose fields are not those of its kind (the message names which).
     """
     from posenc.faces.lab.probes import Probe
-    from posenc.faces.lab.run import LabConfig, Record
+    from posenc.faces.lab.training import LabConfig, Record
 
     if not isinstance(doc, dict):
         raise TypeError(f"doc must be a dict (a parsed results.json); got {type(doc).__name__}")

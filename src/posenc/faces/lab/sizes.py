@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 from posenc.core import checks
 
-__all__ = ["ModelConfig"]
-
 
 @dataclass(frozen=True)
 class ModelConfig:

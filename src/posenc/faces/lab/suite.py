@@ -9,7 +9,7 @@ encoding's mean reciprocal rank (MRR): in every (task, split, seed) column the
 encodings are ranked by their test accuracy, and an encoding's MRR is the mean
 of ``1 / rank`` over the columns.
 
-:func:`run_suite` trains every task of the suite through :func:`posenc.lab.run.run`
+:func:`run_suite` trains every task of the suite through :func:`posenc.lab.training.run`
 (one output directory per task, so its caching and resuming are the lab's: a
 rerun trains nothing new), computes :func:`mean_reciprocal_rank` and writes
 ``suite.json`` and ``index.html`` (accuracy against length per task, the MRR
@@ -38,23 +38,6 @@ import numpy as np
 from posenc.core import checks
 from posenc.faces.files import atomic_write
 from posenc.faces.lab import names
-
-__all__ = [
-    "PAPER_MRR",
-    "QUICK_SEEDS",
-    "QUICK_TASKS",
-    "STUDY",
-    "SuiteConfig",
-    "SuiteResult",
-    "SuiteSplit",
-    "as_split",
-    "mean_reciprocal_rank",
-    "quick_config",
-    "reciprocal_ranks",
-    "run_suite",
-    "select_tasks",
-    "suite_tasks",
-]
 
 #: The study's five encodings, in the order of the paper's reported MRR (best first).
 STUDY = ("nope", "t5", "alibi", "rope", "sinusoidal")
@@ -233,14 +216,14 @@ class SuiteConfig:
     """The suite's settings: its tasks, the study's encodings plus ``extra``, and training.
 
     Every task trains one model per encoding and seed with these settings
-    (:class:`~posenc.lab.run.LabConfig`), at the task's own lengths.
+    (:class:`~posenc.lab.training.LabConfig`), at the task's own lengths.
 
     Attributes:
         tasks: the (task, split) entries; :func:`suite_tasks` by default.
         extra: encodings run beside the study's five (:data:`STUDY`), from
             :data:`posenc.lab.encodings.ENCODINGS`.
         seeds, steps, batch_size, lr, d_model, layers, heads, eval_examples: as
-            in :class:`~posenc.lab.run.LabConfig`. The defaults are the scale the
+            in :class:`~posenc.lab.training.LabConfig`. The defaults are the scale the
             suite was measured at on a 2-core CPU (a 2-layer, 4-head model of width
             64, 2000 steps of batch 64, 64 examples per length); the paper trained
             larger models for longer.
@@ -276,8 +259,8 @@ class SuiteConfig:
         return tuple(dict.fromkeys((*STUDY, *self.extra)))
 
     def lab_config(self, task: SuiteSplit) -> Any:
-        """The :class:`~posenc.lab.run.LabConfig` of one task of the suite."""
-        from posenc.faces.lab.run import LabConfig
+        """The :class:`~posenc.lab.training.LabConfig` of one task of the suite."""
+        from posenc.faces.lab.training import LabConfig
 
         # the training settings are the fields the two configs share
         lab = {f.name for f in fields(LabConfig)}
@@ -328,7 +311,7 @@ def _spread(by_seed: Mapping[str, Sequence[float]]) -> dict[str, Any] | None:
 
 
 def score(config: SuiteConfig, records: Mapping[str, Sequence[Any]]) -> dict[str, Any]:
-    """``suite.json``'s document from every task's :class:`~posenc.lab.run.Record` list.
+    """``suite.json``'s document from every task's :class:`~posenc.lab.training.Record` list.
 
     ``records``: task key (:attr:`SuiteSplit.key`) -> its records.
     """
@@ -403,7 +386,7 @@ def run_suite(
 ) -> SuiteResult:
     """Train and test every task of the suite, score it, write ``suite.json`` and the page.
 
-    Each task runs through :func:`posenc.lab.run.run` in ``out/<split>/`` (for
+    Each task runs through :func:`posenc.lab.training.run` in ``out/<split>/`` (for
     instance ``out/copy_tr20_ts40``), so finished trainings and evaluations are
     read back, and an interrupted suite resumes where it stopped.
 
@@ -426,15 +409,15 @@ def run_suite(
         config: the settings; :class:`SuiteConfig`'s defaults (the full suite) when None.
         out: the output directory.
         quick: use :func:`quick_config` (only with ``config`` None).
-        workers, device: as :func:`posenc.lab.run.run` (``workers`` None: one per CPU).
+        workers, device: as :func:`posenc.lab.training.run` (``workers`` None: one per CPU).
         progress: the lab's progress bars.
         on_task: called with (index, task) before each task runs.
 
     Raises:
         ValueError: ``quick`` with a ``config``, a directory that cannot be
-            written, or what :func:`posenc.lab.run.run` refuses.
+            written, or what :func:`posenc.lab.training.run` refuses.
     """
-    from posenc.faces.lab.run import run
+    from posenc.faces.lab.training import run
 
     if quick and config is not None:
         raise ValueError("quick: give either quick=True or a config, not both")

@@ -38,26 +38,9 @@ import torch
 
 from posenc.core import checks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
-from posenc.faces.lab.names import SUITE, SUITE_TASKS, SuiteTask
-
-__all__ = [
-    "COMMA",
-    "EQUALS",
-    "MINUS",
-    "NEXT",
-    "POW",
-    "QUERY",
-    "SCAN_LENGTHS",
-    "SUITE",
-    "SUITE_TASKS",
-    "TIMES",
-    "SuiteTask",
-    "X",
-    "make_batch",
-    "scan_commands",
-    "sequence_length",
-    "vocab_size",
-]
+from posenc.faces.lab.names import SUITE as SUITE
+from posenc.faces.lab.names import SUITE_TASKS
+from posenc.faces.lab.names import SuiteTask as SuiteTask
 
 #: The suite's own tokens after ``PLUS``: the signs and punctuation its tasks print.
 MINUS, TIMES, POW, X, EQUALS, COMMA, NEXT, QUERY = 15, 16, 17, 18, 19, 20, 21, 22

@@ -59,26 +59,8 @@ import torch
 
 from posenc.core import checks
 from posenc.faces.lab import arithmetic_tasks, flipflop, names, suite_tasks
-from posenc.faces.lab._layout import BOS, EOS, IGNORE, PAD, PLUS, SEP, Batch
-
-__all__ = [
-    "BOS",
-    "EOS",
-    "IGNORE",
-    "PAD",
-    "PLUS",
-    "SEP",
-    "SYNTHETIC",
-    "TASKS",
-    "Batch",
-    "SyntheticTask",
-    "TextCorpus",
-    "answers",
-    "lengths",
-    "make_batch",
-    "sequence_length",
-    "vocab_size",
-]
+from posenc.faces.lab._layout import BOS, EOS, IGNORE, PLUS, SEP, Batch
+from posenc.faces.lab._layout import PAD as PAD
 
 # The special tokens and Batch live in _layout, shared with suite_tasks, and are re-exported.
 

@@ -6,5 +6,3 @@
 
 The public functions are re-exported from :mod:`posenc`.
 """
-
-__all__ = []

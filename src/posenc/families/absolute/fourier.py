@@ -42,16 +42,6 @@ from posenc.core.angles import (  # the engine's pi: pi * f / 2 pi == f / 2
     turns_from_radians,
 )
 
-__all__ = [
-    "MAX_NUM_FREQS",
-    "Order",
-    "fourier_features",
-    "gaussian_fourier_features",
-    "gaussian_fourier_matrix",
-    "nerf",
-    "nerf_frequencies",
-]
-
 #: The order of each band's two values: sin then cos, or cos then sin.
 Order = Literal["sin_cos", "cos_sin"]
 _ORDERS = ("sin_cos", "cos_sin")

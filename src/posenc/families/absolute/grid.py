@@ -46,20 +46,6 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.core.angles import Turns, geometric_turns, sincos_numpy
 
-__all__ = [
-    "ALIASES",
-    "AXES",
-    "PRESETS",
-    "TIMM_ONLY",
-    "AxisChannels",
-    "Fit",
-    "GridLayout",
-    "GridSpec",
-    "grid",
-    "grid_frequencies",
-    "resolve",
-]
-
 #: How a grid's channels are laid out: each axis's [sin | cos] halves, interleaved pairs, or
 #: all sines then all cosines (``by_function``).
 GridLayout = Literal["half", "interleaved", "by_function"]

@@ -27,8 +27,6 @@ from posenc.core import checks
 from posenc.core.tables import ExactTables, Tables
 from posenc.families.absolute.sinusoidal import Sinusoid, resolve, sinusoidal
 
-__all__ = ["LearnedPositionalEmbedding", "SinusoidalEmbedding"]
-
 
 def _check_positions(positions: Any, *, floats: bool) -> torch.Tensor:
     checks.check_position_tensor(positions, floats=floats)

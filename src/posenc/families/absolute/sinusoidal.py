@@ -45,20 +45,6 @@ from posenc.core.angles import (
     sincos_torch,
 )
 
-__all__ = [
-    "ALIASES",
-    "DIFFUSERS_ONLY",
-    "PRESETS",
-    "Layout",
-    "OddPolicy",
-    "Order",
-    "Sinusoid",
-    "Slots",
-    "resolve",
-    "shift_matrix",
-    "sinusoidal",
-]
-
 #: Sines and cosines interleaved channel by channel, or in two halves.
 Layout = Literal["interleaved", "half"]
 #: Which comes first in each pair or half: sin or cos.

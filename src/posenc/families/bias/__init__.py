@@ -25,12 +25,19 @@ _MODULES = (
 )
 
 __all__ = [
+    "FIRE",
+    "KERPLE",
+    "ALiBi",
+    "AttentionBias",
     "ForgetGate",
     "ForgetGateTerm",
+    "NoPE",
+    "Sandwich",
+    "ScaledForm",
+    "T5Bias",
     "alibi_slopes",
     "attn_temperature",
     "t5_bucket",
-    *_MODULES,
 ]
 
 

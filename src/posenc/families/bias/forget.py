@@ -29,8 +29,6 @@ from torch import nn
 from posenc.core import checks
 from posenc.families.terms import AddMod, TermContext, TermForm
 
-__all__ = ["ForgetGate", "ForgetGateTerm", "forget_cumsum"]
-
 
 class ForgetGate(nn.Module):
     """``log f = logsigmoid(Linear(x))`` per head: the log forget gates of FoX.

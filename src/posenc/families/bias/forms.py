@@ -25,8 +25,6 @@ import torch
 
 from posenc.families.terms import AddMod, BlockFn, TermContext, TermForm
 
-__all__ = ["ScaledForm", "pieces_block", "pieces_form", "table_block", "table_form"]
-
 
 @dataclass(frozen=True)
 class ScaledForm:

@@ -17,8 +17,6 @@ import numpy.typing as npt
 
 from posenc.core import checks
 
-__all__ = ["alibi_slopes", "bucket_torch", "t5_boundaries", "t5_bucket"]
-
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> npt.NDArray[np.float64]:
     """The ALiBi head slopes, float64, ``(num_heads,)``.

@@ -41,18 +41,6 @@ from posenc.families.bias.forms import ScaledForm, pieces_form, table_form
 from posenc.families.bias.functional import alibi_slopes, bucket_torch, t5_boundaries
 from posenc.families.terms import AddMod, TermContext, TermForm
 
-__all__ = [
-    "FIRE",
-    "KERPLE",
-    "ALiBi",
-    "AttentionBias",
-    "NoPE",
-    "Sandwich",
-    "ScaledForm",
-    "T5Bias",
-    "relu_pieces",
-]
-
 
 def _check_heads(num_heads: Any) -> int:
     """An int >= 1 of at most :data:`posenc.core.checks.MAX_ELEMENTS`: every module holds

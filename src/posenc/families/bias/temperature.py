@@ -19,8 +19,6 @@ import numpy as np
 
 from posenc.core import checks
 
-__all__ = ["attn_temperature"]
-
 
 def attn_temperature(positions: Any, floor_scale: float = 8192, attn_scale: float = 0.1) -> Any:
     """Llama 4's query scale at each position, float64.

@@ -21,5 +21,3 @@
 
 ``Rotary`` and ``apply_rotary`` are re-exported from :mod:`posenc`.
 """
-
-__all__ = []

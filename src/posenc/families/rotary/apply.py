@@ -38,8 +38,6 @@ from posenc.core import checks
 from posenc.core.kernels import compiled, workers_for
 from posenc.families.rotary.tables import LAYOUTS, Layout
 
-__all__ = ["BACKENDS", "apply_rotary", "rotate_all"]
-
 #: What ``apply_rotary(backend=...)`` accepts.
 BACKENDS = ("auto", "kernel", "torch", "triton")
 

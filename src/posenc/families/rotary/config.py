@@ -74,20 +74,6 @@ from posenc.core import checks
 from posenc.families.rotary import model_types
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies, frequencies
 
-__all__ = [
-    "DEFAULT_THETA",
-    "FrozenParams",
-    "RopeSpec",
-    "fixed_rope",
-    "has_rope_settings",
-    "parse_rope_type",
-    "raw_parameters",
-    "rope_layer_types",
-    "rope_part",
-    "rope_spec",
-    "setting",
-]
-
 #: HF's ``RotaryEmbeddingConfigMixin.default_theta``: the base when a config names none.
 DEFAULT_THETA = 10_000.0
 #: Old names of rope types: ``su`` is Phi-3's first name for ``longrope``; Qwen2-VL's and

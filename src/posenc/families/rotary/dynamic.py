@@ -28,8 +28,6 @@ from collections.abc import Callable
 
 from posenc.families.rotary.schedules import RopeFrequencies
 
-__all__ = ["LENGTH_DEPENDENT", "LengthPolicy"]
-
 #: rope types whose frequencies depend on the length of the call
 LENGTH_DEPENDENT = ("dynamic", "longrope")
 

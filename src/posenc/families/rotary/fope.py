@@ -47,8 +47,6 @@ from posenc.core.angles import PI, decimal_context, float64_is_fast, sincos_torc
 from posenc.core.buffers import DerivedBuffers
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 
-__all__ = ["FOPE_PADDINGS", "FoPE", "fope_frequencies"]
-
 #: What ``FoPE(padding=...)`` accepts: vLLM's (sin padded with 0) or the reference's (1).
 FOPE_PADDINGS = ("identity", "reference")
 

@@ -22,25 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = [
-    "DEFAULT_IGNORES_PARTIAL",
-    "DEFAULT_READS_PARTIAL",
-    "DEFAULT_THETA_BY_TYPE",
-    "FIXED_ROPE",
-    "FIXED_ROPE_DIM",
-    "INTERLEAVED",
-    "LOCAL_GLOBAL",
-    "LOCAL_GLOBAL_KEYS",
-    "MROPE_DEFAULT_SECTIONS",
-    "OTHER_KIND",
-    "PERMUTED_MROPE",
-    "ROPE_INTERLEAVE_DEFAULT",
-    "SLIDING_ONLY_ROPE",
-    "LocalGlobal",
-    "candidates",
-    "lookup",
-]
-
 #: Model types whose ``compute_default_rope_parameters`` reads ``partial_rotary_factor``.
 DEFAULT_READS_PARTIAL = frozenset(
     """

@@ -33,8 +33,6 @@ from posenc.families.rotary.rerotate import rerotate_keys
 from posenc.families.rotary.schedules import RopeFrequencies, frequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
-__all__ = ["INITIAL_LENGTH", "Rotary"]
-
 #: Tables start with this many positions and double when a longer one is needed.
 INITIAL_LENGTH = 2048
 

@@ -42,7 +42,10 @@ from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, check_size, cos_sin
 
-__all__ = ["rerotate_keys", "rerotation_cos_sin"]
+__all__ = [
+    "rerotate_keys",
+    "rerotation_cos_sin",
+]
 
 
 def _check_frequencies(old: Any, new: Any) -> None:

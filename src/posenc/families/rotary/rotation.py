@@ -20,8 +20,6 @@ from posenc.core import checks
 from posenc.families.rotary.apply import rotate_all
 from posenc.families.rotary.tables import LAYOUTS
 
-__all__ = ["RotaryTables", "Rotation"]
-
 
 @runtime_checkable
 class Rotation(Protocol):

@@ -52,12 +52,8 @@ from posenc.core import checks
 from posenc.core.angles import PI, Turns, decimal_context, turns_from_radians
 
 __all__ = [
-    "PARAMETERS",
     "SCHEDULES",
     "RopeFrequencies",
-    "Schedule",
-    "base_exponents",
-    "check_params",
     "default",
     "dynamic",
     "frequencies",
@@ -68,7 +64,6 @@ __all__ = [
     "proportional",
     "register",
     "resonance",
-    "resonance_rounded",
     "resonance_yarn",
     "yarn",
 ]

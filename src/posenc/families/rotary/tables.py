@@ -8,8 +8,6 @@ from posenc.core import checks
 from posenc.core.angles import sincos_torch
 from posenc.families.rotary.schedules import RopeFrequencies
 
-__all__ = ["LAYOUTS", "Layout", "check_size", "cos_sin"]
-
 #: The half (GPT-NeoX, HF) or interleaved (GPT-J, Meta) order of rotated pairs.
 Layout = Literal["half", "interleaved"]
 #: Every layout's name.

@@ -32,12 +32,19 @@ Bounds are derived from float64 rounding, in units of :data:`EPS`.
 
 from __future__ import annotations
 
-from posenc.integration.analysis._table import EPS
-from posenc.integration.analysis.learned import Learned, train_learned
+from posenc.integration.analysis._table import EPS as EPS
+from posenc.integration.analysis.learned import Learned as Learned
+from posenc.integration.analysis.learned import train_learned
 from posenc.integration.analysis.precision import (
-    ExpLogErrors,
-    PrecisionPoint,
-    PrecisionReport,
+    ExpLogErrors as ExpLogErrors,
+)
+from posenc.integration.analysis.precision import (
+    PrecisionPoint as PrecisionPoint,
+)
+from posenc.integration.analysis.precision import (
+    PrecisionReport as PrecisionReport,
+)
+from posenc.integration.analysis.precision import (
     exp_log_errors,
     exp_log_forms,
     precision_curves,
@@ -45,12 +52,24 @@ from posenc.integration.analysis.precision import (
 )
 from posenc.integration.analysis.rotary import rope_decay, rope_relative, scaling_curves
 from posenc.integration.analysis.sinusoidal import (
-    AddConcat,
-    DotProducts,
-    Norms,
-    PermutationCheck,
-    Regression,
-    ShiftError,
+    AddConcat as AddConcat,
+)
+from posenc.integration.analysis.sinusoidal import (
+    DotProducts as DotProducts,
+)
+from posenc.integration.analysis.sinusoidal import (
+    Norms as Norms,
+)
+from posenc.integration.analysis.sinusoidal import (
+    PermutationCheck as PermutationCheck,
+)
+from posenc.integration.analysis.sinusoidal import (
+    Regression as Regression,
+)
+from posenc.integration.analysis.sinusoidal import (
+    ShiftError as ShiftError,
+)
+from posenc.integration.analysis.sinusoidal import (
     add_concat,
     geometry,
     norms,
@@ -60,30 +79,22 @@ from posenc.integration.analysis.sinusoidal import (
     shift_error,
 )
 from posenc.integration.analysis.timesteps import (
-    TIMESTEP_PRESETS,
-    IndexFeatures,
-    TimestepPresets,
+    TIMESTEP_PRESETS as TIMESTEP_PRESETS,
+)
+from posenc.integration.analysis.timesteps import (
+    IndexFeatures as IndexFeatures,
+)
+from posenc.integration.analysis.timesteps import (
+    TimestepPresets as TimestepPresets,
+)
+from posenc.integration.analysis.timesteps import (
     index_features,
     timestep_presets,
 )
-from posenc.integration.analysis.verdicts import Verdict, check
+from posenc.integration.analysis.verdicts import Verdict as Verdict
+from posenc.integration.analysis.verdicts import check
 
 __all__ = [
-    "EPS",
-    "TIMESTEP_PRESETS",
-    "AddConcat",
-    "DotProducts",
-    "ExpLogErrors",
-    "IndexFeatures",
-    "Learned",
-    "Norms",
-    "PermutationCheck",
-    "PrecisionPoint",
-    "PrecisionReport",
-    "Regression",
-    "ShiftError",
-    "TimestepPresets",
-    "Verdict",
     "add_concat",
     "check",
     "exp_log_errors",

@@ -21,8 +21,6 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CASES", "Case"]
-
 
 @dataclass(frozen=True)
 class Case:

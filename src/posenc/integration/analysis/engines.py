@@ -62,21 +62,6 @@ from posenc.integration.analysis.rope_reading import (
     softmax_scale,
 )
 
-__all__ = [
-    "ENGINES",
-    "Engine",
-    "EngineResult",
-    "child_env",
-    "engine_python",
-    "mrope_positions",
-    "parse_engine_python",
-    "parse_engines",
-    "run_cases",
-    "run_engine",
-    "run_engines",
-    "windows",
-]
-
 #: The repository root (``src/posenc/integration/analysis/engines.py`` is four levels down).
 REPO = Path(__file__).resolve().parents[4]
 READERS = Path(__file__).resolve().parent / "engine_readers"

@@ -35,22 +35,6 @@ from posenc.core import checks
 from posenc.families.absolute.sinusoidal import resolve, sinusoidal
 from posenc.families.rotary.schedules import PARAMETERS, SCHEDULES, frequencies
 
-__all__ = [
-    "EXTENSION_CLASSES",
-    "ExtensionCase",
-    "ExtensionSchedule",
-    "bias_explorer",
-    "classify",
-    "describe",
-    "extension_explorer",
-    "hand_pairs",
-    "in_range",
-    "model_schedule",
-    "rope_explorer",
-    "sinusoidal_explorer",
-    "timestep_explorer",
-]
-
 #: What a schedule did to one pair's frequency, by index (see :func:`classify`).
 EXTENSION_CLASSES = ("kept", "interpolated", "blended")
 

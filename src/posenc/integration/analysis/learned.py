@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Learned", "train_learned"]
-
 
 @dataclass(frozen=True)
 class Learned:

@@ -25,16 +25,6 @@ from posenc.core import checks
 from posenc.families.absolute.sinusoidal import Sinusoid, Slots, resolve, sinusoidal
 from posenc.integration.analysis._table import EPS, TABLE_ULPS, real_values, table64
 
-__all__ = [
-    "ExpLogErrors",
-    "PrecisionPoint",
-    "PrecisionReport",
-    "exp_log_errors",
-    "exp_log_forms",
-    "precision_curves",
-    "precision_report",
-]
-
 
 @dataclass(frozen=True)
 class PrecisionPoint:

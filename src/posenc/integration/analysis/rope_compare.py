@@ -37,7 +37,10 @@ from posenc.families.rotary.config import RopeSpec
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.integration.analysis.rope_reading import Reading, ranges, show
 
-__all__ = ["MAX_POSITION", "Verdict", "compare", "compare_mrope", "golden_tables"]
+__all__ = [
+    "compare",
+    "golden_tables",
+]
 
 #: Positions the exact angle engine evaluates within its error budget (``|position| < 2**31``).
 MAX_POSITION = 2**31 - 1

@@ -44,15 +44,9 @@ from posenc.families.rotary.config import (
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
 
 __all__ = [
-    "Loaded",
     "Reading",
-    "Row",
-    "checkpoint_layout",
     "describe",
-    "layer_settings",
-    "nope_layers",
     "read",
-    "softmax_scale",
 ]
 
 #: The M-RoPE order of transformers' modules when the config does not say: Qwen3-VL's

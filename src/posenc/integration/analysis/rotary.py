@@ -17,8 +17,6 @@ import numpy as np
 
 from posenc.families.rotary.schedules import frequencies
 
-__all__ = ["rope_decay", "rope_relative", "scaling_curves"]
-
 
 def rope_decay(head_dim: int, base: float, max_distance: int) -> tuple[Any, Any, Any]:
     """RoFormer's long-term decay bound against relative distance, relative to distance 0.

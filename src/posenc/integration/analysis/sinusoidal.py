@@ -47,22 +47,6 @@ from posenc.integration.analysis._table import (
     table64,
 )
 
-__all__ = [
-    "AddConcat",
-    "DotProducts",
-    "Norms",
-    "PermutationCheck",
-    "Regression",
-    "ShiftError",
-    "add_concat",
-    "geometry",
-    "norms",
-    "offset_dot_products",
-    "permutation_check",
-    "regression_r2",
-    "shift_error",
-]
-
 
 @dataclass(frozen=True)
 class ShiftError:

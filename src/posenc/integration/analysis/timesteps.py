@@ -24,15 +24,6 @@ from posenc.core import checks
 from posenc.families.absolute.sinusoidal import resolve, sinusoidal
 from posenc.integration.analysis._table import EPS, real_values
 
-__all__ = [
-    "TIMESTEP_PRESETS",
-    "IndexFeatures",
-    "TimestepPresets",
-    "cosine_rows",
-    "index_features",
-    "timestep_presets",
-]
-
 #: The timestep conventions of diffusion code, as posenc presets.
 TIMESTEP_PRESETS = ("ddpm", "ldm", "annotated-diffusion")
 

@@ -26,8 +26,6 @@ from posenc.integration.analysis.sinusoidal import (
     shift_error,
 )
 
-__all__ = ["NOT_LINEAR_R2", "OFFSETS", "PRECISION_POSITIONS", "Verdict", "check"]
-
 #: the shifts ``k`` of the shift and dot-product checks
 OFFSETS = (1, 10, 100)
 #: the shift of the regression check: one sine column at ``p + 10`` from the same column at ``p``

@@ -49,8 +49,6 @@ from posenc.integration.attention import checkpointed, flex, layout
 from posenc.integration.attention.layout import Plan
 from posenc.integration.attention.softmax import SoftmaxAttention
 
-__all__ = ["BACKENDS", "attention"]
-
 #: What ``attention(backend=)`` accepts: ``"auto"`` picks by device and input.
 BACKENDS = ("auto", "kernel", "blockwise", "flex")
 

@@ -29,8 +29,6 @@ from torch.utils.checkpoint import checkpoint
 
 from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
 
-__all__ = ["attend"]
-
 
 def attend(
     q: torch.Tensor,

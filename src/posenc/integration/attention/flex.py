@@ -21,8 +21,6 @@ import torch
 
 from posenc.integration.attention.layout import Mask, Plan
 
-__all__ = ["BLOCK_MASKS", "BlockMasks", "attend", "compiled"]
-
 ScoreMod = Callable[[Any, Any, Any, Any, Any], Any]
 MaskMod = Callable[[Any, Any, Any, Any], Any]
 

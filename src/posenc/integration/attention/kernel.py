@@ -31,8 +31,6 @@ import torch
 from posenc.core.kernels import compiled
 from posenc.integration.attention.layout import Plan
 
-__all__ = ["MAX_KNOTS", "Operands", "backward", "forward", "operands"]
-
 #: The compiled loops keep a scaled form's knots in four vectors of 16, one a +inf pad.
 MAX_KNOTS = 63
 

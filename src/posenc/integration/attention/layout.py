@@ -29,19 +29,6 @@ from posenc.core.positions import document_positions, packed_document_ids, packe
 from posenc.families.rotary.rotation import Rotation
 from posenc.families.terms import TermForm
 
-__all__ = [
-    "Mask",
-    "Plan",
-    "allowed",
-    "check_chunk_size",
-    "check_qkv",
-    "chunks",
-    "documents",
-    "grouped",
-    "key_mask",
-    "rotate",
-]
-
 #: Scores per block of the torch paths (4 MiB of float32): a block is a run of
 #: queries against every key, so its softmax is exact without rescaling.
 BLOCK_SCORES = 1 << 20

@@ -55,8 +55,6 @@ from posenc.core.positions import packed_document_ids
 from posenc.families.bias.forget import forget_cumsum
 from posenc.integration.attention.layout import check_qkv
 
-__all__ = ["path_attention", "path_keys"]
-
 #: Where float32's exp leaves its normal range (``exp(-87.34) = 2**-126``): weights
 #: below it are set to 0 (see ``_exp_``).
 _UNDERFLOW = -87.0

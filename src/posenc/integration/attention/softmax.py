@@ -28,8 +28,6 @@ import torch
 from posenc.integration.attention import kernel
 from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
 
-__all__ = ["SoftmaxAttention", "backward_block", "block_scores", "forward_block"]
-
 
 def block_scores(
     plan: Plan,

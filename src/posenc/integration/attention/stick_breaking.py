@@ -48,8 +48,6 @@ import torch.nn.functional as F
 from posenc.core import checks
 from posenc.integration.attention.layout import BLOCK_SCORES, check_qkv, documents, grouped
 
-__all__ = ["stick_breaking_attention"]
-
 # keys per block at least, however many queries: fewer make the loop the cost
 _MIN_BLOCK = 16
 

@@ -22,8 +22,6 @@ from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies, base_exponents
 from posenc.families.rotary.tables import LAYOUTS, Layout, cos_sin
 
-__all__ = ["AxialRotary", "axial_cos_sin", "axial_grid", "pixel_frequencies"]
-
 _CTX = decimal_context()
 
 

@@ -25,8 +25,6 @@ from posenc.core import checks
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import check_size, cos_sin
 
-__all__ = ["mrope_axes", "mrope_cos_sin"]
-
 
 @functools.lru_cache(maxsize=64)
 def mrope_axes(

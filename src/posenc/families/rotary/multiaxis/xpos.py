@@ -19,8 +19,6 @@ from posenc.families.rotary.apply import apply_rotary
 from posenc.families.rotary.schedules import RopeFrequencies
 from posenc.families.rotary.tables import LAYOUTS, Layout, check_size, cos_sin
 
-__all__ = ["xpos_rotate", "xpos_scale", "xpos_tables"]
-
 
 def xpos_scale(
     positions: Any,

@@ -5,5 +5,3 @@ it reads one JSON request on stdin and prints one JSON answer on stdout. The scr
 import only the standard library and their engine, never posenc or numpy, since the
 engine's environment has neither.
 """
-
-__all__ = []

@@ -34,22 +34,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "DRIVER",
-    "DRIVER_SOURCE",
-    "ENV",
-    "MAX_CONTEXT",
-    "MAX_PARAMETERS",
-    "TIMEOUT_S",
-    "TINY_VISION",
-    "available",
-    "context_for",
-    "full_gguf",
-    "node_for",
-    "rope_nodes",
-    "stand_ins",
-]
-
 #: The environment's root: the virtual environment this Python runs in.
 ENV = Path(sys.prefix)
 #: The C driver that prints the arguments llama.cpp passes to ``ggml_rope_ext``.

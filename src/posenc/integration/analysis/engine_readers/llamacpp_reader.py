@@ -58,27 +58,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "ARCHITECTURES",
-    "ENV",
-    "MODE_NAMES",
-    "READS_FREQ_BASE_SWA",
-    "READS_SECTIONS",
-    "READS_YARN_KEYS",
-    "READS_YARN_LOG_MUL",
-    "ROPE_TYPES",
-    "SOURCE",
-    "SWA_PERIODS",
-    "answer",
-    "build_info",
-    "convert",
-    "ggml",
-    "ggml_rope",
-    "is_swa_layer",
-    "llamacpp_graph_node",
-    "rope_arguments",
-]
-
 #: The environment's root: the virtual environment this Python runs in.
 ENV = Path(sys.prefix)
 #: llama.cpp's converter and gguf-py, copied from the vendored source.

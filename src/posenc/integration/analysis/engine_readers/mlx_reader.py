@@ -38,8 +38,6 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["MAX_PREFILL_ELEMENTS", "answer"]
-
 #: The largest prefill evaluated in one call (elements of the unit-vector input).
 MAX_PREFILL_ELEMENTS = 2**26
 

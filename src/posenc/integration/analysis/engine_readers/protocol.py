@@ -46,8 +46,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["refusal", "serve"]
-
 
 def refusal(exc: BaseException) -> dict[str, str]:
     """``{"refused": "ExcType: message", "where": ...}`` for an exception the engine raised."""

@@ -78,8 +78,6 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["MAX_PREFILL_ELEMENTS", "answer"]
-
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 #: The largest prefill evaluated in one call (elements of the unit-vector input).

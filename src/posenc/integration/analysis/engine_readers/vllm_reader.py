@@ -60,8 +60,6 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["DTYPE_VARIABLE", "MODEL_FILES", "answer"]
-
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the config is a local file

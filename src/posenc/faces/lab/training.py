@@ -56,8 +56,6 @@ from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig
 from posenc.faces.lab.probes import Probe, bias_parameters, probe_model
 from posenc.faces.lab.probes import settings as probe_settings
 
-__all__ = ["DEFAULT_ENCODINGS", "LabConfig", "Outcome", "Record", "run", "text_corpus"]
-
 VERSION = 3  # part of every key: bump when training or evaluation changes (rounding included)
 #: The encodings ``posenc lab run`` trains when ``--encodings`` is not given.
 DEFAULT_ENCODINGS = ("alibi", "t5", "rope", "sinusoidal", "learned", "nope", "hybrid-nope")
