@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 
 import posenc  # noqa: E402
+
+# the command line's usage blocks, as argparse wraps them for an 80-column terminal
+os.environ["COLUMNS"] = "80"
 
 project = "posenc"
 author = "the posenc developers"
@@ -55,13 +59,23 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 
+# quotes and ellipses are typeset, dashes are not: "--out" stays two hyphens
+smartquotes_action = "qe"
+# the search's ranking: the task pages first, argparse's long descriptions and the
+# changelog last (docs/_ext/scorer.js)
+html_search_scorer = str(HERE / "_ext" / "scorer.js")
+
 myst_heading_anchors = 3
 myst_enable_extensions = ["dollarmath"]
 
 html_theme = "furo"
 html_title = f"posenc {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+# nothing wider than its column (code wraps, table cells break): docs/_static/posenc.css
+html_css_files = ["posenc.css"]
 html_last_updated_fmt = None
+# no general index: the search and the reference's summary tables find a name
+html_use_index = False
 # results without the page snippets, which the search would fetch: file:// refuses that
 html_show_search_summary = False
 napoleon_use_ivar = True

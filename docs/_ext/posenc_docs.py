@@ -1,17 +1,20 @@
-"""The site's own Sphinx extension: the API pages, references by short path, the explainer.
+"""The site's own Sphinx extension: the reference, links from prose, the explainer.
 
 - ``builder-inited``: the reference's pages under ``api/`` (generated, not kept in git),
-  one per import path (``posenc.rotary`` and its submodules) and per layer: a section per
-  public module, its docstring, then every name of its ``__all__`` in that order. Modules
-  are named by the short paths users import (``posenc.rotary.schedules``), the ones
-  :data:`posenc._moved.MOVED` serves.
+  one per public module of :data:`posenc._api.PUBLIC`: its docstring, a summary table,
+  then its names under their task headings. A name two public modules export has its full
+  entry on the first one's page and a link from the other. A value longer than a line is
+  described, not printed.
 - ``autodoc-process-docstring``: a public name with no docstring is a warning, so the
   strict build (``-W``) fails on it; an override takes its posenc base's docstring; a
   data docstring's first line stays prose (napoleon would read ``words: ...`` as a type).
 - ``autodoc-skip-member``: torch's ``extra_repr`` hook is not part of a module's API.
 - ``missing-reference``: a reference to a module's home (``posenc.families.rotary...``,
-  as type hints spell it) is retried under its short path; a name documented elsewhere
-  (``posenc.sinusoidal``) resolves to the entry of the same Python object.
+  as type hints spell it) is retried under its short path, then resolved to the public
+  entry of the same Python object; ``warn-missing-reference``: a reference to an internal
+  object stays text (a posenc name that is no object still fails the build).
+- ``doctree-resolved``: in a user's page (not the development pages), every ``posenc.X``
+  in code links to its entry, and one that is not public fails the build.
 - ``autodoc-process-signature``: a dataclass field's ``<factory>`` default reads ``...``.
 - ``build-finished``: the explainer ``posenc report`` writes, built into ``explainer/``
   (``posenc_explainer = PATH``: a report already built there is copied instead;
@@ -26,7 +29,6 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import pkgutil
 import re
 import shutil
 from pathlib import Path
@@ -38,43 +40,132 @@ from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.nodes import make_refnode
 
-from posenc import _moved
+from posenc import _api, _moved
 
 LOG = logging.getLogger(__name__)
 API = "api"
+#: pages for maintainers: they may name internal modules, and their mentions stay code
+DEVELOPMENT = ("dev/", "guides/architecture", "guides/gpu", "guides/benchmarks",
+               "guides/explainer-internals", "changelog", "api/")  # fmt: skip
+#: a value shown in full in the reference fits on one line
+MAX_VALUE = 60
 
 
-def public_modules() -> dict[str, ModuleType]:
-    """Every module of posenc with no private part in its path, by the name users import.
-
-    A module served under a short path (:data:`posenc._moved.MOVED`) is named by it
-    (``posenc.rotary.schedules``); the rest (``posenc.core.checks``) by their homes.
-    """
-    import posenc
-
-    found: dict[str, ModuleType] = {"posenc": posenc}
-    for info in pkgutil.walk_packages(posenc.__path__, "posenc."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
-            found[_moved.short(info.name)] = importlib.import_module(info.name)
-    return dict(sorted(found.items()))
-
-
-def public_names(module: ModuleType) -> list[str]:
-    """A public module's names: its ``__all__`` (which every public module defines)."""
-    names = getattr(module, "__all__", None)
-    if names is None:
-        raise ValueError(f"{module.__name__} defines no __all__: its public names are unknown")
-    return [n for n in names if n != "__version__"]
-
-
-def _directive(value: Any, module: ModuleType) -> str:
-    if inspect.ismodule(value) and value.__name__.startswith(module.__name__ + "."):
-        return ""  # a submodule: it has its own section
+def _directive(value: Any) -> str:
     if inspect.isclass(value):
         return "class"
     if callable(value) and (inspect.isroutine(value) or hasattr(value, "__wrapped__")):
         return "function"
     return "data"
+
+
+def entries() -> dict[int, str]:
+    """id(object) -> the dotted name of its full entry: the first public module (in
+    :data:`posenc._api.PUBLIC`'s order) that exports it. Values equal by identity only
+    (small ints and strings are shared objects) are never merged."""
+    found: dict[int, str] = {}
+    for module_name in _api.PUBLIC:
+        module = importlib.import_module(module_name)
+        for name in _api.names(module_name):
+            value = getattr(module, name)
+            if _directive(value) != "data":
+                found.setdefault(id(value), f"{module_name}.{name}")
+    return found
+
+
+def _summary(value: Any) -> str:
+    """A name's one-line summary: its docstring's first sentence, roles as code."""
+    doc = inspect.getdoc(value) or ""
+    first = doc.split("\n\n")[0].replace("\n", " ")
+    return re.sub(r":[a-z]+:`~?([^`]+)`", r"``\1``", first)
+
+
+def _data_summary(dotted: str) -> str:
+    return " ".join(_assigned_doc(dotted)).strip()
+
+
+def _short_value(value: Any) -> bool:
+    """A value shown in full: one short line, and no path of the machine that built it."""
+    text = repr(value)
+    return len(text) <= MAX_VALUE and "\n" not in text and "/" not in text
+
+
+def module_page(module_name: str, home: dict[int, str]) -> str:
+    """The reST of one public module's page: its docstring, a summary table, then its
+    names under their task headings (full entries, or a link where another public module
+    holds the entry)."""
+    module = importlib.import_module(module_name)
+    # the front page is "posenc": the package's own page is named as a package
+    title = "The ``posenc`` package" if module_name == "posenc" else f"``{module_name}``"
+    lines = [title, "=" * len(title), "", f".. automodule:: {module_name}", "   :no-members:", ""]
+    lines += [".. list-table::", "   :widths: 1 3", "   :class: posenc-summary", ""]
+    for name in _api.names(module_name):
+        value = getattr(module, name)
+        kind = _directive(value)
+        first = _data_summary(f"{module_name}.{name}") if kind == "data" else _summary(value)
+        lines += [f"   * - :py:obj:`{name} <{module_name}.{name}>`", f"     - {first or ' '}"]
+    lines += [""]
+    for heading, names in _api.PUBLIC[module_name].items():
+        lines += [heading, "-" * len(heading), ""]
+        for name in names:
+            dotted = f"{module_name}.{name}"
+            value = getattr(module, name)
+            kind = _directive(value)
+            entry = home.get(id(value), dotted) if kind != "data" else dotted
+            if entry == dotted:
+                lines += [f".. auto{kind}:: {dotted}"]
+                if kind == "class":
+                    lines += ["   :members:", "   :undoc-members:"]
+                if kind == "data" and not _short_value(value):
+                    lines += ["   :no-value:"]
+                lines += [""]
+            else:  # another public module holds the entry: an anchor here and a link
+                lines += [".. raw:: html", "", f'   <span id="{dotted}"></span>', ""]
+                lines += [f".. py:{kind}:: {name}", "   :no-index:", ""]
+                lines += [f"   The same object as :py:obj:`{entry}`. {_summary(value)}", ""]
+    return "\n".join(lines)
+
+
+def index_page() -> str:
+    """The reference's first page: the public modules, each with its first line."""
+    lines = ["API reference", "=============", ""]
+    lines += [
+        "The public surface of posenc: the names ``posenc`` exports, and the modules users",
+        "import by their own path. Each page opens with a table of its names, then gives",
+        "them grouped by task. Every other module is internal (see the architecture page",
+        "under Development); it may change without notice.",
+        "",
+        ".. list-table::",
+        "   :widths: 1 3",
+        "   :class: posenc-summary",
+        "",
+    ]
+    for module_name in _api.PUBLIC:
+        module = importlib.import_module(module_name)
+        first = _summary(module)
+        lines += [f"   * - :doc:`{module_name}`", f"     - {first}"]
+    lines += ["", ".. toctree::", "   :hidden:", ""]
+    lines += [f"   {m}" for m in _api.PUBLIC]
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    """Write only a changed page, so an incremental build reads only what changed."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def write_api(app: Sphinx) -> None:
+    """Write the reference's pages (before the build reads its sources)."""
+    out = Path(app.srcdir) / API
+    out.mkdir(exist_ok=True)
+    home = entries()
+    pages = {f"{m}.rst": module_page(m, home) for m in _api.PUBLIC}
+    pages["index.rst"] = index_page()
+    for name, text in pages.items():
+        _write(out / name, text)
+    for stale in set(out.glob("*.rst")) - {out / name for name in pages}:
+        stale.unlink()
 
 
 @functools.cache  # each module's source is parsed once per build, not once per name
@@ -112,135 +203,6 @@ def origin(module_name: str, name: str) -> tuple[str, str]:
     if name in defined_names(module) or source is None:
         return module.__name__, name
     return origin(*source)
-
-
-#: values whose identity says nothing (equal small ints and strings are one object)
-SCALARS = (int, float, complex, str, bytes, bool, tuple, frozenset, type(None))
-
-
-def homes(modules: dict[str, ModuleType]) -> dict[int, list[str]]:
-    """id(object) -> the dotted names of its full entries, for the classes, functions and
-    containers that a public module defines (a lazily imported name has no import)."""
-    found: dict[int, list[str]] = {}
-    for short, module in modules.items():
-        for name in sorted(defined_names(module) & set(public_names(module))):
-            value = getattr(module, name)
-            if not isinstance(value, SCALARS):
-                found.setdefault(id(value), []).append(f"{short}.{name}")
-    return found
-
-
-def full_entry(short: str, module: ModuleType, name: str, home: dict[int, list[str]]) -> str:
-    """Where ``short.name``'s full entry is: itself (a name its module defines, or imports
-    from a private module), else the public module that defines it."""
-    if name in defined_names(module):
-        return f"{short}.{name}"
-    source, there = origin(module.__name__, name)
-    if source != module.__name__:
-        private = any(part.startswith("_") for part in source.split("."))
-        return f"{short}.{name}" if private else f"{_moved.short(source)}.{there}"
-    value = getattr(module, name)
-    if not isinstance(value, SCALARS) and id(value) in home:
-        entries = home[id(value)]  # posenc's lazy names: the same object, defined elsewhere
-        return next((e for e in entries if e.rsplit(".", 1)[-1] == name), entries[0])
-    return f"{short}.{name}"
-
-
-def summary(value: Any, kind: str) -> str:
-    """A re-export's one-line summary: its docstring's first line, references as code
-    (they were written for the defining module's scope)."""
-    first = (
-        (inspect.getdoc(value) or "").split("\n\n")[0].replace("\n", " ") if kind != "data" else ""
-    )
-    first = re.sub(r":[a-z]+:`~?([^`]+)`", r"``\1``", first)
-    return f" {first}" if first else ""
-
-
-def module_page(short: str, module: ModuleType, home: dict[int, list[str]]) -> str:
-    """The reST of one module's section: full entries for its own names, links for the rest."""
-    lines = [short, "-" * len(short), "", f".. automodule:: {short}", "   :no-members:", ""]
-    for name in public_names(module):
-        value = getattr(module, name)
-        kind = _directive(value, module)
-        entry = full_entry(short, module, name, home) if kind else ""
-        if not kind:
-            lines += [f".. rubric:: {name}", "", f"The submodule :mod:`{short}.{name}`.", ""]
-        elif entry == f"{short}.{name}":
-            lines += [f".. auto{kind}:: {short}.{name}"]
-            if kind == "class":
-                lines += ["   :members:", "   :undoc-members:"]
-            lines += [""]
-        else:  # a re-export: its own anchor (not a second entry: a name has one target)
-            lines += [".. raw:: html", "", f'   <span id="{short}.{name}"></span>', ""]
-            lines += [f".. py:{kind}:: {name}", "   :no-index:", ""]
-            lines += [f"   :py:obj:`{entry}`, imported here.{summary(value, kind)}", ""]
-    return "\n".join(lines)
-
-
-LAYERS = ("posenc.core", "posenc.families", "posenc.integration", "posenc.faces")
-
-
-def group(short: str) -> str:
-    """The page a module is on: ``posenc`` alone; else its import path's first two parts
-    (``posenc.rotary`` holds ``posenc.rotary.schedules``), the layers' modules by layer."""
-    return ".".join(short.split(".")[:2])
-
-
-def group_page(name: str, members: list[str], modules: dict[str, ModuleType], home: Any) -> str:
-    """One page of the reference: a section per module of the group."""
-    title = f"{name} (layer)" if name in LAYERS else name
-    lines = [title, "=" * len(title), ""]
-    for short in members:
-        section = module_page(short, modules[short], home)
-        if short == name:  # the group's own module: its docstring opens the page
-            section = section.split("\n", 3)[3]
-        lines += [section, ""]
-    return "\n".join(lines)
-
-
-def index_page(groups: dict[str, list[str]]) -> str:
-    """The reference's first page: the import paths, then the layers beneath them."""
-
-    def toctree(caption: str, names: list[str]) -> list[str]:
-        head = [".. toctree::", "   :maxdepth: 1", f"   :caption: {caption}", ""]
-        return [*head, *(f"   {n}" for n in names), ""]
-
-    lines = ["API reference", "=============", ""]
-    lines += [
-        "Every public name, module by module, under the import path users type",
-        "(``posenc.rotary.schedules``, on the page of ``posenc.rotary``). The names",
-        "``posenc`` itself exports are on its page. The code lives in four layers beneath",
-        "these paths (core, families, integration, faces, each importing only from the",
-        "ones below it); their other modules, which the paths' pages refer to, follow.",
-        "",
-    ]
-    paths = [g for g in groups if g not in LAYERS]
-    lines += toctree("Import paths", paths) + toctree(
-        "The layers", [g for g in LAYERS if g in groups]
-    )
-    return "\n".join(lines)
-
-
-def _write(path: Path, text: str) -> None:
-    """Write only a changed page, so an incremental build reads only what changed."""
-    if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
-
-
-def write_api(app: Sphinx) -> None:
-    """Write the reference's pages (before the build reads its sources)."""
-    out = Path(app.srcdir) / API
-    out.mkdir(exist_ok=True)
-    modules = public_modules()
-    home = homes(modules)
-    groups: dict[str, list[str]] = {}
-    for short in modules:
-        groups.setdefault(group(short), []).append(short)
-    for name, members in groups.items():
-        _write(out / f"{name}.rst", group_page(name, members, modules, home))
-    _write(out / "index.rst", index_page(groups))
-    for stale in set(out.glob("*.rst")) - {out / f"{g}.rst" for g in groups} - {out / "index.rst"}:
-        stale.unlink()
 
 
 def _inherited_docstring(obj: Any, lines: list[str]) -> bool:
@@ -346,10 +308,22 @@ def _resolve(module_path: str) -> Any:
 
 
 def _candidates(target: str, node: nodes.Element) -> list[str]:
-    """The dotted names a reference may mean, innermost scope first (Python's order)."""
+    """The dotted names a reference may mean, innermost scope first (Python's order):
+    the documented path's scopes, then those of the module whose source holds the
+    docstring (a name documented on a public page, ``posenc.lab.LabConfig``, was written
+    in its home's scope)."""
     module, cls = node.get("py:module"), node.get("py:class")
-    scopes = [f"{module}.{cls}" if module and cls else "", module or "", ""]
-    return [f"{scope}.{target}" if scope else target for scope in scopes]
+    scopes = [f"{module}.{cls}" if module and cls else "", module or ""]
+    documented = _resolve(f"{module}.{cls}" if cls else module) if module else None
+    home = getattr(documented, "__module__", None) if cls else None
+    if isinstance(home, str) and cls:
+        scopes += [f"{home}.{cls.split('.')[0]}", home]
+    # autodoc notes where a docstring came from: "...: docstring of posenc.families.x.f"
+    written = re.search(r"docstring of ([\w.]+)", str(node.source or node.parent.source or ""))
+    if written:
+        source = written.group(1).rsplit(".", 1)[0]
+        scopes += [source, source.rsplit(".", 1)[0]]
+    return [f"{scope}.{target}" for scope in scopes if scope] + [target]
 
 
 def short_reference(
@@ -384,6 +358,72 @@ def short_reference(
         return None
     name, entry = min(matches, key=lambda m: (m[1].docname != doc, len(m[0])))
     return make_refnode(app.builder, doc, entry.docname, entry.node_id, contnode, name)
+
+
+def quiet_internal(app: Sphinx, domain: Any, node: nodes.Element) -> bool | None:
+    """A docstring's reference to an internal object of posenc stays text, without a
+    warning: the reference documents the public surface only. A posenc name that is no
+    object at all (a typo) still warns, and the strict build fails on it."""
+    if node.get("refdomain") != "py":
+        return None
+    target = _moved.short(node["reftarget"].lstrip(".~"))
+    found = any(
+        _resolve(c) is not None for c in _candidates(target, node) if c.startswith("posenc.")
+    )
+    return True if found else None
+
+
+def mention_anchor(dotted: str, home: dict[int, str]) -> tuple[str, str] | None:
+    """(page, anchor) of a mention of ``dotted`` in prose, or None if it is not public.
+
+    A public module is its page; a public name (or an attribute of one, ``posenc.Rotary.
+    forward``) is its full entry's anchor, on the page of the module that holds it.
+    """
+    if dotted in _api.PUBLIC:
+        return f"{API}/{dotted}", ""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module, name, rest = ".".join(parts[:cut]), parts[cut], parts[cut + 1 :]
+        if module in _api.PUBLIC and name in _api.names(module):
+            value = getattr(importlib.import_module(module), name)
+            entry = home.get(id(value), f"{module}.{name}")
+            if rest and _resolve(".".join([entry, *rest])) is None:
+                return None
+            page = entry.rsplit(".", 1)[0]
+            return f"{API}/{page}", ".".join([entry, *rest])
+    return None
+
+
+#: a mention in prose: code that is a dotted posenc name, called or not
+MENTION = re.compile(r"(posenc(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?")
+
+
+def link_mentions(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """Every ``posenc.X`` in code in a user's page links to its reference entry; one that
+    is not public warns (the strict build fails): users' pages name only public names."""
+    if docname.startswith(DEVELOPMENT):
+        return
+    home = entries()
+    for literal in list(doctree.findall(nodes.literal)):
+        match = MENTION.fullmatch(literal.astext())
+        if match is None or isinstance(literal.parent, nodes.reference):
+            continue
+        where = mention_anchor(match.group(1), home)
+        if where is None:
+            LOG.warning(
+                "%s is not a public name of posenc (posenc._api.PUBLIC): a user's page "
+                "names public ones only",
+                match.group(1),
+                location=literal,
+                type="posenc",
+                subtype="mention",
+            )
+            continue
+        page, anchor = where
+        uri = app.builder.get_relative_uri(docname, page) + (f"#{anchor}" if anchor else "")
+        link = nodes.reference("", "", internal=True, refuri=uri, classes=["posenc-mention"])
+        literal.replace_self(link)
+        link += literal
 
 
 def factory_defaults(
@@ -425,5 +465,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-skip-member", skip_torch_hooks)
     app.connect("missing-reference", short_reference)
     app.connect("autodoc-process-signature", factory_defaults)
+    app.connect("warn-missing-reference", quiet_internal)
+    app.connect("doctree-resolved", link_mentions)
     app.connect("build-finished", build_explainer)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -40,7 +40,7 @@ from posenc.families.absolute.sinusoidal import PRESETS, Sinusoid, shift_matrix,
 from posenc.families.bias.functional import alibi_slopes, t5_bucket
 from posenc.families.bias.temperature import attn_temperature
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _moved.install()  # posenc.rotary, posenc.hf ...: the short paths of the layered modules
 

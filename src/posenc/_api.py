@@ -148,7 +148,7 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
         "Timesteps and learned tables": ("timestep_presets", "train_learned"),
     },
     "posenc.analysis.rope_reading": {
-        "A model's RoPE config, read per layer type": ("read", "describe", "Reading"),
+        "A model's RoPE config, read per layer type": ("read", "describe", "Loaded", "Reading"),
     },
     "posenc.analysis.rope_compare": {
         "Another engine's tables against the exact ones": ("golden_tables", "compare"),

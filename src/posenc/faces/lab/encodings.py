@@ -501,7 +501,7 @@ _IN_ORDER = (
 #: Every encoding of the lab by name, in the order the command line lists them (read-only).
 REGISTRY: Mapping[str, Encoding] = MappingProxyType({e.name: e for e in _IN_ORDER})
 
-#: The names of :data:`REGISTRY`, in order.
+#: The encodings the lab trains, by the names ``posenc lab run --encodings`` takes, in order.
 ENCODINGS = tuple(REGISTRY)
 
 
