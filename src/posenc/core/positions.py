@@ -144,6 +144,13 @@ def fairseq_positions(tokens: Any, padding_idx: int = 1, past_length: Any = 0) -
         TypeError: ``tokens`` not integer ids, ``padding_idx`` or
             ``past_length`` not ints.
         ValueError: ``tokens`` not 1-D or 2-D, ``past_length`` negative.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> tokens = torch.tensor([[1, 1, 5, 6, 7], [5, 6, 7, 8, 9]])  # pad id 1, left padding
+        >>> posenc.fairseq_positions(tokens, padding_idx=1).tolist()
+        [[1, 1, 2, 3, 4], [2, 3, 4, 5, 6]]
     """
     tokens = _as_array(tokens, "tokens", "i", "integer token ids")
     padding_idx = _check_int(padding_idx, "padding_idx")
@@ -179,6 +186,15 @@ def opt_positions(attention_mask: Any, past_length: int = 0) -> Any:
         TypeError: ``attention_mask`` not numeric, ``past_length`` not an int.
         ValueError: mask values other than 0 and 1, wrong rank, ``past_length``
             outside ``[0, total]``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding
+        >>> posenc.opt_positions(mask).tolist()
+        [[-1, -1, 0, 1, 2], [0, 1, 2, 3, 4]]
+        >>> posenc.opt_positions(mask, past_length=4).tolist()  # the last token, 4 cached
+        [[2], [4]]
     """
     return _mask_positions(attention_mask, -1, past_length)
 
@@ -208,6 +224,16 @@ def mask_positions(attention_mask: Any, pad_value: int = 0, past_length: int = 0
             ints.
         ValueError: mask values other than 0 and 1, wrong rank, ``past_length``
             outside ``[0, total]``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding
+        >>> posenc.mask_positions(mask).tolist()
+        [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+        >>> step = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)  # one new token
+        >>> posenc.mask_positions(step, past_length=5).tolist()
+        [[3], [5]]
     """
     if isinstance(pad_value, bool) or not isinstance(pad_value, (int, np.integer)):
         raise TypeError(f"pad_value must be an int; got {type(pad_value).__name__} {pad_value!r}")
@@ -264,6 +290,14 @@ def cache_positions(
         ValueError: negative values, or both ``device`` and ``like`` given;
             ``seq_len`` above :data:`posenc.core.checks.MAX_ELEMENTS` (refused
             before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> posenc.cache_positions(3).tolist()  # the prompt
+        [0, 1, 2]
+        >>> posenc.cache_positions(1, past_length=3, device="cpu")  # the next token, 3 cached
+        tensor([3])
     """
     seq_len = _check_int(seq_len, "seq_len")
     if not _is_symint(seq_len):
@@ -379,6 +413,13 @@ def packed_positions(cu_seqlens: Any, total: Any = None) -> Any:
         ValueError: ``cu_seqlens`` not 1-D or empty, not starting at 0, decreasing, or
             not ending at ``total``; ``total`` of ``2**31`` or more (refused before any
             work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> cu_seqlens = torch.tensor([0, 3, 5, 9], dtype=torch.int32)  # lengths 3, 2, 4
+        >>> posenc.packed_positions(cu_seqlens).tolist()
+        [0, 1, 2, 0, 1, 0, 1, 2, 3]
     """
     index, doc, cu = _packed(cu_seqlens, total)
     return index - cu[doc]
@@ -400,6 +441,13 @@ def packed_document_ids(cu_seqlens: Any, total: Any = None) -> Any:
     Raises:
         TypeError: ``cu_seqlens`` not integers, ``total`` not an int.
         ValueError: as :func:`packed_positions`.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> cu_seqlens = torch.tensor([0, 3, 5, 9], dtype=torch.int32)  # lengths 3, 2, 4
+        >>> posenc.packed_document_ids(cu_seqlens).tolist()
+        [0, 0, 0, 1, 1, 2, 2, 2, 2]
     """
     return _packed(cu_seqlens, total)[1]
 
@@ -440,6 +488,13 @@ def document_positions(document_ids: Any) -> Any:
     Raises:
         TypeError: ``document_ids`` not integers.
         ValueError: ``document_ids`` not 1-D or 2-D.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> ids = torch.tensor([7, 7, 7, 2, 2, 7])  # 3 documents: 7 comes back as a new one
+        >>> posenc.document_positions(ids).tolist()
+        [0, 1, 2, 0, 1, 0]
     """
     _, index, start = _run_starts(document_ids)
     return index - start
@@ -462,6 +517,13 @@ def cu_seqlens_from_document_ids(document_ids: Any) -> Any:
     Raises:
         TypeError: ``document_ids`` not integers.
         ValueError: ``document_ids`` not 1-D.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> ids = torch.tensor([7, 7, 7, 2, 2, 5, 5, 5, 5])
+        >>> posenc.cu_seqlens_from_document_ids(ids).int()  # for flash-attn's varlen functions
+        tensor([0, 3, 5, 9], dtype=torch.int32)
     """
     ids = _as_array(document_ids, "document_ids", "i", "integer document ids", (1,), "(seq,)")
     _, index, start = _run_starts(ids)
@@ -503,6 +565,17 @@ def restart_positions(
         ValueError: not exactly one of ``cu_seqlens`` and ``document_ids``; a packing
             whose length is not ``position_ids.shape[-1]`` or that does not broadcast
             against it; bad ``cu_seqlens`` (see :func:`packed_positions`).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> ids = torch.tensor([[0, 1, 2, 3, 3, 3, 3],  # M-RoPE (t, h, w) ids of a packed row:
+        ...                     [0, 1, 2, 3, 3, 4, 4],  # 3 text tokens, then a 2x2 image
+        ...                     [0, 1, 2, 3, 4, 3, 4]])
+        >>> posenc.restart_positions(ids, cu_seqlens=torch.tensor([0, 3, 7]))
+        tensor([[0, 1, 2, 0, 0, 0, 0],
+                [0, 1, 2, 0, 0, 1, 1],
+                [0, 1, 2, 0, 1, 0, 1]])
     """
     if (cu_seqlens is None) == (document_ids is None):
         raise ValueError("pass exactly one of cu_seqlens and document_ids")
@@ -602,6 +675,13 @@ def videorope_positions(segments: Any, delta: float = 2.0, *, device: Any = None
             number.
         ValueError: negative text runs, empty grids, ``delta <= 0``; more than
             :data:`posenc.core.checks.MAX_ELEMENTS` tokens (refused before any work).
+
+    Examples:
+        >>> import posenc
+        >>> posenc.videorope_positions([2, (2, 2, 2), 1])  # 2 text, 2 frames of 2x2, 1 text
+        array([[0., 1., 2., 2., 2., 2., 4., 4., 4., 4., 5.],
+               [0., 1., 2., 2., 3., 3., 4., 4., 5., 5., 5.],
+               [0., 1., 2., 3., 2., 3., 4., 5., 4., 5., 5.]])
     """
     delta = checks.check_number(delta, "delta", positive=True)
     if isinstance(segments, (str, bytes)) or not hasattr(segments, "__iter__"):
@@ -686,6 +766,13 @@ def v2pe_positions(
         ValueError: mask values other than 0 and 1, wrong ranks, an
             ``attention_mask`` of another shape, ``stride <= 0``,
             ``tokens_per_image < 1``; positions beyond ``2**31``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> visual = torch.tensor([0, 1, 1, 1, 1, 0, 0])  # text, 4 image tokens, text
+        >>> posenc.v2pe_positions(visual, stride=2, tokens_per_image=4).tolist()
+        [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
     """
     visual = _as_array(visual_mask, "visual_mask", "bif", "0/1 values")
     stride = checks.check_number(stride, "stride", positive=True)

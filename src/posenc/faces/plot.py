@@ -148,6 +148,16 @@ def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
     Raises:
         ValueError: a suffix other than .png or .svg.
         OSError: ``path`` cannot be written (any previous file is left as it was).
+
+    Examples:
+        >>> import pathlib, tempfile
+        >>> import posenc.plot
+        >>> fig = posenc.plot.figure("wavelengths", dim=16)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = posenc.plot.save(fig, pathlib.Path(tmp, "w.png"), pathlib.Path(tmp, "w.svg"))
+        ...     written = sorted(p.suffix for p in pathlib.Path(tmp).iterdir())
+        >>> path.suffix, written
+        ('.png', ['.png', '.svg'])
     """
     paths = [Path(p) for p in (path, *more)]
     for p in paths:
@@ -774,6 +784,14 @@ def figure(kind: str, **options: Any) -> Any:
 
     Raises:
         ValueError: an unknown kind (the valid ones are listed).
+
+    Examples:
+        >>> import posenc.plot
+        >>> fig = posenc.plot.figure("heatmap", dim=16, length=20)
+        >>> type(fig).__name__, len(fig.axes)  # the table and its colour bar
+        ('Figure', 2)
+        >>> fig.axes[0].get_title()
+        'vaswani: PE(position, channel), d = 16, 20 positions'
     """
     checks.check_choice(kind, "kind", tuple(KINDS))
     return KINDS[kind](**options)

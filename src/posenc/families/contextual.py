@@ -61,6 +61,20 @@ class CoPE(DerivedBuffers):
             than :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
             work).
         TypeError: ``scale_with_logits`` not a bool.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> cope = posenc.CoPE(16, npos_max=9)
+        >>> q, k, v = torch.randn(3, 1, 4, 8, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> posenc.attention(q, k, v, cope=cope, causal=True).shape
+        torch.Size([1, 4, 8, 16])
+        >>> gates = torch.ones(1, 4, 8, 8).tril()  # every gate open: CoPE counts the tokens
+        >>> cope.positions(gates)[0, 0, -1].tolist()
+        [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+        >>> cope(q, gates).shape  # the position logits, added to the scores
+        torch.Size([1, 4, 8, 8])
     """
 
     def __init__(self, head_dim: int, npos_max: int, *, scale_with_logits: bool = False) -> None:
@@ -188,6 +202,19 @@ class DAPE(nn.Module):
         TypeError: a base that is not an AttentionBias.
         ValueError: ``width`` below 1, or an MLP weight of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> dape = posenc.DAPE(posenc.ALiBi(4))
+        >>> q, k, v = torch.randn(3, 1, 4, 8, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> out = posenc.attention(q, k, v, bias=dape, causal=True)
+        >>> scores = dape(q @ k.mT / 4, dape.base.bias(8, 8).tril())  # S + B + mlp([S; B])
+        >>> causal = torch.ones(8, 8, dtype=torch.bool).tril()
+        >>> ref = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        >>> torch.allclose(out, ref, atol=1e-5)
+        True
     """
 
     def __init__(self, base_bias: AttentionBias, width: int = 32) -> None:

@@ -234,6 +234,19 @@ class PaTH(PaTHTransforms):
     with a :class:`PaTHCache` it also returns the updated cache (prefill and
     decoding). See the module docstring for the projections; the transforms'
     are :class:`PaTHTransforms`', whose arguments and errors it takes.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> layer = posenc.PaTH(64, 4)  # hidden 64, 4 heads
+        >>> x = torch.randn(2, 10, 64)  # (batch, seq, hidden)
+        >>> y = layer(x)
+        >>> y.shape
+        torch.Size([2, 10, 64])
+        >>> x[:, -1] = 0  # causal: changing the last token leaves the others' outputs
+        >>> torch.allclose(layer(x)[:, :-1], y[:, :-1], atol=1e-6)
+        True
     """
 
     def __init__(

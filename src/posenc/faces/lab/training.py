@@ -82,6 +82,17 @@ class LabConfig:
         data: the text task's own text, a file or a directory
             (:meth:`posenc.lab.tasks.TextCorpus.from_data`); None: the standard library.
             Trained models are keyed by the digest of the bytes read, not by this path.
+
+    Examples:
+        >>> import posenc.lab
+        >>> config = posenc.lab.LabConfig(encodings=("rope", "alibi"), seeds=1, steps=200)
+        >>> config.task, config.train_len, config.test_len
+        ('copy', 16, 32)
+        >>> config.max_positions  # tokens of a copy example of length 32
+        67
+        >>> posenc.lab.LabConfig(train_len=32, test_len=16)
+        Traceback (most recent call last):
+        ValueError: test_len (16) must be >= train_len (32)
     """
 
     task: str = "copy"
@@ -917,6 +928,23 @@ def run(
             that is not CPU or CUDA, or CUDA where none exists; for the text task, a
             ``data`` that cannot be read or is too short for the lengths
             (:func:`text_corpus`), or a corpus that differs between processes.
+
+    Examples:
+        A tiny run: one encoding, one seed, a few steps of a one-layer model.
+
+        >>> import os, tempfile
+        >>> import posenc.lab
+        >>> config = posenc.lab.LabConfig(encodings=("rope",), seeds=1, steps=3, train_len=4,
+        ...     test_len=8, batch_size=8, d_model=16, layers=1, heads=2, eval_examples=4)
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     outcome = posenc.lab.run(config, out, progress=False, probe=False)
+        ...     written = sorted(os.listdir(out))
+        >>> written, len(outcome.trained)
+        (['results.json', 'runs'], 1)
+        >>> sorted({(r.encoding, r.metric) for r in outcome.records})
+        [('rope', 'accuracy')]
+        >>> [r.length for r in outcome.records]  # evaluated at every length up to test_len
+        [1, 2, 3, 4, 5, 6, 7, 8]
     """
     world = _world(context_parallel, device)
     if config.batch_size % world.dp_size:

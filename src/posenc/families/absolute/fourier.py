@@ -119,6 +119,15 @@ def nerf_frequencies(
 
     ``2**linspace(0, L-1, L)`` with ``log_sampling``, else
     ``linspace(1, 2**(L-1), L)``; times ``pi`` if asked.
+
+    Examples:
+        >>> import posenc
+        >>> posenc.nerf_frequencies(4).tolist()
+        [1.0, 2.0, 4.0, 8.0]
+        >>> posenc.nerf_frequencies(4, log_sampling=False).tolist()
+        [1.0, 3.3333333333333335, 5.666666666666667, 8.0]
+        >>> posenc.nerf_frequencies(2, pi=True).round(4).tolist()
+        [3.1416, 6.2832]
     """
     return _nerf_turns(
         _check_num_freqs(num_freqs),
@@ -206,7 +215,7 @@ def nerf(
             any work); no channels at all (``num_freqs=0`` without the input);
             ``|x| * f / (2 pi)`` beyond ``2**40`` turns (angles not exact).
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> import posenc
         >>> posenc.nerf(np.array([[0.5]]), 2).round(4)
@@ -287,6 +296,15 @@ def gaussian_fourier_matrix(
         ValueError: sizes below 1, a negative seed, ``sigma <= 0``, or a matrix
             of more than :data:`posenc.core.checks.MAX_ELEMENTS` entries
             (refused before drawing).
+
+    Examples:
+        >>> import numpy as np
+        >>> import posenc
+        >>> B = posenc.gaussian_fourier_matrix(256, 2, sigma=10.0, seed=0)
+        >>> B.shape
+        (256, 2)
+        >>> np.array_equal(B, 10.0 * np.random.default_rng(0).standard_normal((256, 2)))
+        True
     """
     m = checks.check_int(num_features, "num_features", minimum=1)
     c = checks.check_int(in_features, "in_features", minimum=1)
@@ -319,6 +337,16 @@ def fourier_features(x: Any, B: Any, *, order: Order = "sin_cos", dtype: Any = N
         ValueError: ``B`` not 2-D, ``B.shape[1] != x.shape[-1]``, NaN/inf values,
             unknown ``order``, a result of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
+
+    Examples:
+        >>> import numpy as np
+        >>> import posenc
+        >>> B = np.array([[1.0, 0.0], [0.0, 2.0]])  # cycles per unit along x and along y
+        >>> xy = np.array([[0.25, 0.125]])  # a quarter turn in both rows of B
+        >>> posenc.fourier_features(xy, B).round(4)  # [sin, sin, cos, cos]
+        array([[1., 1., 0., 0.]])
+        >>> posenc.fourier_features(xy, B, order="cos_sin").round(4)  # the paper's order
+        array([[0., 0., 1., 1.]])
     """
     arr = _check_x(x)
     _check_order(order)
@@ -380,6 +408,18 @@ def gaussian_fourier_features(
             :func:`fourier_features`; a result of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values is refused before ``B``
             is drawn.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> xyz = torch.rand(4, 3)  # 4 points in 3-D
+        >>> feats = posenc.gaussian_fourier_features(xyz, 16, sigma=10.0)
+        >>> feats.shape, feats.dtype
+        (torch.Size([4, 32]), torch.float32)
+        >>> B = posenc.gaussian_fourier_matrix(16, 3, sigma=10.0)  # the same seed, 0
+        >>> torch.allclose(feats, posenc.fourier_features(xyz, B))
+        True
     """
     arr = _check_x(x)
     m = checks.check_int(num_features, "num_features", minimum=1)

@@ -85,7 +85,7 @@ class AxisChannels:
 
 @dataclass(frozen=True)
 class GridSpec:
-    """One grid convention for one rank: a point in the parameter space (see module doc).
+    """One grid convention for one rank, a point of its fields' space: every preset is one.
 
     Attributes:
         axes: the axes in channel order: a permutation of ``("row", "col")``
@@ -102,6 +102,15 @@ class GridSpec:
         interpolation_scale: divides the row and column coordinates.
         temporal_interpolation_scale: divides the time coordinate (3-D only).
         anchor: where the convention comes from, and which axis each block encodes.
+
+    Examples:
+        >>> import posenc
+        >>> spec = posenc.GridSpec(axes=("row", "col"), base=100.0)  # row channels first
+        >>> pe = posenc.grid((2, 3), 8, preset=spec)  # 2 rows x 3 columns, row-major
+        >>> pe.shape
+        (6, 8)
+        >>> bool((pe[:3, :4] == pe[0, :4]).all())  # the cells of row 0 share the row half
+        True
     """
 
     axes: tuple[str, ...] = ("col", "row")
@@ -463,7 +472,7 @@ def grid(
             work); unknown preset or override; ``interleave_sin_cos`` where the
             axes are not timm's.
 
-    Example:
+    Examples:
         >>> import posenc
         >>> posenc.grid((2, 2), 4).round(4)  # [sin col, cos col, sin row, cos row]
         array([[0.    , 1.    , 0.    , 1.    ],
@@ -508,6 +517,13 @@ def grid_frequencies(
 
     ``angle = i * frequencies(...)[axis][k]`` for cell index ``i``; float64
     (rounded from the exact values the encoding uses).
+
+    Examples:
+        >>> import posenc
+        >>> posenc.grid_frequencies((4, 4), 8)
+        {'col': array([1.  , 0.01]), 'row': array([1.  , 0.01])}
+        >>> posenc.grid_frequencies((4, 4), 8, interpolation_scale=2.0)["row"].tolist()
+        [0.5, 0.005]
     """
     shape = _check_shape(shape)
     spec = resolve(preset, len(shape), **overrides)

@@ -88,6 +88,19 @@ class SinusoidalEmbedding(ExactTables):
             is computed), negative ``padding_idx``, ``dropout`` outside [0, 1],
             unknown preset or override, a diffusers-only alias on a layout that
             is not diffusers'.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> pe = posenc.SinusoidalEmbedding(16)
+        >>> x = torch.zeros(2, 5, 16)  # token embeddings (batch, seq, dim)
+        >>> out = pe(x)
+        >>> out.shape
+        torch.Size([2, 5, 16])
+        >>> torch.allclose(out[0], posenc.sinusoidal(torch.arange(5), 16))
+        True
+        >>> torch.equal(pe(x[:, :1], offset=4)[:, 0], out[:, 4])  # one new token after 4 cached
+        True
     """
 
     max_table_elements = 1 << 26  # 256 MiB of float32
@@ -278,6 +291,22 @@ class LearnedPositionalEmbedding(nn.Embedding):
             :data:`posenc.core.checks.MAX_CHANNELS` or a table of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before
             anything is allocated).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> emb = posenc.LearnedPositionalEmbedding(2048, 16, offset=2)  # OPT's table
+        >>> emb.weight.shape
+        torch.Size([2050, 16])
+        >>> positions = posenc.opt_positions(torch.tensor([[0, 1, 1, 1]]))  # one left pad
+        >>> positions.tolist()
+        [[-1, 0, 1, 2]]
+        >>> out = emb(positions)
+        >>> out.shape
+        torch.Size([1, 4, 16])
+        >>> torch.equal(out[0, 1], emb.weight[2])  # position 0 reads row 0 + offset
+        True
     """
 
     def __init__(

@@ -84,7 +84,7 @@ class Slots:
 
 @dataclass(frozen=True)
 class Sinusoid:
-    """One sinusoidal convention: a point in the parameter space (see module doc).
+    """One sinusoidal convention, a point of its fields' space: every preset is one.
 
     Attributes:
         layout: ``"interleaved"`` or ``"half"``.
@@ -100,6 +100,17 @@ class Sinusoid:
         offset: added to every position (tensor2tensor's ``start_index``).
         odd: the odd-``dim`` policy.
         anchor: where the convention comes from.
+
+    Examples:
+        >>> import numpy as np
+        >>> import posenc
+        >>> spec = posenc.Sinusoid(layout="half", base=100.0)  # [sin ..., cos ...], max period 100
+        >>> posenc.sinusoidal(2, 4, preset=spec).round(4)
+        array([[0.    , 0.    , 1.    , 1.    ],
+               [0.8415, 0.0998, 0.5403, 0.995 ]], dtype=float32)
+        >>> same = posenc.sinusoidal(2, 4, layout="half", base=100.0)  # its fields as overrides
+        >>> np.array_equal(posenc.sinusoidal(2, 4, preset=spec), same)
+        True
     """
 
     layout: Layout = "interleaved"
@@ -382,7 +393,7 @@ def sinusoidal(
             diffusers-only alias on a layout that is not diffusers'; a ``device``
             that names no torch device.
 
-    Example:
+    Examples:
         >>> import posenc
         >>> posenc.sinusoidal(3, 4).round(4)
         array([[ 0.    ,  1.    ,  0.    ,  1.    ],
@@ -565,6 +576,16 @@ def shift_matrix(
             ``"truncate"``): its partner is missing, so no such matrix exists;
             a matrix of more than :data:`posenc.core.checks.MAX_ELEMENTS`
             entries (refused before any work).
+
+    Examples:
+        >>> import numpy as np
+        >>> import posenc
+        >>> pe = posenc.sinusoidal(10, 8, dtype="float64")
+        >>> M = posenc.shift_matrix(3, 8)  # maps PE(p) to PE(p + 3)
+        >>> M.shape
+        (8, 8)
+        >>> np.allclose(pe[:-3] @ M.T, pe[3:])
+        True
     """
     spec = resolve(preset, **overrides)
     slots = spec.slots(dim)

@@ -38,6 +38,13 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> npt.NDArray[np.float6
             a finite number > 0.
         ValueError: more than :data:`posenc.core.checks.MAX_ELEMENTS` heads
             (refused before any work).
+
+    Examples:
+        >>> import posenc
+        >>> posenc.alibi_slopes(4).tolist()
+        [0.25, 0.0625, 0.015625, 0.00390625]
+        >>> posenc.alibi_slopes(6).tolist()  # those of 4 heads, then every other one of 8
+        [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]
     """
     n = checks.check_int(num_heads, "num_heads", minimum=1)
     checks.check_elements(n, f"the slopes of num_heads={n}")
@@ -144,6 +151,17 @@ def t5_bucket(
             decoder) or above ``2**63 - 1`` (no int64 distance is larger);
             more than :data:`posenc.core.checks.MAX_ELEMENTS` logarithmic
             buckets, whose boundaries are a table (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> rel = torch.arange(-3, 4)  # key - query
+        >>> posenc.t5_bucket(rel).tolist()  # keys after the query: the upper 16 buckets
+        [3, 2, 1, 0, 17, 18, 19]
+        >>> posenc.t5_bucket(rel, bidirectional=False).tolist()
+        [3, 2, 1, 0, 0, 0, 0]
+        >>> posenc.t5_bucket(torch.tensor([-7, -8, -11, -12, -91, -1000])).tolist()
+        [7, 8, 8, 9, 15, 15]
     """
     buckets, thresholds = t5_boundaries(bidirectional, num_buckets, max_distance)
     if checks.is_torch(relative_position):

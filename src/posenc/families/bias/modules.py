@@ -94,6 +94,23 @@ class AttentionBias(DerivedBuffers):
         scale_with_logits: the bias is multiplied by the attention scale along with
             ``q . k`` (Falcon's ALiBi) instead of added after it (the paper, BLOOM,
             MPT, T5).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> class Distance(posenc.AttentionBias):  # -|key - query| in every head
+        ...     def __init__(self, num_heads):
+        ...         super().__init__()
+        ...         self.num_heads = num_heads
+        ...         self.reset_parameters()
+        ...     def relative_bias(self, rel):
+        ...         return (-rel.abs()).float().expand(self.num_heads, *rel.shape)
+        >>> Distance(2).bias(2, 3)[0]  # 2 queries, the last of 3 keys, bottom-right aligned
+        tensor([[-1.,  0., -1.],
+                [-2., -1.,  0.]])
+        >>> q = k = v = torch.ones(1, 2, 3, 4)
+        >>> posenc.attention(q, k, v, bias=Distance(2), causal=True).shape
+        torch.Size([1, 2, 3, 4])
     """
 
     num_heads: int
@@ -285,6 +302,21 @@ class ALiBi(AttentionBias):
     Raises:
         ValueError: ``num_heads`` below 1 or above
             :data:`posenc.core.checks.MAX_ELEMENTS` (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> alibi = posenc.ALiBi(4)
+        >>> pos = torch.arange(3)
+        >>> bias = alibi(pos[:, None], pos[None, :])  # (heads, query, key)
+        >>> bias[0]  # slope 1/4: 0 on the diagonal, -slope * distance below it
+        tensor([[ 0.0000,  0.2500,  0.5000],
+                [-0.2500,  0.0000,  0.2500],
+                [-0.5000, -0.2500,  0.0000]])
+        >>> bias[:, 2, 0].tolist()  # distance 2 in every head
+        [-0.5, -0.125, -0.03125, -0.0078125]
+        >>> torch.equal(bias, alibi.bias(3, 3))
+        True
     """
 
     slopes: torch.Tensor
@@ -344,6 +376,20 @@ class T5Bias(AttentionBias):
         ValueError: as :func:`posenc.t5_bucket`; ``num_heads`` below 1, or a table
             of ``num_buckets x num_heads`` of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> t5 = posenc.T5Bias(8)
+        >>> t5.relative_attention_bias.weight.shape  # (num_buckets, num_heads), as in HF's T5
+        torch.Size([32, 8])
+        >>> pos = torch.arange(4)
+        >>> bias = t5(pos[:, None], pos[None, :])  # (heads, query, key)
+        >>> bias.shape
+        torch.Size([8, 4, 4])
+        >>> torch.equal(bias[:, 0, 1], t5.relative_attention_bias.weight[posenc.t5_bucket(1)])
+        True
     """
 
     def __init__(
@@ -408,6 +454,20 @@ class KERPLE(AttentionBias):
         ValueError: ``num_heads`` below 1 or above
             :data:`posenc.core.checks.MAX_ELEMENTS` (refused before any work); an
             unknown ``kind``, ``eps <= 0``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> kerple = posenc.KERPLE(4)
+        >>> pos = torch.arange(5)
+        >>> bias = kerple(pos[:, None], pos[None, :])  # (heads, query, key)
+        >>> bias.shape
+        torch.Size([4, 5, 5])
+        >>> bool((bias.diagonal(dim1=-2, dim2=-1) == 0).all()), bool((bias <= 0).all())
+        (True, True)
+        >>> sorted(name for name, _ in kerple.named_parameters())
+        ['bias_a', 'bias_p']
     """
 
     KINDS = ("log", "power")
@@ -466,6 +526,18 @@ class FIRE(AttentionBias):
             ``mlp_width x num_heads`` of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any
             work); non-positive ``init_c``, ``init_L`` or ``eps``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> fire = posenc.FIRE(4)
+        >>> pos = torch.arange(6)
+        >>> fire(pos[:, None], pos[None, :]).shape  # (heads, query, key)
+        torch.Size([4, 6, 6])
+        >>> q, k, v = torch.randn(3, 1, 4, 6, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> posenc.attention(q, k, v, bias=fire, causal=True).shape
+        torch.Size([1, 4, 6, 16])
     """
 
     relative = False
@@ -573,6 +645,16 @@ class Sandwich(AttentionBias):
         ValueError: ``num_heads`` below 1 or above
             :data:`posenc.core.checks.MAX_ELEMENTS`; ``dim`` odd, below 2 or above
             :data:`posenc.core.checks.MAX_CHANNELS` (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> sandwich = posenc.Sandwich(2, dim=8)
+        >>> pos = torch.arange(4)
+        >>> sandwich(pos[-1:, None], pos[None, :])  # the last query: 0 at distance 0
+        tensor([[[-0.0113, -0.0050, -0.0013,  0.0000]],
+        <BLANKLINE>
+                [[-0.0056, -0.0025, -0.0006,  0.0000]]])
     """
 
     def __init__(self, num_heads: int, *, dim: int = 128) -> None:
@@ -612,6 +694,20 @@ class NoPE(AttentionBias):
     Raises:
         ValueError: ``num_heads`` below 1 or above
             :data:`posenc.core.checks.MAX_ELEMENTS` (its bias has a row per head).
+
+    Examples:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> nope = posenc.NoPE(4)
+        >>> pos = torch.arange(6)
+        >>> bool((nope(pos[:, None], pos[None, :]) == 0).all())
+        True
+        >>> q, k, v = torch.randn(3, 1, 4, 6, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> out = posenc.attention(q, k, v, bias=nope, causal=True)
+        >>> torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)
+        True
     """
 
     def __init__(self, num_heads: int) -> None:

@@ -49,6 +49,13 @@ def attn_temperature(positions: Any, floor_scale: float = 8192, attn_scale: floa
             strings); ``floor_scale`` or ``attn_scale`` not a real number.
         ValueError: a negative, NaN, infinite or too large position (``2**31``
             and up); ``floor_scale`` not > 0, ``attn_scale`` not finite.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> positions = torch.tensor([0, 8190, 8191, 100_000])  # cache_position
+        >>> posenc.attn_temperature(positions)
+        tensor([1.0000, 1.0000, 1.0693, 1.2565], dtype=torch.float64)
     """
     fs = checks.check_number(floor_scale, "floor_scale", positive=True)
     scale = checks.check_number(attn_scale, "attn_scale")

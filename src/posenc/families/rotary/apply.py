@@ -461,6 +461,19 @@ def apply_rotary(
             than ``head_dim``, or different from ``cos.shape[-1]``; ``cos`` and ``sin``
             of different shapes, or shapes that do not broadcast against
             ``x[..., :rotary_dim]`` (named, before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(1, 2, 5, 8)  # (batch, heads, seq, head_dim)
+        >>> cos, sin = posenc.Rotary(8).cos_sin(torch.arange(5))  # (seq, head_dim) each
+        >>> y = posenc.apply_rotary(x, cos, sin)
+        >>> y.shape
+        torch.Size([1, 2, 5, 8])
+        >>> rotate_half = lambda t: torch.cat((-t[..., 4:], t[..., :4]), dim=-1)  # HF's
+        >>> torch.allclose(y, x * cos + rotate_half(x) * sin)
+        True
     """
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():

@@ -123,6 +123,20 @@ class FoPE(DerivedBuffers):
             ``learnable``.
         ValueError: odd ``head_dim``, sizes out of range, no frequency kept, a
             ``coef_dim`` above ``head_dim / 2``, an unknown ``padding`` or ``seq_dim``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> fope = posenc.FoPE(64, num_heads=4, max_position_embeddings=2048)
+        >>> q, k = torch.randn(1, 4, 8, 64), torch.randn(1, 4, 8, 64)  # (batch, heads, seq, dim)
+        >>> q1, k1 = fope(q, k)
+        >>> q1.shape, k1.shape
+        (torch.Size([1, 4, 8, 64]), torch.Size([1, 4, 8, 64]))
+        >>> fope.num_frequencies, tuple(fope.cos_coef.shape)  # 21 of the 32 frequencies kept
+        (21, (4, 21, 16))
+        >>> sorted(fope.state_dict())  # vLLM's names
+        ['cos_coef', 'sin_coef']
     """
 
     inv_freq: torch.Tensor

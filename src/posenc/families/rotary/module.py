@@ -115,6 +115,19 @@ class Rotary(ExactTables, DerivedBuffers):
             either above :data:`posenc.core.checks.MAX_CHANNELS` (refused before any
             frequency is computed), unknown ``layout``, ``seq_dim`` or rope type, bad
             schedule parameters (``factor < 1`` ...).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> rope = posenc.Rotary(64)
+        >>> q, k = torch.randn(1, 4, 8, 64), torch.randn(1, 4, 8, 64)  # (batch, heads, seq, dim)
+        >>> q1, k1 = rope(q, k)
+        >>> q1.shape, k1.shape
+        (torch.Size([1, 4, 8, 64]), torch.Size([1, 4, 8, 64]))
+        >>> q2, k2 = rope(q, k, offset=100)  # every position shifted by 100
+        >>> torch.allclose(q1 @ k1.mT, q2 @ k2.mT, atol=1e-4)  # scores see the distance only
+        True
     """
 
     inv_freq: torch.Tensor

@@ -56,6 +56,14 @@ def train_learned(
         steps: Adam steps, batches of 64 sequences.
         vocab: tokens.
         seed: seed of the initialisation and the batches.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> learned = posenc.analysis.train_learned(length=8, dim=16, steps=100, vocab=8)
+        >>> learned.table.shape, learned.steps
+        ((8, 16), 100)
+        >>> learned.accuracy > 0.9  # copying the previous token needs the positions
+        True
     """
     import torch
     from torch import nn

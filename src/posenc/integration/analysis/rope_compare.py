@@ -85,6 +85,19 @@ def golden_tables(
 
     Raises:
         ValueError: the tables are too large.
+
+    Examples:
+        >>> import numpy as np
+        >>> from posenc.analysis.rope_reading import Loaded, read
+        >>> from posenc.analysis.rope_compare import golden_tables
+        >>> config = {"model_type": "llama", "rope_theta": 500000.0, "hidden_size": 64,
+        ...           "num_attention_heads": 2, "max_position_embeddings": 8192}
+        >>> tables = golden_tables(read(Loaded(config, "config.json", "file")), np.arange(16))
+        >>> sorted(tables)
+        ['attention_scaling', 'cos', 'cos_interleaved', 'inv_freq', 'positions', 'sin',
+         'sin_interleaved']
+        >>> tables["cos"].shape, tables["inv_freq"][:3].round(4)
+        ((16, 32), array([1.    , 0.4404, 0.1939]))
     """
     total = sum(4 * positions.size * r.spec.rotary_dim for r in readings)
     checks.check_elements(total, f"--golden tables of {positions.size} positions")
@@ -288,6 +301,25 @@ def compare(
 
     Raises:
         ValueError: arrays of the wrong names, dtypes or shapes, an unknown layer type.
+
+    Examples:
+        Another engine that ignores Llama 3's scaling: its ``inv_freq`` is the plain one.
+
+        >>> import numpy as np
+        >>> from posenc.analysis.rope_reading import Loaded, read
+        >>> from posenc.analysis.rope_compare import compare
+        >>> config = {"model_type": "llama", "rope_theta": 500000.0, "hidden_size": 64,
+        ...           "num_attention_heads": 2, "max_position_embeddings": 8192,
+        ...           "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                            "original_max_position_embeddings": 8192}}
+        >>> readings = read(Loaded(config, "config.json", "file"))
+        >>> theirs = 500000.0 ** (-np.arange(0, 32, 2) / 32)
+        >>> (verdict,) = compare(readings, {"inv_freq": theirs})
+        >>> verdict.agree, verdict.first["pair"]
+        (False, 8)
+        >>> print(verdict.cause)
+        the llama3 scaling was not applied: their frequencies are the unscaled default (base 500000)
     """
     by_type = {r.layer_type: r for r in readings}
     if layer_type is not None and layer_type not in by_type:

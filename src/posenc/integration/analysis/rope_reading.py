@@ -44,6 +44,7 @@ from posenc.families.rotary.config import (
 from posenc.families.rotary.schedules import PARAMETERS, RopeFrequencies
 
 __all__ = [
+    "Loaded",
     "Reading",
     "describe",
     "read",
@@ -101,6 +102,18 @@ class Loaded:
         renamed: ``rope_parameters`` paths whose rope type was rewritten, with the
             original name.
         original: for a file, the dict before those rewrites (what transformers reads).
+
+    Examples:
+        A ``config.json`` read from disk, as ``posenc rope config.json`` reads it:
+
+        >>> import json, pathlib, tempfile
+        >>> from posenc.analysis.rope_reading import Loaded, read
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "config.json"
+        >>> _ = path.write_text(json.dumps({"model_type": "llama", "rope_theta": 10000.0,
+        ...                                 "hidden_size": 64, "num_attention_heads": 4}))
+        >>> loaded = Loaded(json.loads(path.read_text()), str(path.name), "file")
+        >>> [(r.spec.rope_type, r.spec.base, r.spec.rotary_dim) for r in read(loaded)]
+        [('default', 10000.0, 16)]
     """
 
     config: Any
@@ -232,7 +245,21 @@ class Row:
 
 @dataclass
 class Reading:
-    """One RoPE of a model: the spec posenc reads and the rows that explain it."""
+    """One RoPE of a model: the spec posenc reads and the rows that explain it.
+
+    Examples:
+        A Gemma 3 config: one RoPE for the sliding-window layers, another for the
+        full-attention ones (the config's ``sliding_window_pattern`` defaults to 6).
+
+        >>> from posenc.analysis.rope_reading import Loaded, read
+        >>> config = {"model_type": "gemma3_text", "num_hidden_layers": 6, "head_dim": 16,
+        ...           "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        ...           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+        >>> for r in read(Loaded(config, "config.json", "file")):
+        ...     print(r.layer_type, r.layers, r.spec.rope_type, r.spec.base, r.layout)
+        sliding_attention [0, 1, 2, 3, 4] default 10000.0 half
+        full_attention [5] linear 1000000.0 half
+    """
 
     layer_type: str | None
     spec: RopeSpec
@@ -277,6 +304,24 @@ def read(loaded: Loaded) -> list[Reading]:
 
     Raises:
         ValueError: what :func:`rope_spec` refuses (unknown rope type, missing keys ...).
+
+    Examples:
+        A Llama 3 ``config.json`` (one RoPE for every layer):
+
+        >>> from posenc.analysis.rope_reading import Loaded, read
+        >>> config = {"model_type": "llama", "rope_theta": 500000.0, "hidden_size": 64,
+        ...           "num_attention_heads": 2, "max_position_embeddings": 8192,
+        ...           "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                            "original_max_position_embeddings": 8192}}
+        >>> (reading,) = read(Loaded(config, "config.json", "file"))
+        >>> reading.spec.rope_type, reading.spec.base, reading.spec.rotary_dim
+        ('llama3', 500000.0, 32)
+        >>> for row in reading.rows[:3]:
+        ...     print(f"{row.name}: {row.display()}  <- {row.source}")
+        rope type: llama3  <- rope_scaling.rope_type
+        base (rope_theta): 500000  <- rope_theta
+        head_dim: 32  <- hidden_size // num_attention_heads = 64 // 2
     """
     config = loaded.config
     part, prefix = _rope_part(config)
@@ -762,7 +807,24 @@ def layer_settings(config: Any) -> list[dict[str, Any]]:
 
 
 def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str, Any]:
-    """The reading of ``loaded`` as a JSON-able dict (what ``--json`` prints)."""
+    """The reading of ``loaded`` as a JSON-able dict (what ``--json`` prints).
+
+    Examples:
+        >>> from posenc.analysis.rope_reading import Loaded, describe
+        >>> config = {"model_type": "llama", "rope_theta": 500000.0, "hidden_size": 64,
+        ...           "num_attention_heads": 2, "max_position_embeddings": 8192,
+        ...           "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...                            "original_max_position_embeddings": 8192}}
+        >>> doc = describe(Loaded(config, "config.json", "file"))
+        >>> doc["model_type"], len(doc["ropes"]), doc["nope_layers"]
+        ('llama', 1, None)
+        >>> rope = doc["ropes"][0]
+        >>> rope["base"], rope["parameters"]["factor"]
+        ({'value': 500000.0, 'from': 'rope_theta'}, {'value': 8.0, 'from': 'rope_scaling.factor'})
+        >>> rope["wavelengths"]["window"], round(rope["wavelengths"]["longest"])
+        (8192, 11067620)
+    """
     readings = read(loaded) if readings is None else readings
     part, prefix = _rope_part(loaded.config)
     notes = list(loaded.notes)

@@ -28,6 +28,14 @@ def rope_decay(head_dim: int, base: float, max_distance: int) -> tuple[Any, Any,
     Returns:
         ``(r, bound, mean_abs)``: the distances ``0 .. max_distance``, the
         relative bound at each, and ``|mean_j e^{i r theta_j}|``.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> r, bound, mean_abs = posenc.analysis.rope_decay(16, 10000.0, 64)
+        >>> len(r), bound[[0, 8, 64]].round(3)
+        (65, array([1.   , 0.683, 0.807]))
+        >>> mean_abs[[0, 8, 64]].round(3)
+        array([1.   , 0.674, 0.776])
     """
     half = head_dim // 2
     theta = base ** (-2.0 * np.arange(half) / head_dim)
@@ -49,6 +57,19 @@ def scaling_curves(head_dim: int, base: float, factor: float, original: int) -> 
 
     Returns:
         Schedule name -> float64 array of the ``head_dim // 2`` angular frequencies.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> curves = posenc.analysis.scaling_curves(8, 10000.0, factor=4.0, original=2048)
+        >>> curves["default"]
+        array([1.   , 0.1  , 0.01 , 0.001])
+        >>> for name, omega in curves.items():  # what each pair's frequency is divided by
+        ...     print(name, (curves["default"] / omega).round(2))
+        default [1. 1. 1. 1.]
+        linear [4. 4. 4. 4.]
+        ntk [1.   1.59 2.52 4.  ]
+        yarn [1.  1.  1.6 4. ]
+        llama3 [1.   1.   1.23 4.  ]
     """
     settings: dict[str, dict[str, Any]] = {
         "default": {},
@@ -78,6 +99,14 @@ def rope_relative(head_dim: int = 64, length: int = 64, seed: int = 0) -> dict[s
         ``"float64"`` and ``"float32"``: the largest spread over all offsets
         with the rotation in that dtype; ``"scale"``: ``|q| . |k|``, the size
         the float32 spread compares with.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> spread = posenc.analysis.rope_relative(head_dim=16, length=16)
+        >>> round(spread["scale"], 3)
+        11.859
+        >>> spread["float64"] < 1e-13, spread["float32"] / spread["scale"] < 1e-6
+        (True, True)
     """
     import torch
 

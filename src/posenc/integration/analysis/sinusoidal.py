@@ -217,6 +217,14 @@ def shift_error(
     Raises:
         ValueError: a lone channel (odd ``dim`` with ``odd="extend"`` or
             ``"truncate"``), bad length or offsets.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> err = posenc.analysis.shift_error(16, 32, offsets=(1, 5))
+        >>> err.offsets, err.ok
+        ((1.0, 5.0), True)
+        >>> max(err.max_error) <= err.tolerance < 1e-14
+        True
     """
     spec = resolve(preset, **overrides)
     paired_slots(spec, dim, "the shift property")
@@ -251,6 +259,12 @@ def norms(dim: int, length: int, *, preset: str | Sinusoid = "vaswani", **overri
 
     Raises:
         ValueError: a lone channel (its square varies with the position).
+
+    Examples:
+        >>> import posenc.analysis
+        >>> n = posenc.analysis.norms(16, 32)
+        >>> n.pairs, round(n.expected, 4), n.ok  # sqrt(16 / 2)
+        (8, 2.8284, True)
     """
     spec = resolve(preset, **overrides)
     slots = paired_slots(spec, dim, "a constant row norm")
@@ -301,6 +315,12 @@ def offset_dot_products(
 
     Raises:
         ValueError: a lone channel (its product depends on ``p``).
+
+    Examples:
+        >>> import posenc.analysis
+        >>> dots = posenc.analysis.offset_dot_products(16, 32, offsets=(1, 5))
+        >>> [round(c, 4) for c in dots.closed_form], dots.ok
+        ([7.4852, 6.137], True)
     """
     spec = resolve(preset, **overrides)
     slots = paired_slots(spec, dim, "offset-only dot products")
@@ -374,6 +394,16 @@ def regression_r2(
     Raises:
         ValueError: ``column`` out of range, a zero channel or a lone channel;
             a column constant over the positions.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> fit = posenc.analysis.regression_r2(16, 200, offset=10)
+        >>> fit.column, fit.partner
+        (4, 5)
+        >>> round(fit.single_r2, 2), round(fit.single_r2_limit, 2)  # one column: no line
+        (0.31, 0.29)
+        >>> 1 - fit.pair_r2 <= fit.pair_tolerance  # the (sin, cos) pair: exact
+        True
     """
     spec = resolve(preset, **overrides)
     slots = spec.slots(dim)
@@ -439,6 +469,14 @@ def geometry(dim: int, length: int, preset: str, seed: int = 0) -> dict[str, Any
         different; ``"recovery"``: for token entries of standard deviation
         0.1, 0.5, 1 and 2, the fraction of positions read back (the
         best-matching row) after adding a random token to each row.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> geo = posenc.analysis.geometry(16, 32, "vaswani")
+        >>> round(geo["first"][0], 3), geo["first"][1:]  # the nearest rows, and which
+        (1.015, (8, 9))
+        >>> geo["float32 distinct"], geo["recovery"][0.1], geo["recovery"][2.0] < 0.5
+        (True, 1.0, True)
     """
     t = sinusoidal(length, dim, preset=preset, dtype="float64")
     far = sinusoidal(2000, dim, preset=preset, dtype="float64")
@@ -597,6 +635,16 @@ def permutation_check(
     Raises:
         TypeError: a non-int argument.
         ValueError: ``dim`` or ``tokens`` below 2, a negative seed, a bad preset.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> check = posenc.analysis.permutation_check(dim=16, tokens=6)
+        >>> check.permutation
+        (1, 2, 3, 5, 0, 4)
+        >>> check.ok  # without positions: the output is only reordered
+        True
+        >>> check.with_positions > 1000 * check.bound  # with positions: it changes
+        True
     """
     dim = checks.check_channels(dim, "dim", minimum=2)
     tokens = checks.check_int(tokens, "tokens", minimum=2)
@@ -746,6 +794,16 @@ def add_concat(
         TypeError: a non-int argument.
         ValueError: ``dim`` or ``length`` below 2, ``shown`` above ``vocab``,
             a preset with no complete (sin, cos) pair at ``dim``.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> ac = posenc.analysis.add_concat(dim=16, length=20, vocab=20)
+        >>> ac.channels, round(ac.scaled_std, 2), round(ac.unscaled_std, 2)
+        ((3, 2), 1.02, 0.26)
+        >>> ac.token_recovery_scaled, ac.token_recovery_unscaled  # unscaled: swamped
+        (1.0, 0.2525)
+        >>> ac.concat_position_recovery, ac.concat_token_recovery
+        (1.0, 1.0)
     """
     dim = checks.check_channels(dim, "dim", minimum=2)
     length = checks.check_int(length, "length", minimum=2)

@@ -84,6 +84,16 @@ def timestep_presets(
 
     Raises:
         ValueError: an unknown preset, a bad ``dim``, no timesteps or offsets.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> got = posenc.analysis.timestep_presets(dim=32, timesteps=range(0, 1000, 100))
+        >>> got.presets
+        ('ddpm', 'ldm', 'annotated-diffusion')
+        >>> [round(c, 3) for c in got.mismatch("ddpm", "ldm")]  # mean, min, max cosine
+        [0.097, -0.011, 0.266]
+        >>> got.neighbour[0].round(3)  # ddpm: e(t) against e(t + 1), e(t + 10), e(t + 100)
+        array([0.959, 0.645, 0.305])
     """
     dim = checks.check_channels(dim, "dim")
     names = tuple(presets)
@@ -154,6 +164,16 @@ def index_features(
 
     Raises:
         ValueError: a position outside a length, fewer than 2 positions, bad ``dim``.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> feats = posenc.analysis.index_features(position=5, lengths=(11, 101, 4096), dim=16)
+        >>> feats.normalised  # one position, a different value in every length
+        (0.5, 0.05, 0.001221001221001221)
+        >>> feats.largest_index, feats.sinusoidal_bound
+        ((10, 100, 4095), 1.0)
+        >>> round(feats.row_norm, 4), round(feats.nearest, 3), feats.nearest_offset
+        (2.8284, 1.015, 1)
     """
     position = checks.check_int(position, "position", minimum=0)
     ls = tuple(checks.check_int(n, "lengths", minimum=2) for n in lengths)

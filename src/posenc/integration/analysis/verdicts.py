@@ -92,6 +92,16 @@ def check(
         ValueError: an unknown preset or override, or a ``dim`` the preset
             cannot lay out; ``length`` below 1.
         TypeError: ``dim`` or ``length`` not an int.
+
+    Examples:
+        >>> import posenc.analysis
+        >>> rows = posenc.analysis.check(dim=16, length=32)
+        >>> len(rows), all(row.passed for row in rows)
+        (12, True)
+        >>> rows[0].claim, rows[0].bound
+        ('shift: PE(p+1) = PE(p) @ M(1).T', '<= 4.44e-15')
+        >>> rows[-1].claim
+        'float32 at p=1e+07: posenc (naive float32 formula)'
     """
     spec = resolve(preset, **overrides)
     slots = spec.slots(dim)

@@ -160,6 +160,20 @@ def attention(
             ``log_fgate`` of another shape or device, or without ``causal``;
             ``cope`` without ``causal``, of another head_dim, or with a DAPE
             bias; a term that reads the scores with ``backend="flex"``.
+
+    Examples:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(3, 2, 4, 8, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> alibi = posenc.ALiBi(4)
+        >>> out = posenc.attention(q, k, v, bias=alibi, causal=True)
+        >>> out.shape
+        torch.Size([2, 4, 8, 16])
+        >>> mask = alibi.bias(8, 8) + torch.full((8, 8), float("-inf")).triu(1)
+        >>> torch.allclose(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-5)
+        True
     """
     layout.check_qkv(q, k, v)
     checks.check_choice(backend, "backend", BACKENDS)

@@ -421,6 +421,20 @@ def path_attention(
             non-positive scale or block size, ``cu_seqlens`` not rising from 0 to
             seq, or a result or block of scores of more than
             ``posenc.core.checks.MAX_ELEMENTS`` elements (refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v, w = torch.randn(4, 1, 2, 8, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> w = F.normalize(w, dim=-1)  # unit directions
+        >>> beta = 2 * torch.randn(1, 2, 8).sigmoid()  # strengths in (0, 2)
+        >>> posenc.path_attention(q, k, v, w, beta).shape
+        torch.Size([1, 2, 8, 16])
+        >>> out = posenc.path_attention(q, k, v, w, torch.zeros(1, 2, 8))  # identity transforms
+        >>> torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+        True
     """
     b, h, hk, length, d, dv = _check_inputs(q, k, v, w, beta, log_fgate)
     scale = checks.check_number(

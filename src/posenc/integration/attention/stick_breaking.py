@@ -266,6 +266,18 @@ def stick_breaking_attention(
             a multiple of kv_heads); ``q_len > k_len``; a non-positive scale or
             block size; ``cu_seqlens`` not rising from 0 to ``k_len``; a block or
             result of more than ``posenc.core.checks.MAX_ELEMENTS`` elements.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 4, 8, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> out, rem = posenc.stick_breaking_attention(q, k, v)
+        >>> out.shape, rem.shape
+        (torch.Size([1, 4, 8, 16]), torch.Size([1, 4, 8]))
+        >>> rem[0, 0, 0].item()  # the first query sees no key: the whole stick is left
+        1.0
+        >>> y = out + rem[..., None] * v  # the rest to the query's own value
     """
     check_qkv(q, k, v)
     checks.check_bool(attend_current, "attend_current")
