@@ -35,6 +35,20 @@ def documented() -> list[tuple[str, Any]]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def registries_restored() -> Any:
+    """An example may register (``posenc.rotary.schedules.register``): the rest of the
+    session sees the registries as they were."""
+    from posenc.families.rotary import schedules
+
+    tables = (schedules.SCHEDULES, schedules.PARAMETERS)
+    saved = [dict(table) for table in tables]
+    yield
+    for table, before in zip(tables, saved, strict=True):
+        table.clear()
+        table.update(before)
+
+
 @pytest.mark.parametrize(("dotted", "value"), documented(), ids=[d for d, _ in documented()])
 def test_the_example_runs(dotted: str, value: Any) -> None:
     parser = doctest.DocTestParser()

@@ -114,6 +114,15 @@ def random_offsets(
     Raises:
         TypeError, ValueError: ``high`` not an int >= 0, ``rows`` not an int >= 1,
             ``generator`` not a ``torch.Generator``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.arithmetic import random_offsets
+        >>> g = torch.Generator().manual_seed(0)
+        >>> random_offsets(99, g)  # one for the batch (Abacus)
+        44
+        >>> random_offsets(10, g, rows=3).tolist()  # one per example (position coupling)
+        [7, 1, 3]
     """
     high = checks.check_int(high, "high", minimum=0)
     if not isinstance(generator, torch.Generator):
@@ -147,6 +156,16 @@ def randomized_positions(
         ValueError: ``length`` over ``max_positions`` (there are not that many
             positions to draw), either below 1.
         TypeError: a non-int size or a ``generator`` that is not a ``torch.Generator``.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.arithmetic import randomized_positions
+        >>> positions = randomized_positions(4, 16, torch.Generator().manual_seed(0))
+        >>> positions.tolist()
+        [6, 9, 10, 12]
+        >>> q, k = torch.randn(2, 1, 2, 4, 8)  # (batch, heads, seq, head_dim) each
+        >>> q, k = posenc.Rotary(8)(q, k, positions=positions)  # rotated at those positions
     """
     length = checks.check_int(length, "length", minimum=1)
     max_positions = checks.check_int(max_positions, "max_positions", minimum=1)
@@ -195,6 +214,15 @@ def abacus_positions(
             or an integer tensor.
         ValueError: a negative ``offset``; an id beyond ``max_positions - 1`` (a
             number longer than the table covers).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.arithmetic import abacus_positions
+        >>> significance = torch.tensor([0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2])  # 321+654=975
+        >>> abacus_positions(significance).tolist()
+        [1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3]
+        >>> abacus_positions(significance, offset=10).tolist()  # training: a random offset
+        [11, 12, 13, 0, 11, 12, 13, 0, 11, 12, 13]
     """
     significance = _check_significance(significance)
     offset = _check_offset(offset, "offset", significance.shape[:-1], 0)
@@ -243,6 +271,13 @@ def coupled_positions(
         TypeError: ``significance`` not an integer tensor; ``start`` not an int
             or an integer tensor.
         ValueError: ``start`` below 1; an id beyond ``max_positions - 1``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.arithmetic import coupled_positions
+        >>> significance = torch.tensor([2, 1, 0, -1, 2, 1, 0, -1, 0, 1, 2, 3])  # 653+049=2070
+        >>> coupled_positions(significance).tolist()
+        [2, 3, 4, 5, 2, 3, 4, 5, 4, 3, 2, 1]
     """
     significance = _check_significance(significance)
     start = _check_offset(start, "start", significance.shape[:-1], 1)
@@ -282,6 +317,13 @@ def index_hints(
         TypeError: ``significance`` not an integer tensor; ``start`` not an int
             or an integer tensor.
         ValueError: a negative ``start``; a hint beyond ``hints - 1``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.arithmetic import index_hints
+        >>> significance = torch.tensor([0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2])  # 240+930=180
+        >>> index_hints(significance).tolist()
+        [0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2]
     """
     significance = _check_significance(significance)
     start = _check_offset(start, "start", significance.shape[:-1], 0)

@@ -69,7 +69,11 @@ class TermContext:
     """What a term may know of one attention call when it states its form.
 
     Attributes:
-        batch, heads, head_dim, q_len, k_len: the call's sizes (q's heads).
+        batch: the call's batch size.
+        heads: q's heads.
+        head_dim: the channels of a head.
+        q_len: the queries' length.
+        k_len: the keys' length.
         scale: the score scale.
         causal: whether each query sees keys up to its own position only.
         dtype: the scores' dtype; a term's values are cast to it.
@@ -82,6 +86,18 @@ class TermContext:
         pieces: whether a term may give a ``"pieces"`` form (False where its
             value is read per block anyway, as for a term beside one that reads
             the scores).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.terms import TermForm
+        >>> class Probe:  # a term that adds nothing and shows what it is told
+        ...     def score_form(self, ctx):
+        ...         print(ctx.heads, ctx.q_len, ctx.k_len, ctx.offset, ctx.causal)
+        ...         return TermForm()
+        >>> q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> _ = posenc.attention(q, k, v, causal=True, terms=[Probe()])  # one decode step
+        2 1 5 4 True
     """
 
     batch: int
@@ -110,6 +126,20 @@ class TermForm:
 
     See the module docstring for each field; a form with neither ``block`` nor
     ``read`` adds nothing (NoPE).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.terms import TermContext
+        >>> ctx = TermContext(batch=1, heads=2, head_dim=8, q_len=1, k_len=4, scale=8**-0.5,
+        ...                   causal=True, dtype=torch.float32, device=torch.device("cpu"))
+        >>> form = posenc.ALiBi(2).score_form(ctx)  # a TermForm
+        >>> form.operand, form.tensors[0].shape  # a table over key - query = -3 .. 0
+        ('table', torch.Size([2, 4]))
+        >>> bias = form.block(form.tensors, torch.tensor([3]), torch.arange(4))  # (heads, 1, 4)
+        >>> bias[:, 0]  # query 3 (the last key) against keys 0 .. 3, per head
+        tensor([[-0.1875, -0.1250, -0.0625,  0.0000],
+                [-0.0117, -0.0078, -0.0039,  0.0000]])
     """
 
     tensors: tuple[torch.Tensor, ...] = ()
@@ -135,7 +165,32 @@ class TermForm:
 
 @runtime_checkable
 class ScoreTerm(Protocol):
-    """Anything that changes attention's scores: it states its :class:`TermForm`."""
+    """Anything that changes attention's scores: it states its :class:`TermForm`.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.terms import ScoreTerm, TermForm
+        >>> class DistanceBias(torch.nn.Module):  # a learned bias per head and distance
+        ...     def __init__(self, heads, max_distance=16):
+        ...         super().__init__()
+        ...         self.table = torch.nn.Parameter(torch.zeros(heads, max_distance + 1))
+        ...     def score_form(self, ctx):
+        ...         def block(tensors, q_pos, k_pos):  # (heads, n, m)
+        ...             far = (q_pos[:, None] - k_pos[None, :]).clamp(0, tensors[0].shape[1] - 1)
+        ...             return tensors[0][:, far]
+        ...         return TermForm((self.table.to(ctx.dtype),), block)
+        >>> term = DistanceBias(heads=2)
+        >>> isinstance(term, ScoreTerm)
+        True
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 8)  # (batch, heads, seq, head_dim) each
+        >>> out = posenc.attention(q, k, v, causal=True, terms=[term])
+        >>> out.shape
+        torch.Size([1, 2, 5, 8])
+        >>> out.sum().backward()  # the table learns
+        >>> term.table.grad.shape
+        torch.Size([2, 17])
+    """
 
     def score_form(self, ctx: TermContext) -> TermForm:
         """The term's form at a call of these sizes.

@@ -129,6 +129,19 @@ def shard_positions(
             ``seq_len`` not a multiple of ``world_size`` (``2 * world_size`` for
             ``"zigzag"``), saying how much padding makes it one; ``seq_len`` above
             ``2**31``, where posenc's encodings are exact.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.context_parallel import shard, shard_positions
+        >>> positions = shard_positions(8, 2, 0, "zigzag")  # rank 0 of 2
+        >>> positions.tolist()
+        [0, 1, 6, 7]
+        >>> q, k = torch.randn(2, 1, 2, 8, 16)  # (batch, heads, seq, head_dim) each
+        >>> rope = posenc.Rotary(16)
+        >>> q0, k0 = rope(*(shard(t, -2, 2, 0, "zigzag") for t in (q, k)), positions=positions)
+        >>> torch.equal(q0, shard(rope(q, k)[0], -2, 2, 0, "zigzag"))  # its rows of the whole
+        True
     """
     seq_len = checks.check_int(seq_len, "seq_len")
     checks.check_exact(0, seq_len - 1, "positions 0 .. seq_len - 1")
@@ -162,6 +175,15 @@ def shard(
         TypeError: ``x`` not a tensor, non-int ``dim`` or sizes.
         ValueError: ``dim`` not an axis of ``x``, bad ``rank`` or ``layout``,
             ``x.shape[dim]`` not a multiple of the chunk count (naming the padding).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.context_parallel import shard
+        >>> tokens = torch.arange(8)
+        >>> [shard(tokens, -1, 2, rank, "zigzag").tolist() for rank in range(2)]
+        [[0, 1, 6, 7], [2, 3, 4, 5]]
+        >>> shard(torch.randn(1, 2, 8, 16), -2, 4, 0).shape  # rank 0 of 4: its queries
+        torch.Size([1, 2, 2, 16])
     """
     if not checks.is_torch(x):
         raise TypeError(f"x must be a torch tensor; got {type(x).__name__}")
@@ -192,6 +214,16 @@ def unshard(
         TypeError: ``shards`` not a sequence of tensors, non-int ``dim``.
         ValueError: no shards, shards of different shapes, ``dim`` not an axis, an
             unknown ``layout``, an odd shard length for ``"zigzag"`` (two chunks each).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.context_parallel import shard, unshard
+        >>> hidden = torch.randn(1, 8, 32)  # (batch, seq, hidden)
+        >>> shards = [shard(hidden, 1, 4, rank, "zigzag") for rank in range(4)]
+        >>> shards[0].shape
+        torch.Size([1, 2, 32])
+        >>> torch.equal(unshard(shards, 1, "zigzag"), hidden)
+        True
     """
     if not isinstance(shards, Sequence) or not all(checks.is_torch(s) for s in shards):
         raise TypeError("shards must be a list of tensors, one per rank")
@@ -232,6 +264,18 @@ def gather(
         ValueError: ``torch.distributed`` not available or not initialised (no
             ``group`` to gather over); as :func:`unshard`.
         TypeError: ``x_local`` not a tensor.
+
+    Examples:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> from posenc.context_parallel import gather, shard_positions
+        >>> # torchrun starts one process per rank; here one process is the whole group
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> world, rank = dist.get_world_size(), dist.get_rank()
+        >>> local = shard_positions(8, world, rank, "zigzag")  # this rank's positions
+        >>> gather(local, -1, "zigzag").tolist()  # every rank's, in sequence order
+        [0, 1, 2, 3, 4, 5, 6, 7]
+        >>> dist.destroy_process_group()
     """
     import torch.distributed as dist
 
@@ -490,6 +534,23 @@ def ring_attention(
         ValueError: torch.distributed not initialised (naming ``group``); an
             unknown layout; a shard that is not whole chunks (saying the padding
             needed); the checks of :func:`posenc.attention`.
+
+    Examples:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> import posenc
+        >>> from posenc.context_parallel import gather, ring_attention, shard
+        >>> # torchrun starts one process per rank; here one process is the whole group
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> world, rank = dist.get_world_size(), dist.get_rank()
+        >>> _ = torch.manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 8, 16)  # the whole sequence, on every rank
+        >>> local = [shard(t, -2, world, rank, "zigzag") for t in (q, k, v)]
+        >>> out = ring_attention(*local, layout="zigzag", causal=True, bias=posenc.ALiBi(2))
+        >>> whole = posenc.attention(q, k, v, causal=True, bias=posenc.ALiBi(2))
+        >>> torch.allclose(gather(out, -2, "zigzag"), whole, atol=1e-6)
+        True
+        >>> dist.destroy_process_group()
     """
     import torch.distributed as dist
 

@@ -649,6 +649,18 @@ def patch_model(model: Any) -> Any:
             models among them), whose config cannot be read, whose forward
             fails on the probe, or whose frequencies, output form or tables
             do not match posenc's; or no rotary module at all.
+
+    Examples:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> import posenc.hf
+        >>> config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        ...                      vocab_size=64, intermediate_size=64)
+        >>> model = posenc.hf.patch_model(LlamaForCausalLM(config))  # random weights
+        >>> type(model.model.rotary_emb).__name__
+        'HFRotaryEmbedding'
+        >>> model(torch.tensor([[1, 2, 3, 4]])).logits.shape
+        torch.Size([1, 4, 64])
     """
     found = [
         (name, module)
@@ -939,6 +951,21 @@ def rerotate_cache(
             disagree on how many tokens they have seen; ``old_len`` or ``positions``
             not matching the cached tokens. Nothing is changed then.
         TypeError: ``cache`` not an HF cache, non-int lengths or positions.
+
+    Examples:
+        >>> import torch
+        >>> from transformers import DynamicCache, LlamaConfig
+        >>> import posenc.hf
+        >>> config = LlamaConfig(hidden_size=32, num_attention_heads=2, max_position_embeddings=8,
+        ...                      rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+        >>> keys = torch.randn(1, 2, 6, 16)  # (batch, kv_heads, tokens, head_dim) of a prefill
+        >>> cache = DynamicCache()
+        >>> _ = cache.update(keys.clone(), torch.zeros_like(keys), 0)  # layer 0
+        >>> posenc.hf.rerotate_cache(config, cache, old_len=6, new_len=12) is cache
+        True
+        >>> moved = cache.layers[0].keys  # position 0 does not turn, the others do
+        >>> torch.equal(moved[..., 0, :], keys[..., 0, :]), torch.equal(moved, keys)
+        (True, False)
     """
     import torch
 

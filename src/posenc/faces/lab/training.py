@@ -75,7 +75,9 @@ class LabConfig:
         steps: optimiser steps per model.
         batch_size: the global batch (split over processes under torchrun).
         lr: peak AdamW learning rate (warm-up, then cosine decay to a tenth).
-        d_model, layers, heads: model sizes.
+        d_model: the model's width.
+        layers: its transformer blocks.
+        heads: its attention heads per block.
         eval_examples: examples per length (tasks) or windows per length (text).
         text_bytes: bytes read for the text task (of the standard library, or of ``data``).
         checkpoint_every: steps between resumable checkpoints.

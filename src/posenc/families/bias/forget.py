@@ -46,10 +46,18 @@ class ForgetGate(nn.Module):
         init_std: the standard deviation of the weight at initialisation
             (the reference's ``initializer_range``, 0.02).
 
-    Example::
-
-        gate = ForgetGate(512, 8)
-        out = posenc.attention(q, k, v, causal=True, log_fgate=gate(x))
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> gate = posenc.ForgetGate(64, 4)
+        >>> x = torch.randn(2, 10, 64)  # hidden states (batch, seq, hidden)
+        >>> log_f = gate(x)
+        >>> log_f.shape, log_f.dtype, bool((log_f < 0).all())
+        (torch.Size([2, 4, 10]), torch.float32, True)
+        >>> q, k, v = torch.randn(3, 2, 4, 10, 16).unbind(0)  # (batch, heads, seq, head_dim)
+        >>> posenc.attention(q, k, v, causal=True, log_fgate=log_f).shape
+        torch.Size([2, 4, 10, 16])
     """
 
     def __init__(self, hidden: int, heads: int, *, init_std: float = 0.02) -> None:
@@ -131,6 +139,20 @@ class ForgetGateTerm:
     Attributes:
         log_fgate: ``(batch, heads, k_len)`` log forget gates (<= 0), one per key
             position and head (q's heads), from :class:`ForgetGate`.
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.bias import ALiBi, ForgetGate, ForgetGateTerm
+        >>> _ = torch.manual_seed(0)
+        >>> x, (q, k, v) = torch.randn(1, 6, 32), torch.randn(3, 1, 2, 6, 16)
+        >>> term = ForgetGateTerm(ForgetGate(32, 2)(x))  # (batch, heads, seq) log gates
+        >>> out = posenc.attention(q, k, v, causal=True, terms=[term, ALiBi(2)])
+        >>> out.shape
+        torch.Size([1, 2, 6, 16])
+        >>> same = posenc.attention(q, k, v, causal=True, log_fgate=term.log_fgate, bias=ALiBi(2))
+        >>> torch.allclose(out, same, atol=1e-6)
+        True
     """
 
     log_fgate: torch.Tensor

@@ -39,7 +39,20 @@ class ScaledForm:
         table: ``(n_rel,)``, over the relative positions ``rel`` it was made for.
         scale: ``(n_q,)``, over the query positions ``q_pos``.
         knots: ``(n_knots,)`` ascending, no gradient.
-        slopes, intercepts: ``(heads, n_knots + 1)``.
+        slopes: ``(heads, n_knots + 1)``, each piece's slope.
+        intercepts: ``(heads, n_knots + 1)``, each piece's intercept.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.bias import FIRE
+        >>> _ = torch.manual_seed(0)
+        >>> fire, pos = FIRE(2, init_L=4.0), torch.arange(8)
+        >>> form = fire.scaled_form(pos, torch.arange(-7, 8))  # every key - query of 8 tokens
+        >>> x = form.table[pos[None, :] - pos[:, None] + 7] * form.scale[:, None]
+        >>> piece = torch.bucketize(x, form.knots)
+        >>> bias = form.slopes[:, piece] * x + form.intercepts[:, piece]  # (heads, 8, 8)
+        >>> torch.allclose(bias, fire(pos[:, None], pos[None, :]), atol=1e-6)
+        True
     """
 
     table: torch.Tensor

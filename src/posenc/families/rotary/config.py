@@ -161,6 +161,16 @@ class RopeSpec:
             config names none (M-RoPE models: Qwen2-VL, GLM-4V ...), else ``None``.
         notes: where the model's code reads a key otherwise than documented, what
             was read (e.g. a ``partial_rotary_factor`` the model ignores).
+
+    Examples:
+        >>> import posenc.hf
+        >>> spec = posenc.hf.rope_spec({"hidden_size": 64, "num_attention_heads": 4,
+        ...                             "max_position_embeddings": 16, "rope_theta": 10000.0,
+        ...                             "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+        >>> spec.rope_type, spec.head_dim, dict(spec.params)
+        ('dynamic', 16, {'factor': 2.0, 'max_position_embeddings': 16})
+        >>> [round(float(spec.frequencies(n).inv_freq[-1]), 6) for n in (16, 32)]  # base grows
+        [0.000316, 0.000105]
     """
 
     rope_type: str
@@ -347,6 +357,19 @@ def rope_layer_types(config: Any) -> tuple[str, ...]:
     """The layer types with their own RoPE settings; ``()`` for a model with one RoPE.
 
     Layer types whose entry is ``None`` (layers without RoPE) are left out.
+
+    Examples:
+        >>> import posenc.hf
+        >>> config = {"hidden_size": 64, "num_attention_heads": 4,  # Gemma 3's form
+        ...           "layer_types": ["sliding_attention", "full_attention"],
+        ...           "rope_parameters": {
+        ...               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        ...               "full_attention": {"rope_type": "linear", "factor": 8.0,
+        ...                                  "rope_theta": 1000000.0}}}
+        >>> posenc.hf.rope_layer_types(config)
+        ('sliding_attention', 'full_attention')
+        >>> [posenc.hf.rope_spec(config, t).base for t in posenc.hf.rope_layer_types(config)]
+        [10000.0, 1000000.0]
     """
     config = rope_part(config)
     raw = raw_parameters(config)
@@ -440,6 +463,19 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
             of another kind (:data:`~posenc.rotary.model_types.OTHER_KIND`: the
             message names it and what its module does).
         TypeError: ``rope_parameters`` or ``rope_scaling`` is not a dict.
+
+    Examples:
+        >>> import posenc.hf
+        >>> config = {  # Llama 3.1 8B's config.json, its RoPE part
+        ...     "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+        ...     "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...     "original_max_position_embeddings": 8192}}
+        >>> spec = posenc.hf.rope_spec(config)
+        >>> spec.rope_type, spec.base, spec.head_dim, spec.rotary_dim, spec.layout
+        ('llama3', 500000.0, 128, 128, 'half')
+        >>> len(spec.frequencies().omega)
+        64
     """
     inner, outer = _model_types(config)
     _other_kind(rope_part(config), inner)

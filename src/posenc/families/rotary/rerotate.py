@@ -112,6 +112,21 @@ def rerotation_cos_sin(
             unknown ``layout``, positions beyond ``2**31`` in magnitude; tables of
             more than :data:`posenc.core.checks.MAX_ELEMENTS` values
             (``positions.numel() * rotary_dim``, refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.rotary.rerotate import rerotate_keys, rerotation_cos_sin
+        >>> from posenc.rotary.schedules import frequencies
+        >>> params = {"factor": 2.0, "max_position_embeddings": 8}
+        >>> old, new = (frequencies("dynamic", 16, 10000.0, params, seq_len=n) for n in (8, 16))
+        >>> cos, sin = rerotation_cos_sin(torch.arange(8), old, new)
+        >>> cos.shape
+        torch.Size([8, 16])
+        >>> keys = torch.randn(1, 2, 8, 16)  # cached keys, rotated with old's tables
+        >>> moved = posenc.apply_rotary(keys, cos, sin)  # or a kernel of one's own
+        >>> torch.equal(moved, rerotate_keys(keys, torch.arange(8), old, new))
+        True
     """
     _check_frequencies(old, new)
     checks.check_choice(layout, "layout", LAYOUTS)
@@ -162,6 +177,20 @@ def rerotate_keys(
             than ``keys`` has channels, shapes of ``positions`` that do not
             match ``keys``, unknown ``layout`` or ``seq_dim``, positions beyond
             ``2**31``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.rerotate import rerotate_keys
+        >>> from posenc.rotary.schedules import frequencies
+        >>> params = {"factor": 2.0, "max_position_embeddings": 8}  # dynamic NTK past 8
+        >>> old, new = (frequencies("dynamic", 16, 10000.0, params, seq_len=n) for n in (8, 16))
+        >>> _ = torch.manual_seed(0)
+        >>> keys = torch.randn(1, 2, 8, 16)  # (batch, kv_heads, seq, head_dim), rotated with old
+        >>> moved = rerotate_keys(keys, torch.arange(8), old, new)
+        >>> moved.shape
+        torch.Size([1, 2, 8, 16])
+        >>> torch.allclose(rerotate_keys(moved, torch.arange(8), new, old), keys, atol=1e-6)
+        True
     """
     keys = checks.check_float_tensor(keys, "keys")
     _check_frequencies(old, new)

@@ -79,6 +79,17 @@ class RopeFrequencies:
         omega: exact angular frequencies (radians per position), one per pair.
         attention_scaling: multiplies cos and sin (YaRN's mscale, LongRoPE's
             factor); 1.0 for most schedules.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.schedules import frequencies
+        >>> f = frequencies("linear", 8, 10000.0, {"factor": 2.0})
+        >>> f.omega[1]  # exact, 40 digits
+        Decimal('0.0500000000000000000000000000000000000000')
+        >>> f.inv_freq.tolist(), f.attention_scaling
+        ([0.5, 0.05, 0.005, 0.0005], 1.0)
+        >>> torch.from_numpy(f.inv_freq).float()  # as HF's inv_freq buffer
+        tensor([0.5000, 0.0500, 0.0050, 0.0005])
     """
 
     omega: tuple[decimal.Decimal, ...]
@@ -107,7 +118,19 @@ PARAMETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 def register(
     name: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
 ) -> Callable[[Schedule], Schedule]:
-    """Add a schedule to :data:`SCHEDULES` under ``name``, with the keys it takes."""
+    """Add a schedule to :data:`SCHEDULES` under ``name``, with the keys it takes.
+
+    Examples:
+        >>> import posenc
+        >>> from posenc.rotary.schedules import default, frequencies, register
+        >>> @register("base_scaled", required=("factor",))
+        ... def base_scaled(rotary_dim, base, params, *, head_dim=None, seq_len=None):
+        ...     return default(rotary_dim, base * params["factor"], {})  # a larger base
+        >>> frequencies("base_scaled", 4, 100.0, {"factor": 100.0}).inv_freq.tolist()
+        [1.0, 0.01]
+        >>> posenc.Rotary(4, base=100.0, scaling={"rope_type": "base_scaled", "factor": 100.0})
+        Rotary(4, base=100, layout='half', rope_type='base_scaled')
+    """
 
     def add(fn: Schedule) -> Schedule:
         SCHEDULES[name] = fn
@@ -158,7 +181,13 @@ def default(
     head_dim: int | None = None,
     seq_len: int | None = None,
 ) -> RopeFrequencies:
-    """Unscaled RoPE: ``base ** (-2k / rotary_dim)``."""
+    """Unscaled RoPE: ``base ** (-2k / rotary_dim)``.
+
+    Examples:
+        >>> from posenc.rotary.schedules import default
+        >>> default(8, 10000.0, {}).inv_freq.tolist()
+        [1.0, 0.1, 0.01, 0.001]
+    """
     _check(params, "default")
     return RopeFrequencies(tuple(base_exponents(rotary_dim, base)))
 
@@ -172,7 +201,13 @@ def linear(
     head_dim: int | None = None,
     seq_len: int | None = None,
 ) -> RopeFrequencies:
-    """Position interpolation (kaiokendev; HF ``linear``): the default divided by ``factor``."""
+    """Position interpolation (kaiokendev; HF ``linear``): the default divided by ``factor``.
+
+    Examples:
+        >>> from posenc.rotary.schedules import linear
+        >>> linear(8, 10000.0, {"factor": 2.0}).inv_freq.tolist()
+        [0.5, 0.05, 0.005, 0.0005]
+    """
     _check(params, "linear")
     factor = _factor(params["factor"])
     f = decimal.Decimal(factor)
@@ -233,6 +268,14 @@ def ntk(
 
     Not an HF type: it is HF's ``dynamic`` frozen at ``seq_len = factor *
     max_position_embeddings`` with factor 1. Takes ``factor`` (>= 1).
+
+    Examples:
+        >>> from posenc.rotary.schedules import default, ntk
+        >>> f = ntk(8, 10000.0, {"factor": 4.0})
+        >>> f.inv_freq.round(6).tolist()
+        [1.0, 0.062996, 0.003969, 0.00025]
+        >>> (default(8, 10000.0, {}).inv_freq / f.inv_freq).round(4).tolist()  # up to factor
+        [1.0, 1.5874, 2.5198, 4.0]
     """
     _check(params, "ntk")
     factor = _factor(params["factor"])
@@ -259,6 +302,14 @@ def dynamic(
 
     Takes ``factor`` (>= 1) and ``max_position_embeddings`` (HF reads the latter
     from the model config).
+
+    Examples:
+        >>> from posenc.rotary.schedules import dynamic
+        >>> params = {"factor": 2.0, "max_position_embeddings": 2048}
+        >>> dynamic(8, 10000.0, params, seq_len=1024).inv_freq.tolist()  # the default
+        [1.0, 0.1, 0.01, 0.001]
+        >>> dynamic(8, 10000.0, params, seq_len=4096).inv_freq.round(6).tolist()
+        [1.0, 0.069336, 0.004807, 0.000333]
     """
     _check(params, "dynamic")
     factor = _factor(params["factor"])
@@ -322,6 +373,14 @@ def yarn(
     True). ``None`` means absent, except for ``truncate``, which must be a bool
     (HF would read ``None`` as false). HF turns a zero beta into its default;
     posenc rejects it.
+
+    Examples:
+        >>> from posenc.rotary.schedules import default, yarn
+        >>> f = yarn(16, 10000.0, {"factor": 4.0, "original_max_position_embeddings": 2048})
+        >>> (default(16, 10000.0, {}).inv_freq / f.inv_freq).round(4).tolist()
+        [1.0, 1.0, 1.0, 1.2308, 1.6, 2.2857, 4.0, 4.0]
+        >>> round(f.attention_scaling, 4)  # 0.1 ln(4) + 1
+        1.1386
     """
     _check(params, "yarn")
     factor = _factor(params["factor"])
@@ -400,6 +459,14 @@ def llama3(
 
     Takes ``factor`` (>= 1), ``low_freq_factor`` (> 0), ``high_freq_factor``
     (> ``low_freq_factor``) and ``original_max_position_embeddings``.
+
+    Examples:
+        >>> from posenc.rotary.schedules import default, llama3
+        >>> params = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...           "original_max_position_embeddings": 8192}
+        >>> f = llama3(16, 500000.0, params)
+        >>> (default(16, 500000.0, {}).inv_freq / f.inv_freq).round(4).tolist()
+        [1.0, 1.0, 1.0, 1.0, 2.6945, 8.0, 8.0, 8.0]
     """
     _check(params, "llama3")
     factor = _factor(params["factor"])
@@ -466,6 +533,17 @@ def longrope(
     numbers each), ``original_max_position_embeddings`` (>= 2), and optionally
     ``factor`` (>= 1), ``attention_factor`` (> 0) and ``max_position_embeddings``
     (needed when ``factor`` is absent; HF reads it from the model config).
+
+    Examples:
+        >>> from posenc.rotary.schedules import default, longrope
+        >>> params = {"short_factor": [1.0, 1.0, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0],
+        ...           "original_max_position_embeddings": 4096, "max_position_embeddings": 131072}
+        >>> base = default(8, 10000.0, {}).inv_freq
+        >>> (base / longrope(8, 10000.0, params, seq_len=4096).inv_freq).tolist()
+        [1.0, 1.0, 1.5, 2.0]
+        >>> f = longrope(8, 10000.0, params, seq_len=8192)
+        >>> (base / f.inv_freq).tolist(), round(f.attention_scaling, 4)
+        ([1.0, 2.0, 4.0, 8.0], 1.1902)
     """
     _check(params, "longrope")
     count = rotary_dim // 2
@@ -523,6 +601,11 @@ def proportional(
     Takes, optionally, ``partial_rotary_factor`` (in [0, 1], default 1) and
     ``factor`` (>= 1, default 1). ``head_dim``, if given, must equal
     ``rotary_dim``.
+
+    Examples:
+        >>> from posenc.rotary.schedules import proportional
+        >>> proportional(8, 10000.0, {"partial_rotary_factor": 0.5}).inv_freq.tolist()
+        [1.0, 0.1, 0.0, 0.0]
     """
     _check(params, "proportional")
     if head_dim is not None and head_dim != rotary_dim:
@@ -597,6 +680,14 @@ def resonance(
 
     The default frequencies with every wavelength rounded to an integer
     (:func:`resonance_rounded`). Takes no parameters.
+
+    Examples:
+        >>> import math
+        >>> from posenc.rotary.schedules import default, resonance
+        >>> (2 * math.pi / default(8, 10000.0, {}).inv_freq).round(2).tolist()  # wavelengths
+        [6.28, 62.83, 628.32, 6283.19]
+        >>> (2 * math.pi / resonance(8, 10000.0, {}).inv_freq).round(4).tolist()
+        [6.0, 63.0, 628.0, 6283.0]
     """
     _check(params, "resonance")
     return resonance_rounded(default(rotary_dim, base, {}), "resonance")
@@ -621,6 +712,14 @@ def resonance_yarn(
     rounded (:func:`resonance_rounded`): the rounding comes after YaRN's blend, as the
     reference's ``yarn()`` calls ``resonance_register()`` on the ``inv_freq`` it just
     made. The attention scaling is YaRN's ``mscale``.
+
+    Examples:
+        >>> import math
+        >>> from posenc.rotary.schedules import resonance_yarn
+        >>> params = {"factor": 4.0, "original_max_position_embeddings": 2048}
+        >>> f = resonance_yarn(8, 10000.0, params)
+        >>> (2 * math.pi / f.inv_freq).round(4).tolist(), round(f.attention_scaling, 4)
+        ([6.0, 63.0, 1005.0, 25133.0], 1.1386)
     """
     _check(params, "resonance_yarn")
     return resonance_rounded(yarn(rotary_dim, base, params), "resonance_yarn")
@@ -652,6 +751,13 @@ def frequencies(
         ValueError: unknown type (the valid ones are listed), odd or small
             ``rotary_dim``, or one above :data:`posenc.core.checks.MAX_CHANNELS`,
             non-positive base, missing or extra parameters.
+
+    Examples:
+        >>> from posenc.rotary.schedules import frequencies
+        >>> params = {"factor": 4.0, "original_max_position_embeddings": 2048}
+        >>> f = frequencies("yarn", 8, 10000.0, params)  # rope_theta 10000, rotary_dim 8
+        >>> f.inv_freq.tolist(), round(f.attention_scaling, 4)
+        ([1.0, 0.1, 0.00625, 0.00025], 1.1386)
     """
     if rope_type not in SCHEDULES:
         raise ValueError(f"unknown rope type {rope_type!r}; valid types: {', '.join(SCHEDULES)}")

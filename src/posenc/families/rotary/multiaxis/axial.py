@@ -31,6 +31,15 @@ def pixel_frequencies(axis_dim: int, max_freq: float = 10.0) -> RopeFrequencies:
     ``n = axis_dim // 2``; meant for coordinates in ``[-1, 1]``
     (:func:`axial_grid` with ``normalized=True``). Computed exactly (the
     reference rounds ``linspace`` and the product with ``pi`` to float32).
+
+    Examples:
+        >>> import math
+        >>> from posenc.rotary.multiaxis import AxialRotary, pixel_frequencies
+        >>> freqs = pixel_frequencies(8, max_freq=10.0)
+        >>> (freqs.inv_freq / math.pi).round(4).tolist()  # linspace(1, max_freq / 2, 4)
+        [1.0, 2.3333, 3.6667, 5.0]
+        >>> AxialRotary(16, axes=2, freqs=freqs)  # then coords from axial_grid(normalized=True)
+        AxialRotary(head_dim=16, axes=2, axis_dim=8)
     """
     axis_dim = checks.check_channels(axis_dim, "axis_dim", minimum=2)
     top = checks.check_number(max_freq, "max_freq", positive=True) / 2
@@ -55,6 +64,15 @@ def axial_grid(
         ValueError: no size, a size below 1, ``offsets`` of another length; a grid
             of more than :data:`posenc.core.checks.MAX_ELEMENTS` values
             (``prod(sizes) * len(sizes)``, refused before any work).
+
+    Examples:
+        >>> from posenc.rotary.multiaxis import axial_grid
+        >>> axial_grid(2, 3).tolist()  # (row, column) of each cell of a 2 x 3 grid
+        [[[0, 0], [0, 1], [0, 2]], [[1, 0], [1, 1], [1, 2]]]
+        >>> axial_grid(3, normalized=True).flatten().tolist()
+        [-1.0, 0.0, 1.0]
+        >>> axial_grid(2, 8, 8).shape  # video: (frames, height, width, 3)
+        torch.Size([2, 8, 8, 3])
     """
     if not sizes:
         raise ValueError("axial_grid needs at least one size")
@@ -105,6 +123,15 @@ def axial_cos_sin(
         ValueError: ``coords`` 0-d or beyond ``2**31``, ``freqs`` not one per axis,
             an unknown ``layout``; tables of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (refused before any work).
+
+    Examples:
+        >>> from posenc.rotary.multiaxis import axial_cos_sin, axial_grid
+        >>> from posenc.rotary.schedules import frequencies
+        >>> cos, sin = axial_cos_sin(axial_grid(2, 2), frequencies("default", 4, 100.0))
+        >>> cos.shape  # (rows, columns, 2 axes x 4 channels)
+        torch.Size([2, 2, 8])
+        >>> cos[1, 0].round(decimals=4)  # row 1, column 0: only the row block turns
+        tensor([0.5403, 0.5403, 0.9950, 0.9950, 1.0000, 1.0000, 1.0000, 1.0000])
     """
     coords = checks.check_position_tensor(coords, "coords")
     checks.check_choice(layout, "layout", LAYOUTS)
@@ -163,6 +190,17 @@ class AxialRotary(DerivedBuffers):
             :data:`posenc.core.checks.MAX_CHANNELS` (refused before any frequency is
             computed), an odd ``axis_dim``, ``axes * axis_dim > head_dim``, ``freqs``
             of another size, an unknown ``layout``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.multiaxis import AxialRotary, axial_grid
+        >>> rope = AxialRotary(head_dim=32, axes=2)
+        >>> rope
+        AxialRotary(head_dim=32, axes=2, axis_dim=16)
+        >>> q, k = torch.randn(2, 1, 4, 16, 32)  # (batch, heads, 4 x 4 patches, head_dim)
+        >>> q, k = rope(q, k, axial_grid(4, 4).flatten(0, 1))  # coords (16, 2)
+        >>> q.shape
+        torch.Size([1, 4, 16, 32])
     """
 
     def __init__(

@@ -59,6 +59,13 @@ def mrope_axes(
             ``pairs``; for ``interleaved`` or ``videorope``, not one section per
             axis, sections too long to interleave, or (``videorope``) height and
             width sections the alternation does not give; both orders at once.
+
+    Examples:
+        >>> from posenc.rotary.multiaxis import mrope_axes
+        >>> mrope_axes((2, 3, 3), 8)  # Qwen2-VL: 0 temporal, 1 height, 2 width
+        (0, 0, 1, 1, 1, 2, 2, 2)
+        >>> mrope_axes((3, 3, 2), 8, interleaved=True)  # Qwen3-VL
+        (0, 1, 2, 0, 1, 2, 0, 1)
     """
     sections = tuple(mrope_section)
     if not sections or any(
@@ -146,6 +153,19 @@ def mrope_cos_sin(
             ``2**31``; bad ``mrope_section`` (see :func:`mrope_axes`); tables of
             every axis of more than :data:`posenc.core.checks.MAX_ELEMENTS` values
             (``position_ids.numel() * rotary_dim``, refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.multiaxis import mrope_cos_sin
+        >>> from posenc.rotary.schedules import frequencies
+        >>> freqs = frequencies("default", 16, 10000.0)
+        >>> text = torch.arange(6).expand(3, 1, 6)  # text tokens: the three axes agree
+        >>> cos, sin = mrope_cos_sin(text, freqs, [2, 3, 3])
+        >>> cos.shape
+        torch.Size([1, 6, 16])
+        >>> angles = torch.arange(6.0)[:, None] * torch.from_numpy(freqs.inv_freq).float()
+        >>> torch.allclose(cos[0], torch.cat([angles, angles], -1).cos())  # 1-D RoPE's table
+        True
     """
     position_ids = checks.check_position_tensor(position_ids, "position_ids")
     if position_ids.ndim < 2:

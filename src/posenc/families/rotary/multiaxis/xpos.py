@@ -45,6 +45,14 @@ def xpos_scale(
             :data:`posenc.core.checks.MAX_CHANNELS`, or a result of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel() *
             rotary_dim``), both refused before any work.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.multiaxis import xpos_scale
+        >>> xpos_scale(torch.tensor([0, 512, 1024]), 4, center=512).round(decimals=4)
+        tensor([[3.5000, 3.5000, 1.5556, 1.5556],
+                [1.0000, 1.0000, 1.0000, 1.0000],
+                [0.2857, 0.2857, 0.6429, 0.6429]])
     """
     positions = checks.check_position_tensor(positions, "positions")
     rotary_dim = checks.check_channels(rotary_dim, "rotary_dim", minimum=2)
@@ -97,6 +105,19 @@ def xpos_tables(
         ValueError: positions beyond ``2**31``; tables of more than
             :data:`posenc.core.checks.MAX_ELEMENTS` values (``positions.numel() *
             rotary_dim``, refused before any work).
+
+    Examples:
+        >>> import torch
+        >>> import posenc
+        >>> from posenc.rotary.multiaxis import xpos_tables
+        >>> from posenc.rotary.schedules import frequencies
+        >>> freqs = frequencies("default", 8, 10000.0)
+        >>> cos_q, sin_q, cos_k, sin_k = xpos_tables(torch.arange(4), freqs, center=2)
+        >>> q = posenc.apply_rotary(torch.randn(1, 2, 4, 8), cos_q, sin_q, layout="interleaved")
+        >>> q.shape
+        torch.Size([1, 2, 4, 8])
+        >>> torch.allclose(cos_q * cos_k + sin_q * sin_k, torch.ones(4, 8))  # scales cancel
+        True
     """
     positions = checks.check_position_tensor(positions, "positions")
     rotary_dim = 2 * len(freqs.omega)
@@ -139,6 +160,18 @@ def xpos_rotate(
 
     Returns:
         ``(q', k')``, shaped and typed like ``q`` and ``k``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.rotary.multiaxis import xpos_rotate
+        >>> from posenc.rotary.schedules import frequencies
+        >>> _ = torch.manual_seed(0)
+        >>> q, k = torch.randn(2, 1, 2, 5, 16)  # (batch, heads, seq, head_dim) each
+        >>> q2, k2 = xpos_rotate(q, k, frequencies("default", 16, 10000.0))
+        >>> q2.shape
+        torch.Size([1, 2, 5, 16])
+        >>> torch.allclose((q2 * k2).sum(-1), (q * k).sum(-1), atol=1e-5)  # same position
+        True
     """
     if seq_dim not in (-2, -3):
         raise ValueError(f"seq_dim must be -2 or -3; got {seq_dim}")
