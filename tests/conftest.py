@@ -283,11 +283,12 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def small_report(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """One small report (d 32, 16 positions, 20 training steps), built once per session:
-    the report's browser tests read it, and the documentation site carries it."""
+    the report's browser tests read it, and the documentation site carries it, so it is
+    built as the docs build builds it (``site="../"``: its names link into the site)."""
     from posenc.faces import report
 
     out = tmp_path_factory.mktemp("report") / "report"
-    return report.build(out, dim=32, length=16, train_steps=20)
+    return report.build(out, dim=32, length=16, train_steps=20, site="../")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:

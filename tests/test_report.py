@@ -9,6 +9,7 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from types import SimpleNamespace
 
 import matplotlib.image
@@ -21,9 +22,9 @@ from posenc.faces import files
 from posenc.faces.cli import main
 
 SECTIONS = [
-    "why", "index", "sinusoidal", "exp-log", "timesteps", "shift", "add-concat", "geometry",
-    "precision", "learned", "layers", "rope", "extension", "nope", "biases", "arithmetic",
-    "grid",
+    "why", "index", "sinusoidal", "why-10000", "exp-log", "timesteps", "shift", "add-concat",
+    "geometry", "precision", "learned", "layers", "projections", "rope", "rope-layouts",
+    "extension", "nope", "biases", "arithmetic", "grid",
 ]  # fmt: skip
 # the formulas the page must render, by section: the definition, the shift rotation, the
 # norm, RoPE's rotation and the ALiBi bias
@@ -75,8 +76,12 @@ def test_formulas_are_mathml(small):
 
 def test_the_page_loads_nothing_and_names_no_private_document(small):
     page = small.index.read_text()
-    # nothing fetched: no src or href outside the page itself
-    assert not re.findall(r'(?:src|href)="(?!#|data:)[^"]*"', page)
+    # nothing fetched: no src outside the page itself, no stylesheet or other <link>
+    assert not re.findall(r'\bsrc="(?!data:)[^"]*"', page)
+    assert "<link" not in page
+    # links only: within the page, into the documentation site, or to a paper's arXiv page
+    hrefs = re.findall(r'<a\b[^>]*\shref="([^"]*)"', page)
+    assert hrefs and not [h for h in hrefs if not re.match(r"#|\.\./|https://arxiv\.org/abs/", h)]
     lowered = page.lower()
     for word in ("anchors.md", "style.md", "seed text", "seed 00", "seed-00", "shared/"):
         assert word not in lowered
@@ -167,6 +172,244 @@ def test_nope_section_has_the_labs_numbers(small):
     assert order.index("extension") < order.index("nope") < order.index("biases")
 
 
+def test_the_base_section_measures_what_the_base_controls(small):
+    from posenc.integration.analysis.bases import BASES, base_sweep
+
+    rows = numbers(small, "why-10000")
+    sweep = base_sweep(32, 4096, BASES, shown=16)
+    (section,) = [s for s in small.sections if s.key == "why-10000"]
+
+    def row(start):
+        (value,) = [v for k, v in rows.items() if k.startswith(start)]
+        return [None if v.startswith(">") else float(v) for v in value.replace(",", "").split()]
+
+    assert row("bases compared") == list(BASES) == list(sweep.bases)
+    longest = row("wavelength of the slowest pair")
+    assert longest == [round(w) for w in sweep.longest_wavelength]
+    assert longest == sorted(longest) and longest[0] > 2 * math.pi
+    wrapped = row("pairs (of 16) whose hand turns")
+    assert wrapped == list(sweep.wrapped) and wrapped == sorted(wrapped, reverse=True)
+    assert wrapped[0] == 16 > wrapped[-1]  # base 100: every hand wraps within 4096
+    reach = row("first offset k at which")
+    assert reach == list(sweep.reach) and None not in reach and reach == sorted(reach)
+    nearest = row("smallest distance between the codes")
+    assert nearest == [float(f"{d:.4g}") for d in sweep.nearest]
+    assert nearest == sorted(nearest, reverse=True)  # a larger base: closer neighbours
+    still = row("channels (of 32) that change")
+    assert still == list(sweep.still) and still == sorted(still) and still[-1] > still[0]
+    # the text says what the numbers say, and explains the explorer's selector
+    assert f"reaches 0 at offset {sweep.reach[2]}" in section.text
+    assert "base selector" in section.text and "10000" in section.title
+    order = [s.key for s in small.sections]
+    assert order.index("sinusoidal") < order.index("why-10000") < order.index("exp-log")
+
+
+def test_the_projections_section_measures_the_position_term(small):
+    from posenc.integration.analysis.projections import position_terms
+
+    rows = numbers(small, "projections")
+    got = position_terms(32, 24, seed=0)
+    holding = [v for k, v in rows.items() if not k.startswith("random")]
+    assert len(holding) == 4 and all("within float64 rounding" in v for v in holding)
+    (random,) = [v for k, v in rows.items() if k.startswith("random")]
+    spread, size = (float(x) for x in re.fullmatch(r"(\S+) \((\S+)\)", random).groups())
+    assert spread == float(f"{got.spread['random']:.3g}") and size == float(
+        f"{got.size['random']:.3g}"
+    )
+    assert got.spread["random"] > 1e10 * got.tolerance["random"]  # not rounding: m matters
+    for case in ("identity", "commuting", "rope"):
+        assert got.spread[case] <= got.tolerance[case], case
+    (section,) = [s for s in small.sections if s.key == "projections"]
+    assert "commutes" in section.text and "after the projections" in section.text
+    order = [s.key for s in small.sections]
+    assert order.index("projections") == order.index("rope") - 1
+
+
+def test_the_layouts_section_measures_both_layouts(small):
+    from posenc.integration.analysis.layouts import half_from_interleaved, rope_layouts
+
+    rows = numbers(small, "rope-layouts")
+    got = rope_layouts(64, 32, seed=0)
+    assert got.permutation == half_from_interleaved(64)
+    assert got.permutation[:3] == (0, 2, 4) and got.permutation[32:35] == (1, 3, 5)
+    (permuted,) = [v for k, v in rows.items() if "permuted (" in k]
+    assert "within float64 rounding" in permuted
+    assert got.permuted_difference <= got.tolerance
+    (wrong,) = [v for k, v in rows.items() if "unpermuted:" in k]
+    assert first_float(wrong) == float(f"{got.wrong_difference:.3g}")
+    assert got.wrong_difference > 0.1 * got.size  # a wrong model, not a rounding
+    (diagonal,) = [v for k, v in rows.items() if "m = n" in k]
+    assert "within float64 rounding" in diagonal
+    (section,) = [s for s in small.sections if s.key == "rope-layouts"]
+    assert 'layout="interleaved"' in section.text and "rotate_half" in section.text
+    (rope,) = [s for s in small.sections if s.key == "rope"]
+    assert "half layout" in rope.text and "2i + 1" in rope.text  # the formula's pairs, explained
+
+
+def test_lab_findings_say_what_the_lab_numbers_say(small):
+    from posenc.faces.lab import results
+
+    copy = results.bundled()[0]
+    rows = {r["encoding"]: r for r in results.summary(copy.records, copy.config.train_len)}
+    alibi_within, alibi_beyond = rows["alibi"]["within"][0], rows["alibi"]["beyond"][0]
+    assert alibi_beyond < 0.5 * alibi_within  # the bundled numbers: ALiBi does not hold
+    by_key = {s.key: s for s in small.sections}
+    for key in ("learned", "biases"):
+        text = by_key[key].text
+        assert "holds" not in text and "extrapolates" not in text, key
+        assert f"{alibi_beyond:.3g}" in text and f"{alibi_within:.3g}" in text, key
+    # every encoding of the copy run, with the number its table shows
+    for encoding, row in rows.items():
+        assert f"{encoding} {row['beyond'][0]:.3g}" in by_key["learned"].text
+
+
+def test_figures_stacked_below_each_other_are_not_called_left_or_right(small):
+    # a section's figures are stacked (img is a block); left and right are panels of one
+    side = re.compile(r"\((left|right)\b|\b(left|right) figure", re.I)
+    for s in small.sections:
+        if len(s.figures) > 1:
+            assert not side.search(s.text), (s.key, side.search(s.text))
+    assert side.search("(right, left panel)") and side.search("the left figure")
+
+
+def msup_bars(math):
+    """The norm bars of a MathML formula that carry a script alone: ``‖ ... ‖^2`` drawn with
+    the closing bar as the base of the 2 (a tiny subscript-like bar in browsers)."""
+    root = ET.fromstring(math)
+    scripted = ("msup", "msub", "msubsup")
+    return [
+        el for el in root.iter()
+        if el.tag.rpartition("}")[2] in scripted
+        and el[0].tag.rpartition("}")[2] == "mo" and (el[0].text or "").strip() in ("\u2016", "|")
+    ]  # fmt: skip
+
+
+def test_norms_are_squared_as_a_whole_in_the_mathml(small):
+    from posenc.faces.explainer.shared import mathml
+
+    page = small.index.read_text()
+    formulas = re.findall(r"<math.*?</math>", page, re.S)
+    assert formulas and not [f for f in formulas if msup_bars(f)]
+    # the offset distance: the closing bar at full size inside the base, the 2 its superscript
+    (index,) = [s for s in small.sections if s.key == "index"]
+    (norm,) = [f for f in index.formulas if "rVert" in f]
+    root = ET.fromstring(mathml(norm))
+    m = "{http://www.w3.org/1998/Math/MathML}"
+    squared = [e for e in root.iter(f"{m}msup") if e[1].tag == f"{m}mn" and e[1].text == "2"]
+    base = squared[0][0]
+    assert base.tag == f"{m}mrow" and base[0].text == base[-1].text == "\u2016"
+    assert base[0].get("form") == "prefix" and base[-1].get("form") == "postfix"
+    assert len(base) > 3  # the whole difference between the bars
+    # what the page used to write is what the check catches
+    assert msup_bars(mathml(r"\lVert x - y \rVert^2")) and msup_bars(mathml(r"\| x \|^2"))
+
+
+# ------------------------------------------------------------------------ links
+
+
+def public_names():
+    from posenc import _api
+
+    return set(_api.PUBLIC) | {f"{m}.{n}" for m in _api.PUBLIC for n in _api.names(m)}
+
+
+class _Links(HTMLParser):
+    """Every posenc name a page mentions, with the links around it."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack, self.hrefs, self.skip = [], [], 0
+        self.code: list[str] | None = None
+        self.found = []  # (name, text, enclosing hrefs, is the whole text of a <code>)
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style", "math"):
+            self.skip += 1
+        self.stack.append(tag)
+        self.hrefs.append(dict(attrs).get("href") if tag == "a" else None)
+        if tag == "code":
+            self.code = []
+
+    def handle_endtag(self, tag):
+        while self.stack:
+            open_ = self.stack.pop()
+            self.hrefs.pop()
+            if open_ in ("script", "style", "math"):
+                self.skip -= 1
+            if open_ == "code" and self.code is not None:
+                text = "".join(self.code)
+                if text in public_names():
+                    self.found.append((text, text, [h for h in self.hrefs if h], True))
+                self.code = None
+            if open_ == tag:
+                break
+
+    def handle_data(self, data):
+        if self.skip:
+            return
+        if self.code is not None:
+            self.code.append(data)
+        for name in re.findall(r"(?<![\w.])posenc(?:\.[A-Za-z_]\w*)+", data):
+            self.found.append((name, data, [h for h in self.hrefs if h], False))
+
+
+def unlinked_names(page, site):
+    """Mentions of public posenc names not inside a link to their reference entry (every
+    mention, when ``site`` is None: then no name may be linked)."""
+    from posenc import _api, _moved
+
+    parser = _Links()
+    parser.feed(page)
+    wrong = []
+    for name, text, hrefs, whole in parser.found:
+        if whole:  # the same mention, seen as a <code> element (checked by the test below)
+            continue
+        public = next((n for n in (name, _moved.short(name)) if n in public_names()), None)
+        if public is None:
+            continue
+        if site is None:
+            if hrefs:
+                wrong.append(f"{name} linked in a standalone page")
+        elif site + _api.reference_path(public) not in hrefs:
+            wrong.append(f"{name} unlinked in {text[:60]!r}")
+    return wrong
+
+
+def test_every_public_name_links_to_its_reference_entry(small):
+    from posenc import _api
+
+    page = small.index.read_text()
+    assert unlinked_names(page, "../") == []
+    parser = _Links()
+    parser.feed(page)
+    codes = [(name, hrefs) for name, _, hrefs, whole in parser.found if whole]
+    assert len(codes) >= 5
+    for name, hrefs in codes:  # every <code> that is a public name sits in its link
+        assert "../" + _api.reference_path(name) in hrefs, name
+    assert '<a href="../index.html">' in page  # and the page links back to the site
+    # the check fails on one mention left plain: one link taken away, in prose and in code
+    for plain, linked in (("<code>posenc.Rotary</code>", "<code>posenc.Rotary</code>"),
+                          ("posenc.sinusoidal", "posenc.sinusoidal")):  # fmt: skip
+        href = "../" + _api.reference_path(plain.removeprefix("<code>").removesuffix("</code>"))
+        tag = f'<a class="ref" href="{href}">{linked}</a>'
+        assert tag in page
+        broken = page.replace(tag, plain, 1)
+        assert len(unlinked_names(broken, "../")) == 1
+
+
+def test_every_cited_paper_links_to_its_arxiv_page(small):
+    from posenc.faces.explainer.shared import PAPERS, arxiv
+
+    page = small.index.read_text()
+    cited = {c for s in small.sections for c in re.findall(r"\b[A-Z][a-z]+ et al\.", s.text)}
+    assert {"Vaswani et al.", "Su et al.", "Press et al.", "Raffel et al.", "Peng et al."} <= cited
+    assert cited <= set(PAPERS)
+    for name in (*cited, "RoFormer"):
+        assert f'<a href="{arxiv(PAPERS[name])}">{name}</a>' in page, name
+    assert all(re.fullmatch(r"\d{4}\.\d{5}", paper) for paper in PAPERS.values())
+    assert PAPERS["Vaswani et al."] == "1706.03762" and PAPERS["RoFormer"] == "2104.09864"
+
+
 def test_extension_table_tells_the_schedules_apart(small):
     rows = numbers(small, "extension")
     assert next(iter(rows)) == "llama3"  # the default model's schedule comes first
@@ -228,6 +471,11 @@ def test_cli_report_prints_summary_and_path(tmp_path, capsys, figure_placeholder
     printed = capsys.readouterr().out
     assert str((out / "index.html").resolve()) in printed
     assert "sqrt(d/2)" in printed or "norm" in printed
+    # standalone (no site): no link into a site, the names plain code, the papers linked
+    page = (out / "index.html").read_text()
+    assert 'href="../' not in page and 'class="site"' not in page
+    assert "<code>posenc.Rotary</code>" in page and not unlinked_names(page, None)
+    assert 'href="https://arxiv.org/abs/1706.03762"' in page
 
 
 @pytest.mark.parametrize(

@@ -453,7 +453,7 @@ def build_explainer(app: Sphinx, exception: Exception | None) -> None:
         return
     from posenc import report
 
-    report.build(out)
+    report.build(out, site="../")  # the explainer sits at explainer/ inside the site
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from posenc.integration.analysis import explorer as data
+from posenc.integration.analysis.bases import BASES
 
 #: The page's static files (d3, the explorers' script and style), shipped with posenc.
 WEB = resources.files("posenc.faces") / "web"
@@ -67,8 +68,7 @@ def _heat(table: Any) -> tuple[dict[str, Any], list[float]]:
 
 def _sinusoidal(length: int, preset: str, dim: int) -> dict[str, Any]:
     dims = sorted({16, 32, 64, 128, 256, 512, dim})
-    bases = (100.0, 1000.0, 10000.0, 100000.0)
-    got = data.sinusoidal_explorer(length, preset=preset, dims=dims, bases=bases)
+    got = data.sinusoidal_explorer(length, preset=preset, dims=dims, bases=BASES)
     combos = {}
     for (d, b), c in got["combos"].items():
         heat, span = _heat(c["table"])

@@ -755,6 +755,84 @@ def timesteps(*, dim: int = 64, **_: Any) -> Any:
     return fig
 
 
+# ------------------------------------------------------------------ the base, projections, layouts
+
+
+def bases(*, dim: int = 512, length: int = 4096, preset: str = "vaswani", **_: Any) -> Any:
+    """What the base controls: each pair's wavelength, and the similarity of rows k apart."""
+    from posenc.families.absolute.sinusoidal import resolve
+    from posenc.integration.analysis.bases import BASES, base_sweep
+
+    sweep = base_sweep(dim, length, BASES, shown=2, preset=preset)
+    fig, (left, right) = new_figure(10, 4.0, ncols=2)
+    pairs = np.arange(dim // 2)
+    # log-spaced offsets: the ripples of every decade, at a twentieth of the points
+    ks = np.unique(np.geomspace(1, length - 1, 200).round().astype(int))
+    for j, base in enumerate(sweep.bases):
+        wavelength = 2 * np.pi / resolve(preset, base=base).inv_freq(dim)
+        left.semilogy(pairs, wavelength, lw=1.4, color=f"C{j}", label=f"base {base:,g}")
+        right.semilogx(ks, sweep.similarity[j, ks], lw=1, color=f"C{j}", label=f"base {base:,g}")
+    left.axhline(length, color="grey", ls="--", lw=0.8, label=f"{length:,} positions")
+    left.set_xlabel("pair index i")
+    left.set_ylabel("wavelength 2π·base^(2i/d) (positions, log)")
+    left.set_title(f"wavelength of each pair, d = {dim} (below the line: wraps)")
+    left.legend(fontsize=SMALL)
+    right.axhline(0, color="grey", lw=0.8)
+    right.set_xlabel("offset k (positions, log)")
+    right.set_ylabel("PE(p) · PE(p + k) / (d/2)")
+    right.set_title("cosine of two rows k apart, by base")
+    right.legend(fontsize=SMALL, loc="lower left")
+    return fig
+
+
+def projections(*, dim: int = 32, length: int = 24, seed: int = 0, **_: Any) -> Any:
+    """The position-position term of the score over (m, n) under four projections."""
+    from posenc.integration.analysis.projections import CASES, position_terms
+
+    got = position_terms(dim, length, seed)
+    titles = {
+        "identity": "W_q = W_k = I: PE(m) · PE(n)",
+        "commuting": "A = I + 0.7 M₃ − 0.4 M₁₁ (commutes)",
+        "random": "random W_q, W_k: PE(m)ᵀ W_qᵀ W_k PE(n)",
+        "rope": "RoPE after the same W_q, W_k",
+    }
+    fig, axes = new_figure(9, 7.6, ncols=2, nrows=2)
+    for ax, case in zip(axes.flat, CASES, strict=True):
+        spread = got.spread[case]
+        verdict = "constant diagonals" if spread <= got.tolerance[case] else "diagonals vary"
+        _image(fig, ax, got.terms[case], f"{titles[case]}\n{verdict} (spread {spread:.1e})",
+               "key position n", "query position m", "position-position term")  # fmt: skip
+        ax.title.set_fontsize(9)
+    fig.suptitle(f"The score's position-position term, d = {dim}, seed {seed}")
+    return fig
+
+
+def rope_layouts(*, head_dim: int = 64, length: int = 32, seed: int = 0, **_: Any) -> Any:
+    """Which channels each RoPE layout pairs, and the scores' error of the wrong layout."""
+    from posenc.integration.analysis.layouts import rope_layouts as measure
+
+    got = measure(head_dim, length, seed=seed)
+    shown = 8  # a small head: the pattern, not its size
+    channel = np.arange(shown)
+    pairing = np.stack([channel // 2, channel % (shown // 2)])
+    fig, (left, right) = new_figure(11, 4.2, ncols=2)
+    _image(fig, left, pairing, f"the pair of each channel (head_dim {shown})", "channel",
+           "layout", "pair index i (angle m θᵢ)")  # fmt: skip
+    for (row, col), i in np.ndenumerate(pairing):
+        ink = "black" if i >= shown // 4 else "white"  # dark text on the light cells
+        left.text(col, row, str(i), ha="center", va="center", color=ink, fontsize=SMALL)
+    left.set_yticks([0, 1], ["interleaved", "half"])
+    left.set_xticks(channel)
+    error = np.abs(got.wrong - got.scores)
+    _image(fig, right, error, "half layout on interleaved weights: 0 only on m = n",
+           "key position n", "query position m", "|score difference|")  # fmt: skip
+    fig.suptitle(
+        f"RoPE layouts: max |difference| {got.wrong_difference:.3g} unpermuted, "
+        f"{got.permuted_difference:.1e} with W_q, W_k permuted (head_dim {head_dim})"
+    )
+    return fig
+
+
 #: Every figure ``posenc plot`` draws, by name: the function that draws it.
 KINDS: dict[str, Callable[..., Any]] = {
     "permutation": permutation,
@@ -776,6 +854,9 @@ KINDS: dict[str, Callable[..., Any]] = {
     "alibi": alibi,
     "t5": t5,
     "grid": grid,
+    "bases": bases,
+    "projections": projections,
+    "rope-layouts": rope_layouts,
 }
 
 
