@@ -368,3 +368,13 @@ def test_check_skip_says_why(monkeypatch, capsys):
     (row,) = [line for line in out.splitlines() if "one column" in line]
     assert "no column bends over 50 positions (exact R^2 >= 1.000)" in row and "SKIP" in row
     assert out.rstrip().endswith("11 PASS, 1 SKIP")
+
+
+def test_rope_help_names_every_engine(capsys):
+    from posenc.faces.cli import build_parser
+    from posenc.integration.analysis.engines import ENGINES
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["rope", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in ENGINES) and len(ENGINES) >= 4

@@ -978,13 +978,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the layer type unprefixed --compare arrays belong to; default: each is tried",
     )
+    from posenc.integration.analysis.engines import ENGINES
+
     rp.add_argument(
         "--engines",
         default=None,
         metavar="NAMES",
         help="run these engines' own RoPE code on the config, each in its own Python, and "
-        "compare with transformers' reading: a comma list of mlx, or all; exit 1 if one "
-        "differs, refuses or gives no answer",
+        f"compare with transformers' reading: a comma list of {', '.join(ENGINES)}, or all; "
+        "exit 1 if one differs, refuses or gives no answer",
     )
     rp.add_argument(
         "--engine-python",
