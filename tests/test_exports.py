@@ -55,6 +55,7 @@ EXPECTED = {
     "stick_breaking_attention",
     "path_attention",
     "PaTH",
+    "PaTHCache",
 }
 
 

@@ -7,7 +7,7 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 :class:`ALiBi`, :class:`T5Bias`, :class:`KERPLE`, :class:`FIRE`, :class:`Sandwich`,
 :class:`NoPE`, the methods after 2023 (:class:`ForgetGate` for FoX's
 ``attention(log_fgate=)``, :func:`stick_breaking_attention`, :class:`CoPE`,
-:class:`DAPE`, :class:`FoPE`, :func:`path_attention` and :class:`PaTH`),
+:class:`DAPE`, :class:`FoPE`, :func:`path_attention`, :class:`PaTH` and its :class:`PaTHCache`),
 :mod:`posenc.hf`) are imported on first use and need torch.
 """
 
@@ -65,6 +65,7 @@ _LAZY = {
     "stick_breaking_attention": "posenc.integration.attention.stick_breaking",
     "path_attention": "posenc.integration.attention.path",
     "PaTH": "posenc.integration.path_layer",
+    "PaTHCache": "posenc.integration.path_layer",
 }
 # submodules reachable as attributes (posenc.hf ...), through their short paths
 _SUBMODULES = (
@@ -86,6 +87,7 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "NoPE",
     "PaTH",
+    "PaTHCache",
     "Rotary",
     "Sandwich",
     "Sinusoid",

@@ -63,6 +63,7 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "stick_breaking_attention",
             "path_attention",
             "PaTH",
+            "PaTHCache",
         ),
         "Position ids: padding, caches, packing, video": (
             "mask_positions",

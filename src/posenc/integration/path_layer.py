@@ -60,6 +60,20 @@ class PaTHCache:
             convolution (zeros before the first position).
         gates: ``(batch, heads, t)``: the cumulative log forget gates ``c_j``; None
             without a forget gate.
+
+    Examples:
+        Prefill, then one decoding step: the step's output is the full pass's.
+
+        >>> import torch
+        >>> import posenc
+        >>> _ = torch.manual_seed(0)
+        >>> layer = posenc.PaTH(64, 4, forget_gate=True)
+        >>> x = torch.randn(1, 9, 64)
+        >>> full = layer(x)
+        >>> _, cache = layer(x[:, :8], cache=posenc.PaTHCache())
+        >>> step, cache = layer(x[:, 8:], cache=cache)
+        >>> cache.length, torch.allclose(step, full[:, 8:], atol=1e-5)
+        (9, True)
     """
 
     keys: torch.Tensor | None = None
