@@ -378,3 +378,21 @@ def test_rope_help_names_every_engine(capsys):
         build_parser().parse_args(["rope", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(name in text for name in ENGINES) and len(ENGINES) >= 4
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"posenc {posenc.__version__}"
+
+
+def test_a_command_that_needs_an_extra_names_it():
+    # transformers made unimportable in a child: reading a config class needs it
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "from posenc.faces.cli import main\n"
+        "sys.exit(main(['rope', 'LlamaConfig']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "pip install 'posenc[hf]'" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1  # one line

@@ -93,3 +93,63 @@ def test_attention_stays_the_function():
     assert (
         callable(posenc.attention) and posenc.attention.__module__ == "posenc.integration.attention"
     )
+
+
+def test_without_torch_every_torch_name_says_which_extra_to_install():
+    # torch made unimportable in a child: each name that needs it, and a short path
+    # whose module needs it, raises an ImportError naming the extra (not torch's own
+    # ModuleNotFoundError from inside posenc); the numpy names still work
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import posenc\n"
+        "needs = []\n"
+        "for name in posenc.__all__:\n"
+        "    try:\n"
+        "        getattr(posenc, name)\n"
+        "    except ImportError as e:\n"
+        "        assert \"pip install 'posenc[torch]'\" in str(e), str(e)\n"
+        "        assert str(e).startswith(f'posenc.{name} needs torch'), str(e)\n"
+        "        needs.append(name)\n"
+        "try:\n"
+        "    import posenc.rotary.multiaxis\n"
+        "except ImportError as e:\n"
+        '    assert "posenc.rotary.multiaxis needs torch" in str(e), str(e)\n'
+        "else:\n"
+        "    raise AssertionError('imported without torch')\n"
+        "print(len(needs), posenc.sinusoidal(3, 4).shape)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    count, shape = out.stdout.split(maxsplit=1)
+    import posenc as p
+
+    assert int(count) == len(p._LAZY) and shape.strip() == "(3, 4)"
+
+
+def test_an_import_error_that_no_extra_fixes_is_left_as_it_is():
+    from posenc import _extras
+
+    other = ModuleNotFoundError("No module named 'flash_attn'", name="flash_attn")
+    assert _extras.missing("posenc.x", other) is other
+    broken = ImportError("cannot import name 'y' from 'torch'", name="torch")  # not missing
+    assert _extras.missing("posenc.x", broken) is broken
+    torch_missing = ModuleNotFoundError("No module named 'torch'", name="torch")
+    assert "posenc[torch]" in str(_extras.missing("posenc.x", torch_missing))
+    hf_missing = ModuleNotFoundError("No module named 'transformers.x'", name="transformers.x")
+    assert "posenc[hf]" in str(_extras.missing("posenc.x", hf_missing))
+
+
+def test_the_package_declares_its_licence_and_classifiers():
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert "MIT License" in (root / "LICENSE").read_text()
+    assert project["version"] == posenc.__version__
+    assert any(
+        c.startswith("Programming Language :: Python :: 3.1") for c in project["classifiers"]
+    )
+    assert "transformers" in " ".join(project["optional-dependencies"]["hf"])

@@ -13,7 +13,7 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 
 from typing import Any
 
-from posenc import _moved
+from posenc import _extras, _moved
 from posenc.core.positions import (
     cache_positions,
     cu_seqlens_from_document_ids,
@@ -128,7 +128,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return _extras.lazy(_LAZY[name], name, f"posenc.{name}")
     if name in _SUBMODULES:
         return importlib.import_module(f"posenc.{name}")
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")

@@ -66,7 +66,15 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
         return importlib.machinery.ModuleSpec(fullname, self, origin=target_name)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = importlib.import_module(str(spec.origin))
+        try:
+            module = importlib.import_module(str(spec.origin))
+        except ImportError as exc:  # a module that needs an extra: say which
+            from posenc import _extras
+
+            error = _extras.missing(spec.name, exc)
+            if error is exc:
+                raise
+            raise error from exc
         # importlib stamps the alias spec on the module it gets: keep the home's
         _real_specs[module.__name__] = module.__spec__
         return module

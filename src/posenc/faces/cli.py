@@ -613,10 +613,13 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``posenc`` argument parser with its subcommands."""
+    from posenc import __version__
+
     parser = _Parser(
         prog="posenc",
         description="Positional encodings: exact tables, their properties, and benchmarks.",
     )
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     table = sub.add_parser(
@@ -1028,10 +1031,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = str(exc) or "try a smaller size"
         print(f"posenc: error: out of memory ({why})", file=sys.stderr)
         return 2
-    except ImportError as exc:
-        needed = exc.name or str(exc)
-        print(f"posenc: error: {needed} is needed here: pip install posenc[plot,torch]",
-              file=sys.stderr)  # fmt: skip
+    except ImportError as exc:  # an extra not installed: the error names it
+        from posenc import _extras
+
+        print(f"posenc: error: {_extras.missing(f'posenc {args.command}', exc)}", file=sys.stderr)
         return 2
 
 

@@ -211,7 +211,7 @@ def _transformers() -> Any:
         import transformers
     except ImportError:
         raise ValueError(
-            "a config class name needs transformers (pip install transformers); "
+            "a config class name needs transformers (pip install 'posenc[hf]'); "
             "or give a config.json"
         ) from None
     return transformers

@@ -33,8 +33,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
+    from posenc import _extras
 
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return _extras.lazy(_LAZY[name], name, f"posenc.lab.{name}")
     raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")

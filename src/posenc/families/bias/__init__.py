@@ -42,12 +42,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    from posenc import _extras
+
     if name in _MODULES:
-        from posenc.families.bias import modules
-
-        return getattr(modules, name)
+        return _extras.lazy("posenc.families.bias.modules", name, f"posenc.bias.{name}")
     if name in ("ForgetGate", "ForgetGateTerm"):
-        from posenc.families.bias import forget
-
-        return getattr(forget, name)
+        return _extras.lazy("posenc.families.bias.forget", name, f"posenc.bias.{name}")
     raise AttributeError(f"module 'posenc.bias' has no attribute {name!r}")
