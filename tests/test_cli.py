@@ -396,3 +396,46 @@ def test_a_command_that_needs_an_extra_names_it():
     assert out.returncode == 2, out.stderr
     assert "pip install 'posenc[hf]'" in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1  # one line
+
+
+def test_info_reports_versions_backends_and_engines(capsys, monkeypatch, tmp_path):
+    from posenc.core import kernels
+    from posenc.integration.analysis.engines import ENGINES
+
+    monkeypatch.setenv("POSENC_ENGINES", str(tmp_path))  # no engine there
+    (tmp_path / "mlx" / "bin").mkdir(parents=True)
+    (tmp_path / "mlx" / "bin" / "python").write_text("")  # one found
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"posenc                 {posenc.__version__}" in out
+    assert f"torch                  {torch.__version__}" in out
+    served = "compiled C" if kernels.compiled is not None else "compiled kernels are not built"
+    assert out.count(served) >= 3
+    assert f"mlx                    {tmp_path / 'mlx' / 'bin' / 'python'}" in out
+    missing = [n for n in ENGINES if n != "mlx"]
+    assert all(f"not found (looked for {tmp_path / n / 'bin' / 'python'})" in out for n in missing)
+
+
+def test_a_missing_kernel_build_is_announced_once_and_info_says_why():
+    # the compiled module made unimportable in a child, every warning an error but ours
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['posenc.core._kernels'] = None\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import posenc\n"
+        "    from posenc.core import kernels\n"
+        "    posenc.sinusoidal(4, 8)\n"
+        "    import posenc.faces.info as info\n"
+        "ours = [w for w in seen if issubclass(w.category, kernels.KernelWarning)]\n"
+        "print(len(ours))\n"
+        "print(str(ours[0].message))\n"
+        "print(info.report())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    count, message, *report = out.stdout.splitlines()
+    assert count == "1"
+    assert "gcc or clang" in message and "pip install -v posenc" in message
+    table = [line for line in report if "sinusoidal table" in line]
+    assert table and "compiled kernels are not built" in table[0]

@@ -7,7 +7,9 @@ of :mod:`posenc.families.rotary.apply` (``rotate``), and the flash-attention loo
 with a relative-bias table of :mod:`posenc.integration.attention` (``attend``)
 and its gradients (``attend_backward``).
 Every caller imports :data:`compiled` from here and falls back to numpy or torch
-when it is ``None``.
+when it is ``None``. A build that failed (or never ran: no C compiler) is announced
+once, when posenc is first imported, by a :class:`KernelWarning` that says how to fix
+it; nothing is checked again on the way through the loops.
 """
 
 from __future__ import annotations
@@ -15,13 +17,36 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from types import ModuleType
+
+#: the kernels' module, as setup.py names it
+MODULE = "posenc.core._kernels"
+
+
+class KernelWarning(RuntimeWarning):
+    """posenc's compiled kernels are missing: the same results, computed more slowly."""
+
+
+#: why the compiled kernels are missing (the import's error), or None where they load
+missing_reason: str | None = None
 
 
 def _load() -> ModuleType | None:
+    global missing_reason
     try:  # optional: numpy and torch do the same work without it
-        return importlib.import_module("posenc.core._kernels")
-    except ImportError:  # pragma: no cover - depends on the build
+        return importlib.import_module(MODULE)
+    except ImportError as exc:
+        missing_reason = str(exc)
+        warnings.warn(
+            f"posenc's compiled kernels are not built ({exc}): the sinusoidal tables, the "
+            "CPU rotary rotation and the attention loop run on numpy and torch instead, "
+            "with the same results, about 3 times slower. With a C compiler installed "
+            "(gcc or clang), reinstall posenc to build them; `pip install -v posenc` shows "
+            "why a build failed. `posenc info` says which backend serves each loop.",
+            KernelWarning,
+            stacklevel=2,
+        )
         return None
 
 

@@ -489,6 +489,13 @@ def _rope(args: argparse.Namespace) -> int:
     )
 
 
+def _info(args: argparse.Namespace) -> int:
+    from posenc.faces import info
+
+    print(info.report())
+    return 0
+
+
 def _presets(args: argparse.Namespace) -> int:
     for name, spec in PRESETS.items():
         fields = f"layout={spec.layout} order={spec.order} base={spec.base:g} shift={spec.shift:g}"
@@ -721,6 +728,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="List every preset with its parameters and the code or paper it reproduces.",
     )
     presets.set_defaults(run=_presets)
+
+    info = sub.add_parser(
+        "info",
+        help="versions, the backend of each loop, and the engines found",
+        description="Print posenc's, Python's, numpy's, torch's, triton's and transformers' "
+        "versions; which backend serves each loop (the compiled C kernels, numpy or torch, "
+        "Triton on CUDA) and, where the compiled kernels are missing, why; and the engines "
+        "`posenc rope --engines` runs, with where each was found or looked for.",
+    )
+    info.set_defaults(run=_info)
 
     rep = sub.add_parser(
         "report",
