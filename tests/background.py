@@ -123,6 +123,12 @@ register(
     lambda out: [sys.executable, "-m", "sphinx", *DOCS_OPTIONS, "-j", "2", "-q",
                  "-D", "posenc_explainer=none", str(ROOT / "docs"), str(out)],
 )  # fmt: skip
+#: the sdist, and the wheel built from it, as `python -m build` makes them for a release
+register(
+    "wheel",
+    ("test_wheel.py",),
+    lambda out: [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+)
 #: every transformers family checked (tests/hf_families.py's command line)
 register(
     "hf-survey",
