@@ -127,16 +127,16 @@ def test_without_torch_every_torch_name_says_which_extra_to_install():
 
 
 def test_an_import_error_that_no_extra_fixes_is_left_as_it_is():
-    from posenc import _extras
+    from posenc.core import extras
 
     other = ModuleNotFoundError("No module named 'flash_attn'", name="flash_attn")
-    assert _extras.missing("posenc.x", other) is other
+    assert extras.missing("posenc.x", other) is other
     broken = ImportError("cannot import name 'y' from 'torch'", name="torch")  # not missing
-    assert _extras.missing("posenc.x", broken) is broken
+    assert extras.missing("posenc.x", broken) is broken
     torch_missing = ModuleNotFoundError("No module named 'torch'", name="torch")
-    assert "posenc[torch]" in str(_extras.missing("posenc.x", torch_missing))
+    assert "posenc[torch]" in str(extras.missing("posenc.x", torch_missing))
     hf_missing = ModuleNotFoundError("No module named 'transformers.x'", name="transformers.x")
-    assert "posenc[hf]" in str(_extras.missing("posenc.x", hf_missing))
+    assert "posenc[hf]" in str(extras.missing("posenc.x", hf_missing))
 
 
 def test_the_package_declares_its_licence_and_classifiers():

@@ -24,6 +24,7 @@ by at most ``10 e max|logits|`` (measured: about ``0.5 e max|logits|``).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -736,6 +737,11 @@ def test_rope_spec_original_max_defaults_and_priority() -> None:
         }
     )
     assert ds.params["factor"] == 4.0
+    # the factor left out (not null): transformers raises KeyError, and posenc refuses it
+    with pytest.raises(ValueError, match=re.escape("'rope_type'='yarn': {'factor'}")):
+        hf.rope_spec(
+            {**BASE_DICT, "rope_scaling": {"type": "yarn", "original_max_position_embeddings": 64}}
+        )
 
 
 def test_rope_spec_gpt_neox_dict_names() -> None:
@@ -772,8 +778,14 @@ def test_rope_spec_errors() -> None:
         hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "wobbly", "factor": 2.0}})
     with pytest.raises(ValueError, match="does not take colour"):
         hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear", "factor": 2.0, "colour": 1}})
-    with pytest.raises(ValueError, match="needs factor"):
+    # a key transformers requires: refused with transformers' own reason (its KeyError)
+    with pytest.raises(ValueError, match=re.escape(
+        "Missing required keys in `rope_parameters` for 'rope_type'='linear': {'factor'}"
+    )):  # fmt: skip
         hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear"}})
+    # a type transformers does not know: the schedule names what it needs
+    with pytest.raises(ValueError, match="rope type 'resonance_yarn' needs factor"):
+        hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "resonance_yarn"}})
     with pytest.raises(ValueError, match="two rope types"):
         hf.rope_spec({**BASE_DICT, "rope_scaling": {"type": "linear", "rope_type": "yarn"}})
     with pytest.raises(ValueError, match="differ"):

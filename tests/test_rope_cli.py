@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -142,7 +143,14 @@ def test_yarn_attention_scaling_and_defaults(tmp_path, capsys):
     assert rope["attention_scaling"]["value"] == pytest.approx(expected, rel=1e-15)
     assert "0.1 ln(factor) + 1" in rope["attention_scaling"]["from"]
     assert rope["parameters"]["beta_fast"] == {"value": 32.0, "from": "default (yarn)"}
-    assert rope["parameters"]["attention_factor"]["from"] == "not set"
+    # an optional key the config leaves out is labelled as a default, its meaning said
+    assert rope["parameters"]["attention_factor"] == {
+        "value": None,
+        "from": "default: none (see attention scaling)",
+    }
+    for key in ("mscale", "mscale_all_dim"):
+        assert rope["parameters"][key] == {"value": None, "from": "default: none"}
+    assert rope["softmax_scale_factor"] is None  # no mscale_all_dim: no softmax factor
     _, out, _ = run(capsys, path)
     assert f"{expected:.6g}" in out and "0.1 ln(4) + 1" in out
 
@@ -456,6 +464,31 @@ def test_unreadable_config(tmp_path, capsys):
     os.chmod(path, 0)
     status, _, err = run(capsys, path)
     assert status == 2 and err.count("\n") == 1 and "Permission denied" in err
+
+
+# --------------------------------------------------------------------------------------
+# exit status as --help says: 1 when an engine asked for gives no answer
+
+
+def test_engines_not_installed_exit_1(tmp_path, capsys, monkeypatch):
+    from posenc.integration.analysis.engines import ENGINES
+
+    empty = tmp_path / "no-engines"
+    empty.mkdir()
+    monkeypatch.setenv("POSENC_ENGINES", str(empty))  # and no --engine-python: none is found
+    path = write_config(tmp_path, YARN)
+    status, out, err = run(capsys, path, "--engines", "all")
+    assert status == 1, err
+    for name in ENGINES:
+        assert re.search(rf"^  {re.escape(name)} +not installed", out, re.MULTILINE), out
+    # one given a Python that does not exist answers nothing either
+    status, _, err = run(capsys, path, "--engines", "mlx", "--engine-python", "mlx=/nonexistent")
+    assert status == 1, err
+    # near miss: an engine that answers "same" exits 0 (tests/test_rope_engines.py::test_same);
+    # without --engines nothing is asked, and the reading alone exits 0
+    assert run(capsys, path)[0] == 0
+    assert main(["rope", "--help"]) == 0
+    assert "(not installed included)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_keys_read_as_the_model_reads_them(tmp_path, capsys):

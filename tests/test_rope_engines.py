@@ -151,7 +151,7 @@ def test_no_json_is_an_error(tmp_path, capsys, fake):
 def test_missing_env_is_not_installed(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("POSENC_ENGINES", str(tmp_path / "nowhere"))
     status, doc = run_engines(capsys, write_config(tmp_path), "--engines", "mlx")
-    assert status == 0  # a missing engine is reported, not a failure
+    assert status == 1  # no answer from an engine asked for: --help's exit 1
     mlx = doc["engines"]["mlx"]
     assert mlx["verdict"] == "not installed"
     assert str(tmp_path / "nowhere" / "mlx" / "bin" / "python") in mlx["note"]

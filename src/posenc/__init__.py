@@ -13,7 +13,8 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 
 from typing import Any
 
-from posenc import _extras, _moved
+from posenc import _moved
+from posenc.core import extras as _extras
 from posenc.core.positions import (
     cache_positions,
     cu_seqlens_from_document_ids,

@@ -69,9 +69,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
         try:
             module = importlib.import_module(str(spec.origin))
         except ImportError as exc:  # a module that needs an extra: say which
-            from posenc import _extras
+            from posenc.core import extras
 
-            error = _extras.missing(spec.name, exc)
+            error = extras.missing(spec.name, exc)
             if error is exc:
                 raise
             raise error from exc

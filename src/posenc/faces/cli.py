@@ -545,6 +545,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse's own drops an OSError; a closed stdout (--help | head -1) must reach
+        # main, which ends as a Unix tool does (_stdout_closed)
+        if message:
+            (file or sys.stderr).write(message)
+
 
 #: The model's and training's sizes that ``lab run``, ``lab profile`` and ``lab suite``
 #: share: the config field each option sets, its type and its help.
@@ -943,11 +949,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how posenc reads a model's RoPE config; golden tables; compare another engine's",
         description="Print how posenc reads a model's RoPE configuration, per layer type: "
         "rope type, base, head and rotary dims, layout, every scaling parameter with the "
-        "config key it came from, the attention scaling, the wavelengths against the "
-        "trained window, NoPE layers and M-RoPE sections. --golden writes posenc's exact "
+        "config key it came from, the attention scaling (and the softmax scale factor a "
+        "config sets), the wavelengths against the trained window, NoPE layers and M-RoPE "
+        "sections. A config transformers refuses (a key it requires left out) is refused "
+        "with its reason. --golden writes posenc's exact "
         "float64 tables (inv_freq, cos, sin in the half and interleaved layouts) to check "
         "another engine against; --compare checks another engine's tables and names the "
-        "likely misreading. Exit status 1 when --compare finds a divergence.",
+        "likely misreading. Exit status 1 when --compare finds a divergence or an engine of "
+        "--engines differs, refuses or gives no answer; 2 for a config refused.",
     )
     rp.add_argument(
         "config",
@@ -1006,7 +1015,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="run these engines' own RoPE code on the config, each in its own Python, and "
         f"compare with transformers' reading: a comma list of {', '.join(ENGINES)}, or all; "
-        "exit 1 if one differs, refuses or gives no answer",
+        "exit 1 if one differs, refuses or gives no answer (not installed included)",
     )
     rp.add_argument(
         "--engine-python",
@@ -1028,8 +1037,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 on success, 1 when ``posenc check`` finds a failing property, 2 for
         invalid input or a file that cannot be written (the message is printed
-        on one line as ``posenc: error: ...``).
+        on one line as ``posenc: error: ...``), 141 when the reader of stdout
+        closed it (``posenc presets | head -1``: see :func:`_stdout_closed`).
     """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here, in the handler, not at the exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return status
+
+
+def _stdout_closed() -> int:
+    """End quietly after the reader of stdout closed it; the exit status, 141.
+
+    A Unix tool writing into a pipe whose reader has gone (``seq 1 1000000 | head -1``)
+    is killed by SIGPIPE, prints nothing, and the shell reports 128 + 13 = 141. posenc
+    ends the same way: nothing on stderr and status 141, so that a pipeline run with
+    ``set -o pipefail`` still sees that the output was cut (0 would claim it was all
+    read). Python ignores SIGPIPE and raises ``BrokenPipeError`` instead; stdout is
+    pointed at ``/dev/null`` so that the interpreter's last flush at the exit does not
+    raise again (Python's documented recipe, ``signal`` module, "Note on SIGPIPE").
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is no file (captured): nothing to do
+        pass
+    return 128 + 13  # 128 + SIGPIPE, as the shell reports a tool the signal ended
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """:func:`main` without the closed-pipe handling (a ``BrokenPipeError`` goes through)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -1037,6 +1077,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # stdout's reader went away: main ends quietly
+        raise
     except (ValueError, TypeError) as exc:
         print(f"posenc: error: {exc}", file=sys.stderr)
         return 2
@@ -1049,9 +1091,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"posenc: error: out of memory ({why})", file=sys.stderr)
         return 2
     except ImportError as exc:  # an extra not installed: the error names it
-        from posenc import _extras
+        from posenc.core import extras
 
-        print(f"posenc: error: {_extras.missing(f'posenc {args.command}', exc)}", file=sys.stderr)
+        print(f"posenc: error: {extras.missing(f'posenc {args.command}', exc)}", file=sys.stderr)
         return 2
 
 

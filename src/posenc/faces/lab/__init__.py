@@ -33,8 +33,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    from posenc import _extras
+    from posenc.core import extras
 
     if name in _LAZY:
-        return _extras.lazy(_LAZY[name], name, f"posenc.lab.{name}")
+        return extras.lazy(_LAZY[name], name, f"posenc.lab.{name}")
     raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")

@@ -42,10 +42,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    from posenc import _extras
+    from posenc.core import extras
 
     if name in _MODULES:
-        return _extras.lazy("posenc.families.bias.modules", name, f"posenc.bias.{name}")
+        return extras.lazy("posenc.families.bias.modules", name, f"posenc.bias.{name}")
     if name in ("ForgetGate", "ForgetGateTerm"):
-        return _extras.lazy("posenc.families.bias.forget", name, f"posenc.bias.{name}")
+        return extras.lazy("posenc.families.bias.forget", name, f"posenc.bias.{name}")
     raise AttributeError(f"module 'posenc.bias' has no attribute {name!r}")

@@ -32,9 +32,19 @@ functions):
   defaults to ``max_position_embeddings`` for ``llama3``, ``yarn``,
   ``resonance_yarn`` and ``longrope``, and a top-level
   ``original_max_position_embeddings`` wins over the one in ``rope_parameters``
-  (Phi-3, as HF does). A ``yarn`` (or ``resonance_yarn``) ``factor`` of ``None``
-  means ``max_position_embeddings / original_max_position_embeddings``
-  (DeepSeek-V3, as HF does).
+  (Phi-3, as HF does). A ``yarn`` (or ``resonance_yarn``) ``factor`` given as
+  ``null`` means ``max_position_embeddings / original_max_position_embeddings``
+  (DeepSeek-V3, as HF's ``_compute_yarn_parameters`` does); a ``factor`` left
+  out is refused, as HF refuses it.
+- A key transformers requires for the rope type (:data:`HF_REQUIRED`) and does
+  not fill in itself (:func:`hf_fills`) is refused when missing, with
+  transformers' own reason (its ``KeyError``: ``Missing required keys in
+  `rope_parameters` for 'rope_type'='yarn': {'factor'}``); a key it leaves
+  optional keeps its default.
+- A dict without ``rope_type`` (nor ``type``) is ``default`` RoPE, as HF reads
+  it; the keys a ``default`` dict has besides ``rope_theta`` and
+  ``partial_rotary_factor`` are ignored, with a note, as HF's default RoPE
+  ignores them (HF only logs "Unrecognized keys").
 - Every other key goes to the schedule unchanged, which rejects unknown and
   missing keys with a ``ValueError`` (HF only logs a warning).
 
@@ -84,6 +94,36 @@ TYPE_ALIASES = {"su": "longrope", "mrope": "default"}
 _ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope", "resonance_yarn")
 #: Types that read YaRN's parameters (a ``factor`` of ``None`` defaults as HF's yarn).
 _YARN_TYPES = ("yarn", "resonance_yarn")
+#: The keys of ``rope_parameters`` transformers (5.x) requires for each of its rope types:
+#: the ``required_keys`` of ``RotaryEmbeddingConfigMixin._validate_<type>_rope_parameters``,
+#: whose ``_check_received_keys`` raises ``KeyError`` naming the missing ones. A key that is
+#: present counts, ``null`` included (HF tests ``set(rope_parameters.keys())``).
+#: ``tests/test_rope_required.py`` checks this table against the installed transformers.
+HF_REQUIRED: dict[str, frozenset[str]] = {
+    "default": frozenset({"rope_type"}),
+    "axial": frozenset({"rope_type"}),
+    "linear": frozenset({"rope_type", "factor"}),
+    "dynamic": frozenset({"rope_type", "factor"}),
+    "yarn": frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
+    "longrope": frozenset(
+        {"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}
+    ),
+    "llama3": frozenset(
+        {
+            "rope_type",
+            "factor",
+            "original_max_position_embeddings",
+            "low_freq_factor",
+            "high_freq_factor",
+            "rope_theta",
+        }
+    ),
+    "proportional": frozenset({"rope_type", "rope_theta"}),
+}
+#: The rope types whose ``original_max_position_embeddings`` HF's ``standardize_rope_params``
+#: fills in (from a top-level ``original_max_position_embeddings``, else
+#: ``max_position_embeddings``) before it checks the required keys.
+HF_ORIGINAL_MAX_TYPES = ("llama3", "yarn", "longrope")
 #: Keys of ``rope_parameters`` that are not schedule parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 #: Keys of ``rope_parameters`` that transformers reads elsewhere, never for the frequencies:
@@ -293,7 +333,30 @@ def _other_kind(config: Any, inner: str | None) -> None:
 
 
 def raw_parameters(config: Any) -> dict[str, Any]:
-    """``rope_parameters`` (v5) or ``rope_scaling`` (v4), copied; ``{}`` if neither."""
+    """``rope_parameters`` (v5) or ``rope_scaling`` (v4), copied; ``{}`` if neither.
+
+    A v4 local/global config (:func:`local_global_form`) comes back as transformers
+    converts it: one dict per layer type.
+    """
+    raw = _given_parameters(config)
+    local = _local_global(config, raw)
+    return raw if local is None else local
+
+
+def local_global_form(config: Any) -> model_types.LocalGlobal | None:
+    """The v4 local/global form :func:`raw_parameters` reads ``config`` through, else ``None``.
+
+    When it is not ``None``, the per-layer-type dicts :func:`raw_parameters` returns are
+    made from the config's keys (:class:`~posenc.rotary.model_types.LocalGlobal`: the
+    local and global bases, ``rope_scaling`` for the full layers or both), not found in
+    it: a reader naming where a value came from names those keys.
+    """
+    found = _local_global_found(config, _given_parameters(config))
+    return None if found is None else model_types.LOCAL_GLOBAL[found]
+
+
+def _given_parameters(config: Any) -> dict[str, Any]:
+    """``rope_parameters`` (v5) or ``rope_scaling`` (v4) as the config gives it, copied."""
     v5 = setting(config, "rope_parameters")
     v4 = setting(config, "rope_scaling")
     if v5 is not None and not isinstance(v5, Mapping):
@@ -306,9 +369,7 @@ def raw_parameters(config: Any) -> dict[str, Any]:
             "config has both rope_parameters (v5) and rope_scaling (v4) and they differ; "
             "keep one of them"
         )
-    raw = dict(v5 or v4 or {})
-    local = _local_global(config, raw)
-    return raw if local is None else local
+    return dict(v5 or v4 or {})
 
 
 def _local_global(config: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
@@ -320,6 +381,20 @@ def _local_global(config: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
     ``global_rope_theta``, whose ``rope_scaling`` applies to both), each defaulting to
     the model's own bases.
     """
+    found = _local_global_found(config, raw)
+    if found is None:
+        return None
+    form = model_types.LOCAL_GLOBAL[found]
+    full = {"rope_type": "default", **raw}
+    if full.get("rope_theta") is None:
+        full["rope_theta"] = setting(config, form.global_key, form.global_default)
+    sliding = {"rope_type": "default", **(raw if form.scaling_both else {})}
+    sliding["rope_theta"] = setting(config, form.local_key, form.local_default)
+    return {"sliding_attention": sliding, "full_attention": full}
+
+
+def _local_global_found(config: Any, raw: Mapping[str, Any]) -> str | None:
+    """The :data:`~posenc.rotary.model_types.LOCAL_GLOBAL` key of a v4 local/global config."""
     found = model_types.lookup(model_types.LOCAL_GLOBAL, setting(config, "model_type"))
     if found is None:
         local_key = next(
@@ -333,15 +408,9 @@ def _local_global(config: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
         if local_key is None:
             return None
         found = "gemma3" if local_key == "rope_local_base_freq" else "modernbert"
-    form = model_types.LOCAL_GLOBAL[found]
     if raw and all(v is None or isinstance(v, Mapping) for v in raw.values()):
         return None  # already one dict per layer type (v5)
-    full = {"rope_type": "default", **raw}
-    if full.get("rope_theta") is None:
-        full["rope_theta"] = setting(config, form.global_key, form.global_default)
-    sliding = {"rope_type": "default", **(raw if form.scaling_both else {})}
-    sliding["rope_theta"] = setting(config, form.local_key, form.local_default)
-    return {"sliding_attention": sliding, "full_attention": full}
+    return found
 
 
 def _nested_keys(config: Any, raw: Mapping[str, Any]) -> list[str]:
@@ -405,6 +474,38 @@ def _head_dim(config: Any, notes: list[str]) -> int:
         )
     head_dim = _config_int(hidden, hidden_key) // _config_int(heads, heads_key)
     return checks.check_channels(head_dim, f"head_dim ({hidden_key} // {heads_key})")
+
+
+def hf_fills(rope_type: str) -> frozenset[str]:
+    """The required keys transformers fills in itself before it checks them.
+
+    HF's ``standardize_rope_params`` (and ``convert_rope_params_to_dict``) set
+    ``rope_type`` (``"default"``, or the old ``type``), ``rope_theta`` (the top-level
+    one, else the class's ``default_theta``) and, for :data:`HF_ORIGINAL_MAX_TYPES`,
+    ``original_max_position_embeddings`` (a top-level one, else
+    ``max_position_embeddings``): a config never lacks them.
+    """
+    filled = {"rope_type", "rope_theta"}
+    if rope_type in HF_ORIGINAL_MAX_TYPES:
+        filled.add("original_max_position_embeddings")
+    return frozenset(filled)
+
+
+def missing_required(parameters: Mapping[str, Any], rope_type: str) -> list[str]:
+    """The keys transformers requires for ``rope_type`` that ``parameters`` lacks, sorted.
+
+    Only keys transformers neither finds (present counts, ``null`` included) nor fills
+    in itself (:func:`hf_fills`); ``[]`` for a rope type transformers does not know.
+
+    Examples:
+        >>> from posenc.rotary.config import missing_required
+        >>> missing_required({"rope_type": "linear"}, "linear")
+        ['factor']
+        >>> missing_required({"rope_type": "yarn", "factor": None}, "yarn")  # HF fills the other
+        []
+    """
+    required = HF_REQUIRED.get(rope_type, frozenset())
+    return sorted(required - hf_fills(rope_type) - set(parameters))
 
 
 def parse_rope_type(
@@ -507,7 +608,10 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
         if raw[layer_type] is None:
             raise ValueError(f"layer type {layer_type!r} has no RoPE (its rope_parameters is None)")
         parameters = dict(raw[layer_type])
-        where = f"rope_parameters[{layer_type!r}]"
+        if local_global_form(config) is not None:  # made from v4 keys: name those
+            where = f"rope_scaling (read for the {layer_type} layers)"
+        else:
+            where = f"rope_parameters[{layer_type!r}]"
     else:
         if layer_type is not None:
             raise ValueError(
@@ -537,6 +641,14 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     rope_type = parse_rope_type(parameters, where)
     if setting(config, "model_type") == "phi3" and rope_type == "yarn":
         rope_type = "longrope"  # transformers' Phi3Config renames its legacy "yarn" to longrope
+    missing = missing_required(parameters, rope_type)
+    if missing:
+        # transformers' _check_received_keys raises KeyError on these: refused as it refuses
+        keys = "{" + ", ".join(repr(k) for k in missing) + "}"
+        raise ValueError(
+            f"{where} lacks what transformers requires: Missing required keys in "
+            f"`rope_parameters` for 'rope_type'='{rope_type}': {keys}"
+        )
 
     base_keys = ("rope_theta", "rotary_emb_base")  # GPT-NeoX's name
     type_theta = model_types.DEFAULT_THETA_BY_TYPE.get(inner or "")
@@ -585,6 +697,16 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
     if "max_position_embeddings" not in takes:
         # a copy of the config attribute that this type's HF init function never reads
         params.pop("max_position_embeddings", None)
+    if rope_type == "default" and params:
+        # HF's default RoPE reads none of them, and its validation only logs "Unrecognized
+        # keys"; a dict without rope_type is "default" (standardize_rope_params sets it)
+        typed = any(parameters.get(k) is not None for k in ("rope_type", "type"))
+        what = "rope type 'default'" if typed else "no rope_type: transformers reads 'default',"
+        notes.append(
+            f"{where} names {what} whose RoPE ignores {', '.join(sorted(params))} "
+            "(transformers only logs 'Unrecognized keys')"
+        )
+        params = {}
 
     original = None
     if rope_type in _ORIGINAL_MAX_TYPES:
@@ -594,8 +716,11 @@ def rope_spec(config: Any, layer_type: str | None = None) -> RopeSpec:
             original = max_pos
         if original is not None:
             params["original_max_position_embeddings"] = original
-    if rope_type in _YARN_TYPES and params.get("factor") is None and max_pos and original:
-        params["factor"] = max_pos / original
+    if rope_type in _YARN_TYPES and "factor" in params and params["factor"] is None:
+        # a null factor (DeepSeek-V3's form): HF's _compute_yarn_parameters derives it; a
+        # factor left out is refused above, as HF refuses it
+        if max_pos and original:
+            params["factor"] = max_pos / original
     if "max_position_embeddings" in takes and max_pos is not None:
         params.setdefault("max_position_embeddings", max_pos)
     ignores = model_types.lookup(model_types.DEFAULT_IGNORES_PARTIAL, inner, outer)

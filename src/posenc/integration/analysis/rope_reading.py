@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,8 +34,10 @@ import numpy as np
 
 from posenc.families.rotary import model_types
 from posenc.families.rotary.config import (
-    DEFAULT_THETA,
+    MULTI_AXIS_KEYS,
+    NOT_FREQUENCIES,
     RopeSpec,
+    local_global_form,
     raw_parameters,
     rope_layer_types,
     rope_part,
@@ -66,6 +69,14 @@ _OPTIONAL_DEFAULTS: dict[str, dict[str, Any]] = {
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True},
     "proportional": {"factor": 1.0},
 }
+#: What an optional schedule parameter with no default value (``None``) means when unset.
+_UNSET_DEFAULTS: dict[str, str] = {
+    "attention_factor": "default: none (see attention scaling)",
+}
+#: Keys of a ``rope_parameters`` dict that are not schedule parameters.
+_NOT_SCHEDULE = (
+    "rope_type", "type", "rope_theta", "partial_rotary_factor", *MULTI_AXIS_KEYS, *NOT_FREQUENCIES,
+)  # fmt: skip
 #: Keys that list layers without RoPE (layer indices), besides SmolLM3's and Llama 4's mask.
 _NOPE_INDEX_KEYS = ("nope_layers", "nope_layer_indices", "no_pe_layers")
 #: Config classes that make ``no_rope_layers`` from ``no_rope_layer_interval`` (default 4),
@@ -270,6 +281,7 @@ class Reading:
     wavelengths: dict[str, Any]
     mrope: dict[str, Any] | None
     layout: str
+    softmax: Row | None = None
 
 
 def show(value: Any) -> str:
@@ -389,6 +401,26 @@ def _reading(
     where = f"{prefix}{group}" + (f".{lt}" if lt else "")
     d: Mapping[str, Any] = (raw[lt] if lt else raw) or {}
     rows: list[Row] = []
+    theta_names: tuple[str, ...] = ("rope_theta", "rotary_emb_base")
+    theta_default = f"default (HF's default_theta {spec.base:g})"
+    untyped = "default (no rope_type given)"
+    form = local_global_form(part)
+    if form is not None and lt is not None:
+        # the per-type dicts are made from v4 keys (Gemma 3's rope_local_base_freq beside
+        # rope_theta and rope_scaling, ModernBERT's ...): the rows name those keys
+        sliding = lt == "sliding_attention"
+        scaled = not sliding or form.scaling_both
+        given = setting(part, group) if group is not None and scaled else None
+        d = {k: v for k, v in dict(given or {}).items() if not (sliding and k == "rope_theta")}
+        where = f"{prefix}{group}"
+        if sliding:
+            key, value = form.local_key, form.local_default
+        else:
+            key, value = form.global_key, form.global_default
+        theta_names = (key,)
+        theta_default = f"default (the config class's {key}: {show(value)})"
+        if not scaled:
+            untyped = f"default ({prefix}rope_scaling applies to the full_attention layers only)"
 
     # rope type
     if where in loaded.renamed:
@@ -402,7 +434,7 @@ def _reading(
             if given == "yarn":
                 type_source += " (transformers' Phi3Config reads its 'yarn' as longrope)"
     else:
-        type_source = "default (no rope_type given)"
+        type_source = untyped
     rows.append(Row("rope type", spec.rope_type, type_source))
 
     # base and partial factor: inside the dict, else a top-level attribute, else default
@@ -412,14 +444,12 @@ def _reading(
             return f"{where}.{key}", d[key]
         for name in names:
             if setting(part, name) is not None:
-                source = f"{prefix}{name}" + (" (GPT-NeoX's name)" if name != key else "")
+                neox = name in ("rotary_emb_base", "rotary_pct")
+                source = f"{prefix}{name}" + (" (GPT-NeoX's name)" if neox else "")
                 return source, setting(part, name)
         return default, None
 
-    base_source, _ = first(
-        "rope_theta", ("rope_theta", "rotary_emb_base"),
-        f"default (HF's default_theta {DEFAULT_THETA:g})",
-    )  # fmt: skip
+    base_source, _ = first("rope_theta", theta_names, theta_default)
     rows.append(Row("base (rope_theta)", spec.base, base_source))
     if setting(part, "head_dim") is not None:
         head_source = f"{prefix}head_dim"
@@ -467,21 +497,68 @@ def _reading(
                 _param_source(spec, key, d, where, part, prefix, partial_source),
             )
         )
+    if spec.rope_type == "default":  # keys transformers' default RoPE reads none of (note)
+        for key in sorted(k for k in d if k not in _NOT_SCHEDULE and k not in spec.params):
+            rows.append(Row(key, _plain(d[key]), f"{where}.{key}: ignored by 'default' RoPE"))
     freqs = spec.frequencies()
     for key in sorted(optional - set(spec.params)):
         default = _OPTIONAL_DEFAULTS.get(spec.rope_type, {}).get(key)
         if spec.rope_type == "longrope" and key == "factor":
-            continue  # longrope's factor comes from max_position_embeddings (a row above)
-        if default is None:
-            rows.append(Row(key, None, "not set", "-"))
+            # HF's longrope: factor = max_position_embeddings / original_max_position_embeddings
+            mp = spec.params.get("max_position_embeddings")
+            original = spec.params.get("original_max_position_embeddings")
+            derived = mp / original if mp and original else None
+            rows.append(Row(key, derived, f"default: {prefix}max_position_embeddings / "
+                            "original_max_position_embeddings"))  # fmt: skip
+        elif default is None:
+            rows.append(Row(key, None, _UNSET_DEFAULTS.get(key, "default: none"), "-"))
         else:
             rows.append(Row(key, default, f"default ({spec.rope_type})"))
     scaling = Row("attention scaling", freqs.attention_scaling, _scaling_source(spec))
     rows.append(scaling)
+    softmax = _softmax_row(spec)
+    if softmax is not None:
+        rows.append(softmax)
 
     wavelengths = _wavelengths(spec, freqs)
     mrope = _mrope(loaded, part, prefix, spec, where, d)
-    return Reading(lt, spec, freqs, layers, rows, scaling, wavelengths, mrope, layout)
+    return Reading(lt, spec, freqs, layers, rows, scaling, wavelengths, mrope, layout, softmax)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``get_mscale``: ``0.1 * mscale * ln(scale) + 1``, 1 for ``scale <= 1``.
+
+    transformers' ``yarn_get_mscale`` (DeepSeek-V2/V3's attention), operation for operation.
+    """
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _softmax_row(spec: RopeSpec) -> Row | None:
+    """The softmax-scale factor a config sets through ``mscale_all_dim``, else ``None``.
+
+    transformers' ``yarn_apply_mscale`` (DeepSeek-V2/V3 and the attention classes copied
+    from theirs): when the rope type is not ``default`` and ``mscale_all_dim`` is set and
+    non-zero, the attention's ``scaling`` (``qk_head_dim ** -0.5``) is multiplied by
+    ``m * m``, ``m = yarn_get_mscale(factor, mscale_all_dim)``.
+    """
+    all_dim = spec.params.get("mscale_all_dim")
+    factor = spec.params.get("factor")
+    if spec.rope_type == "default" or not all_dim or factor is None:
+        return None
+    m = yarn_mscale(float(factor), float(all_dim))
+    formula = (
+        f"(0.1 * {show(float(all_dim))} * ln({show(float(factor))}) + 1) ** 2"
+        if factor > 1
+        else "1 (factor <= 1)"
+    )
+    return Row(
+        "softmax scale factor",
+        m * m,
+        f"get_mscale(factor, mscale_all_dim) ** 2 = {formula}: multiplies the attention's "
+        "softmax scale (transformers' yarn_apply_mscale, DeepSeek-V2/V3)",
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -511,8 +588,9 @@ def _param_source(
         return f"{where}.{key}"
     if key == "max_position_embeddings":
         return f"{prefix}max_position_embeddings (config attribute)"
-    if key == "factor" and spec.rope_type == "yarn":
-        return "= max_position_embeddings / original_max_position_embeddings (factor is None)"
+    if key == "factor" and key in d:  # null: HF's yarn derives it (DeepSeek-V3's form)
+        return (f"= {prefix}max_position_embeddings / original_max_position_embeddings "
+                f"({where}.factor is null)")  # fmt: skip
     if key == "partial_rotary_factor" and spec.rope_type == "proportional":
         return partial_source
     return "derived by posenc's reader"
@@ -837,6 +915,7 @@ def describe(loaded: Loaded, readings: list[Reading] | None = None) -> dict[str,
         )
     if loaded.kind == "file" and loaded.original is not None:
         notes.extend(_transformers_check(loaded, readings))
+    notes.extend(_softmax_check(loaded, readings))
     for r in readings:
         if r.mrope and not r.mrope["sums_to_pairs"]:
             notes.append(
@@ -865,8 +944,9 @@ def _reading_json(r: Reading) -> dict[str, Any]:
         row.name: {"value": row.value, "from": row.source}
         for row in r.rows
         if row.name not in ("rope type", "base (rope_theta)", "head_dim", "partial_rotary_factor",
-                            "rotary dim", "layout", "attention scaling")
+                            "rotary dim", "layout", "attention scaling", "softmax scale factor")
     }  # fmt: skip
+    softmax = None if r.softmax is None else {"value": r.softmax.value, "from": r.softmax.source}
     return {
         "layer_type": r.layer_type,
         "layers": r.layers,
@@ -881,6 +961,7 @@ def _reading_json(r: Reading) -> dict[str, Any]:
         "layout": {"value": r.layout, "from": fixed["layout"].source},
         "parameters": params,
         "attention_scaling": {"value": r.scaling.value, "from": r.scaling.source},
+        "softmax_scale_factor": softmax,
         "wavelengths": r.wavelengths,
         "mrope": r.mrope,
     }
@@ -933,6 +1014,76 @@ def _transformers_check(loaded: Loaded, readings: list[Reading]) -> list[str]:
     if not diffs:
         return [f"{who} reads the same RoPE from this file"]
     return [f"WARNING: {who} reads this file differently: {d}" for d in diffs]
+
+
+#: How far transformers' attention ``scaling`` may lie from posenc's ``qk_head_dim ** -0.5 *
+#: m * m`` (``m = yarn_get_mscale(factor, mscale_all_dim)``) and still be that product: both
+#: are float64. ``m`` carries at most 3 roundings (a product, the log's last-bit error
+#: scaled by ``0.1 a ln f / m <= 1``, the sum), each within ``eps`` relative, doubled by the
+#: square; the power and the two products add 3 more: <= 9 ``eps`` a side, 18 between
+#: two orders of the same operations. 32 ``eps`` (7e-15) stays far below ``m * m - 1``,
+#: what tells "applied" from "not applied" (``0.2 a ln f``: 1e-5 at factor 1.0001 and
+#: ``mscale_all_dim`` 0.5).
+SOFTMAX_RTOL = 32 * sys.float_info.epsilon
+
+
+def softmax_verdict(theirs: float, base: float, factor: float) -> str:
+    """Whether transformers' attention ``scaling`` applies the softmax-scale factor.
+
+    ``"applied"`` when ``theirs`` is ``base * factor`` within :data:`SOFTMAX_RTOL`,
+    ``"not applied"`` when it is ``base``, else ``"other"``.
+
+    Examples:
+        >>> from posenc.analysis.rope_reading import softmax_verdict
+        >>> base = 192 ** -0.5
+        >>> [softmax_verdict(v, base, 1.5) for v in (base * 1.5, base, base * 1.4)]
+        ['applied', 'not applied', 'other']
+    """
+    if math.isclose(theirs, base * factor, rel_tol=SOFTMAX_RTOL, abs_tol=0.0):
+        return "applied"
+    if math.isclose(theirs, base, rel_tol=SOFTMAX_RTOL, abs_tol=0.0):
+        return "not applied"
+    return "other"
+
+
+def _softmax_check(loaded: Loaded, readings: list[Reading]) -> list[str]:
+    """Whether transformers' own attention applies the softmax-scale factor the config sets.
+
+    transformers builds the model on the meta device (:func:`softmax_scale`); its first
+    attention's ``scaling`` is compared with ``qk_head_dim ** -0.5`` (DeepSeek's
+    ``qk_nope_head_dim + qk_rope_head_dim``, else the head dim) with and without the factor.
+    """
+    row = next((r.softmax for r in readings if r.softmax is not None), None)
+    if row is None:
+        return []
+    config = loaded.original if loaded.original is not None else loaded.config
+    if not isinstance(config, Mapping):
+        config = config.to_dict() if hasattr(config, "to_dict") else None
+    if config is None:
+        return []
+    try:
+        theirs, where = softmax_scale(config)
+    except ImportError as exc:  # transformers or torch missing: the row stands unchecked
+        missing = exc.name or str(exc)
+        return [f"softmax scale factor not checked against transformers ({missing} missing)"]
+    if theirs is None:
+        return [f"softmax scale factor not checked against transformers: {where}"]
+    part, prefix = _rope_part(config)
+    nope, rope = setting(part, "qk_nope_head_dim"), setting(part, "qk_rope_head_dim")
+    if nope is not None and rope is not None:
+        dim, dim_text = int(nope) + int(rope), f"{prefix}qk_nope_head_dim + qk_rope_head_dim"
+    else:
+        dim, dim_text = readings[0].spec.head_dim, "head_dim"
+    base = dim ** (-0.5)
+    verdict = softmax_verdict(theirs, base, float(row.value))
+    if verdict == "applied":
+        return [f"{where} = ({dim_text} = {dim}) ** -0.5 x {row.display()}: transformers "
+                "applies the softmax scale factor"]  # fmt: skip
+    if verdict == "not applied":
+        return [f"WARNING: {where} = ({dim_text} = {dim}) ** -0.5: transformers' model does "
+                f"not apply the softmax scale factor {row.display()} this config sets"]  # fmt: skip
+    return [f"WARNING: {where} = {theirs:.6g}, neither ({dim_text} = {dim}) ** -0.5 = "
+            f"{base:.6g} nor that times the softmax scale factor {row.display()}"]  # fmt: skip
 
 
 def _spec_differences(theirs: RopeSpec, ours: RopeSpec) -> list[str]:
