@@ -110,12 +110,14 @@ def test_without_torch_every_torch_name_says_which_extra_to_install():
         "        assert \"pip install 'posenc[torch]'\" in str(e), str(e)\n"
         "        assert str(e).startswith(f'posenc.{name} needs torch'), str(e)\n"
         "        needs.append(name)\n"
-        "try:\n"
-        "    import posenc.rotary.multiaxis\n"
-        "except ImportError as e:\n"
-        '    assert "posenc.rotary.multiaxis needs torch" in str(e), str(e)\n'
-        "else:\n"
-        "    raise AssertionError('imported without torch')\n"
+        "from posenc.rotary.multiaxis import mrope_axes  # reading a config: no torch\n"
+        "for use in ('posenc.rotary.multiaxis.AxialRotary', 'import posenc.rotary.rerotate'):\n"
+        "    try:\n"
+        "        exec(use) if use.startswith('import') else eval(use)\n"
+        "    except ImportError as e:\n"
+        "        assert \"pip install 'posenc[torch]'\" in str(e), str(e)\n"
+        "    else:\n"
+        "        raise AssertionError(f'{use}: done without torch')\n"
         "print(len(needs), posenc.sinusoidal(3, 4).shape)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -153,3 +155,24 @@ def test_the_package_declares_its_licence_and_classifiers():
         c.startswith("Programming Language :: Python :: 3.1") for c in project["classifiers"]
     )
     assert "transformers" in " ".join(project["optional-dependencies"]["hf"])
+
+
+def test_reading_an_mrope_config_needs_no_torch(tmp_path):
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 2,
+        "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+    }))  # fmt: skip
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from posenc.faces.cli import main\n"
+        f"status = main(['rope', {str(config)!r}, '--json'])\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+        "sys.exit(status)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["ropes"][0]["mrope"]["section"] == [4, 6, 6]

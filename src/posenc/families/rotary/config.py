@@ -810,7 +810,7 @@ def _first(
 
 def _check_mrope(section: tuple[int, ...], rotary_dim: int, interleaved: bool | None) -> None:
     """Raise unless ``section`` splits the ``rotary_dim / 2`` frequencies (either order if None)."""
-    from posenc.families.rotary.multiaxis import mrope_axes
+    from posenc.families.rotary.multiaxis.sections import mrope_axes
 
     modes = (False,) if interleaved is None else (interleaved,)
     for mode in modes:

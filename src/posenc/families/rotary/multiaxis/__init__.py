@@ -34,14 +34,21 @@ Shapes: ``rotary_dim`` channels are rotated; ``cos`` and ``sin`` are
 :func:`posenc.rotary.apply.apply_rotary`.
 """
 
-from posenc.families.rotary.multiaxis.axial import (
-    AxialRotary,
-    axial_cos_sin,
-    axial_grid,
-    pixel_frequencies,
-)
-from posenc.families.rotary.multiaxis.mrope import mrope_axes, mrope_cos_sin
-from posenc.families.rotary.multiaxis.xpos import xpos_rotate, xpos_scale, xpos_tables
+from typing import Any
+
+from posenc.families.rotary.multiaxis.sections import mrope_axes
+
+# torch-backed names, imported on first use: reading a config needs mrope_axes only
+_LAZY = {
+    "AxialRotary": "axial",
+    "axial_cos_sin": "axial",
+    "axial_grid": "axial",
+    "pixel_frequencies": "axial",
+    "mrope_cos_sin": "mrope",
+    "xpos_rotate": "xpos",
+    "xpos_scale": "xpos",
+    "xpos_tables": "xpos",
+}
 
 __all__ = [
     "AxialRotary",
@@ -54,3 +61,12 @@ __all__ = [
     "xpos_scale",
     "xpos_tables",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    from posenc.core import extras
+
+    if name in _LAZY:
+        home = f"posenc.families.rotary.multiaxis.{_LAZY[name]}"
+        return extras.lazy(home, name, f"posenc.rotary.multiaxis.{name}")
+    raise AttributeError(f"module 'posenc.rotary.multiaxis' has no attribute {name!r}")
