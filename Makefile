@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table
+.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table learned-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,12 @@ engine-table: $(VENV)/.demo engines
 arithmetic-table: $(VENV)/.demo
 	$(BIN)/posenc lab arithmetic --out posenc-arithmetic
 	$(BIN)/python -m posenc.faces.lab.arithmetic posenc-arithmetic
+
+# the explainer's learned table (posenc.analysis.train_learned at its defaults: 32 positions
+# x 32 channels, 300 steps, seed 0; a few seconds), trained again and bundled: posenc
+# report reads src/posenc/faces/data/learned-table.json instead of training at every build
+learned-table: $(VENV)/.demo
+	$(BIN)/python -m posenc.faces.learned_table
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/posenc/*.so src/posenc/core/*.so .pytest_cache .mypy_cache .ruff_cache

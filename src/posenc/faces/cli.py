@@ -793,7 +793,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_at_least(1),
         default=300,
         metavar="N",
-        help="steps of the learned-table training run; default: %(default)s",
+        help="steps of the learned-table training run; default: %(default)s, whose run is "
+        "bundled with posenc and read back (another N trains a table now, a few seconds)",
     )
     rep.add_argument("--lab", default=None, metavar="DIR",
                      help="show the results of `posenc lab run --out DIR` instead of the "

@@ -142,8 +142,11 @@ def encode(fig: Any, fmt: str) -> bytes:
 def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
     """Write ``fig`` to ``path`` (``.png`` at 220 dpi, or ``.svg``) atomically and close it.
 
-    ``more`` paths get the same figure in their own format (drawn once, saved
-    to each, as :func:`encode` renders it); the first path is returned.
+    ``more`` paths get the same figure in their own format, as :func:`encode`
+    renders it; the first path is returned. The figure is laid out once: the
+    first file's rendering runs matplotlib's constrained layout (a pass over every
+    artist before drawing, as costly as the drawing itself), and the others draw
+    at the positions it set.
 
     Raises:
         ValueError: a suffix other than .png or .svg.
@@ -164,12 +167,29 @@ def save(fig: Any, path: str | Path, *more: str | Path) -> Path:
         if p.suffix not in (".png", ".svg"):
             raise ValueError(f"figure file must end in .png or .svg; got {str(p)!r}")
     try:
-        for p in paths:
+        for i, p in enumerate(paths):
             with atomic_write(p) as f:
                 f.write(encode(fig, p.suffix[1:]))
+            if i == 0 and len(paths) > 1:
+                _keep_layout(fig)
     finally:
         pyplot().close(fig)
     return paths[0]
+
+
+def _keep_layout(fig: Any) -> None:
+    """Keep ``fig``'s artists where its layout engine last put them, and drop the engine.
+
+    With no layout engine, ``savefig`` draws once; with one, even matplotlib's
+    ``"none"`` placeholder, it draws twice (a pass that lays out, then the drawing).
+    """
+    import matplotlib
+
+    # None means "no engine" only where the rc does not ask for one by default
+    with matplotlib.rc_context(
+        {"figure.autolayout": False, "figure.constrained_layout.use": False}
+    ):
+        fig.set_layout_engine(None)
 
 
 # ------------------------------------------------------------------ why positions, exp and log
@@ -543,13 +563,17 @@ def precision(
 
 
 def learned(*, learned_table: Any = None, dim: int = 32, length: int = 32, **_: Any) -> Any:
-    """A learned table next to the sinusoidal one, with their position similarities."""
+    """A learned table next to the sinusoidal one, with their position similarities.
+
+    Without ``learned_table``, the table of :func:`posenc.analysis.train_learned` at
+    ``length`` x ``dim``: at 32 x 32 the run bundled with posenc, otherwise trained now.
+    """
     import posenc
 
     if learned_table is None:
-        from posenc.integration.analysis import train_learned
+        from posenc.faces.learned_table import trained
 
-        learned_table = train_learned(length=length, dim=dim).table
+        learned_table = trained(length=length, dim=dim).table
     table = np.asarray(learned_table, dtype=np.float64)
     sin = posenc.sinusoidal(table.shape[0], table.shape[1], dtype="float64")
     fig, axes = new_figure(9.5, 7, ncols=2, nrows=2)
@@ -742,11 +766,14 @@ def timesteps(*, dim: int = 64, **_: Any) -> Any:
                colorbar=name == TIMESTEP_PRESETS[-1], aspect="auto",
                extent=(-0.5, dim - 0.5, rows[-1] + 2, -2))  # fmt: skip
         ax.axvline(dim / 2 - 0.5, color="k", lw=0.8)
-    got = timestep_presets(dim, timesteps=t, offsets=np.arange(1, 301))
+    # only what is drawn: ddpm's neighbours (the mean over the figure's rows: the cosine of
+    # e(t) and e(t + k) does not depend on t), and ddpm against ldm at t = 0..300
+    got = timestep_presets(dim, TIMESTEP_PRESETS[:1], timesteps=rows, offsets=np.arange(1, 301))
+    pair = timestep_presets(dim, TIMESTEP_PRESETS[:2], timesteps=t[:301], offsets=(1,))
     ax = axes[3]
     ax.plot(got.offsets, got.neighbour[0], color="C0", lw=1.4, label="e(t) and e(t + k), ddpm")
-    mismatch = got.cosine[0, 1]
-    ax.plot(t[:301], mismatch[:301], color="C1", lw=1.2, ls="--",
+    mismatch = pair.cosine[0, 1]
+    ax.plot(t[:301], mismatch, color="C1", lw=1.2, ls="--",
             label="ddpm(t) and ldm(t), the same t")  # fmt: skip
     ax.set_xlabel("offset k / timestep t")
     ax.set_ylabel("cosine similarity")
@@ -807,11 +834,17 @@ def projections(*, dim: int = 32, length: int = 24, seed: int = 0, **_: Any) -> 
     return fig
 
 
-def rope_layouts(*, head_dim: int = 64, length: int = 32, seed: int = 0, **_: Any) -> Any:
-    """Which channels each RoPE layout pairs, and the scores' error of the wrong layout."""
+def rope_layouts(
+    *, head_dim: int = 64, length: int = 32, seed: int = 0, measured: Any = None, **_: Any
+) -> Any:
+    """Which channels each RoPE layout pairs, and the scores' error of the wrong layout.
+
+    ``measured``: ``posenc.integration.analysis.layouts.rope_layouts`` of these sizes
+    if already measured (the report's section has it); otherwise it is measured here.
+    """
     from posenc.integration.analysis.layouts import rope_layouts as measure
 
-    got = measure(head_dim, length, seed=seed)
+    got = measure(head_dim, length, seed=seed) if measured is None else measured
     shown = 8  # a small head: the pattern, not its size
     channel = np.arange(shown)
     pairing = np.stack([channel // 2, channel % (shown // 2)])

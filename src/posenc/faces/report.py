@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.core import checks
-from posenc.faces import explainer
+from posenc.faces import explainer, learned_table
 from posenc.faces.explainer.shared import Inputs, Section, link_names, mathml, prose
 from posenc.faces.explorers import rope_settings
 from posenc.faces.files import atomic_write
@@ -245,7 +245,10 @@ def build(
             slider's range.
         preset: a sinusoidal preset name (``posenc presets``).
         rope_config: a model's ``config.json``: its RoPE schedule is shown first.
-        train_steps: steps of the learned-table training run.
+        train_steps: steps of the learned-table training run. At 300 (the default)
+            the page shows the run bundled with posenc
+            (:mod:`posenc.faces.learned_table`, the same table, as training is
+            deterministic); any other count trains a table now (a few seconds).
         lab: a ``posenc lab run`` output directory whose results replace the
             bundled ones.
         progress: called with a short message as each part starts.
@@ -261,8 +264,9 @@ def build(
             directory, or an output directory that cannot be written.
 
     Examples:
-        A build trains a table and draws every figure, which takes tens of seconds
-        even at small sizes (so this first example is not run by the tests):
+        A build draws every figure, and here trains a table (50 steps, not the bundled
+        300), which takes seconds even at small sizes (so this first example is not run
+        by the tests):
 
         >>> import tempfile
         >>> import posenc.report
@@ -310,10 +314,11 @@ def build(
         raise ValueError(f"cannot write to {str(out)!r}: {exc.strerror}") from None
 
     say = progress or (lambda _: None)
-    say("training a learned table")
-    learned = analysis.train_learned(steps=train_steps)
+    bundled = train_steps == learned_table.SETTINGS["steps"]
+    say("reading the bundled learned table" if bundled else "training a learned table")
+    learned = learned_table.bundled() if bundled else analysis.train_learned(steps=train_steps)
     say("measuring")
-    inputs = Inputs(dim, length, preset, rope, learned, labs)
+    inputs = Inputs(dim, length, preset, rope, learned, labs, learned_bundled=bundled)
     sections = _sections(inputs)
     say("explorers")
     t5_run = inputs.lab(lambda run: any(b.encoding == "t5" for b in run.bias_parameters))

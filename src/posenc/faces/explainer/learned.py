@@ -65,13 +65,20 @@ def build(inputs: Inputs) -> Section:
     lt = learned.table
     near, far_sim = learned.similarity(apart=8)
     found = " ".join(filter(None, (findings(run) for run in inputs.labs)))
+    source = (
+        " The table shown is the run bundled with posenc: training on the CPU is "
+        "deterministic, so it is the one this build would train (posenc report "
+        "--train-steps N trains another)."
+        if inputs.learned_bundled
+        else ""
+    )
     return Section(
         "learned",
         "Learned versus sinusoidal: what happens beyond the trained length?",
         f"A learned table is a free parameter per position. Here one of "
         f"{lt.shape[0]} positions x {lt.shape[1]} channels is trained from random "
         f"numbers for {learned.steps} steps on a task that needs positions (copy the "
-        "previous token, one causal attention layer). It learns a structure for the "
+        f"previous token, one causal attention layer).{source} It learns a structure for the "
         "positions it sees, and nothing for the others: a row it never trained is "
         "its random initialisation, and a position past the table does not exist. "
         "The sinusoidal table is a fixed rule, defined at every position, but a "
@@ -80,7 +87,10 @@ def build(inputs: Inputs) -> Section:
         "The lab below trains small transformers at one length and tests them "
         "beyond it. " + found,
         [
-            ("copy accuracy of the tiny run", f"{100 * learned.accuracy:.1f}%"),
+            (
+                "copy accuracy of the tiny run" + (" (bundled)" if inputs.learned_bundled else ""),
+                f"{100 * learned.accuracy:.1f}%",
+            ),
             ("learned: mean cosine of neighbouring positions", f"{near:.3f}"),
             ("learned: mean cosine of positions more than 8 apart", f"{far_sim:.3f}"),
         ],

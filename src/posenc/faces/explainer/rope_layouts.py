@@ -81,5 +81,7 @@ def build(inputs: Inputs) -> Section:
         "right = scores('interleaved', q, k)\n"
         "print((scores('half', q[:, perm], k[:, perm]) - right).abs().max())  # ~1e-15\n"
         "print((scores('half', q, k) - right).abs().max())  # wrong: large",
-        draw={"rope-layouts": plotted("rope-layouts", head_dim=HEAD_DIM, length=LENGTH)},
+        draw={
+            "rope-layouts": plotted("rope-layouts", head_dim=HEAD_DIM, length=LENGTH, measured=r)
+        },
     )

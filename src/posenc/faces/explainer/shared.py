@@ -63,6 +63,8 @@ class Inputs:
         rope: the RoPE settings (:func:`posenc.faces.explorers.rope_settings`).
         learned: the learned table's training run (:func:`posenc.analysis.train_learned`).
         labs: the lab runs the page shows (:mod:`posenc.lab.results` records).
+        learned_bundled: ``learned`` is the run bundled with posenc
+            (:mod:`posenc.faces.learned_table`), read back rather than trained now.
     """
 
     dim: int
@@ -71,6 +73,7 @@ class Inputs:
     rope: dict[str, Any]
     learned: Any
     labs: Sequence[Any] = ()
+    learned_bundled: bool = False
 
     def lab(self, want: Callable[[Any], bool]) -> Any:
         """The first lab run that has what a section needs, else the bundled copy run."""

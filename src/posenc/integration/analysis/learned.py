@@ -23,7 +23,7 @@ class Learned:
         table: the ``(length, dim)`` float64 position table.
         accuracy: copy accuracy on fresh batches after training.
         steps: training steps.
-        seconds: training time.
+        seconds: training time (0 for a run read back from a file rather than trained).
     """
 
     table: Any
