@@ -15,8 +15,9 @@ import torch
 
 import posenc
 from posenc import bench
-from posenc.faces import cli, files
+from posenc.faces import files
 from posenc.faces.cli import main
+from posenc.faces.commands import table as table_command
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -323,14 +324,14 @@ def test_file_system_and_memory_errors_end_with_one_line(tmp_path, monkeypatch, 
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", "/somewhere/x.npy")
 
-    monkeypatch.setattr(cli, "sinusoidal", refuse)
+    monkeypatch.setattr(table_command, "sinusoidal", refuse)
     assert main(["table", "--dim", "4", "--out", str(tmp_path / "x.npy")]) == 2
     _one_line_error(capsys, "/somewhere/x.npy: Permission denied")
 
     def exhaust(*args, **kwargs):
         raise MemoryError("Unable to allocate 16.0 GiB")
 
-    monkeypatch.setattr(cli, "sinusoidal", exhaust)
+    monkeypatch.setattr(table_command, "sinusoidal", exhaust)
     assert main(["table", "--dim", "4", "--out", str(tmp_path / "x.npy")]) == 2
     _one_line_error(capsys, "out of memory", "16.0 GiB")
     assert not list(tmp_path.iterdir())
