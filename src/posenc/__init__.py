@@ -128,11 +128,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     import importlib
 
-    if name in _LAZY:
-        return _extras.lazy(_LAZY[name], name, f"posenc.{name}")
     if name in _SUBMODULES:
         return importlib.import_module(f"posenc.{name}")
-    raise AttributeError(f"module 'posenc' has no attribute {name!r}")
+    return _extras.attribute("posenc", _LAZY, name)
 
 
 def __dir__() -> list[str]:

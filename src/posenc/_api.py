@@ -18,6 +18,10 @@ links and the tests.
 
 from __future__ import annotations
 
+# the bias family, exported by posenc and by posenc.bias alike
+_BIAS_MODULES = ("ALiBi", "T5Bias", "KERPLE", "FIRE", "Sandwich", "NoPE", "AttentionBias")
+_BIAS_FUNCTIONS = ("alibi_slopes", "t5_bucket", "attn_temperature")
+
 #: public module -> {task heading: names}, in the reference's order
 PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
     "posenc": {
@@ -43,18 +47,7 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "LearnedPositionalEmbedding",
         ),
         "Rotary embeddings": ("Rotary", "apply_rotary", "FoPE"),
-        "Attention biases": (
-            "ALiBi",
-            "T5Bias",
-            "KERPLE",
-            "FIRE",
-            "Sandwich",
-            "NoPE",
-            "AttentionBias",
-            "alibi_slopes",
-            "t5_bucket",
-            "attn_temperature",
-        ),
+        "Attention biases": (*_BIAS_MODULES, *_BIAS_FUNCTIONS),
         "Attention with positions": (
             "attention",
             "ForgetGate",
@@ -109,18 +102,9 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
         "Moving cached keys to new positions": ("rerotate_keys", "rerotation_cos_sin"),
     },
     "posenc.bias": {
-        "Bias modules": (
-            "ALiBi",
-            "T5Bias",
-            "KERPLE",
-            "FIRE",
-            "Sandwich",
-            "NoPE",
-            "AttentionBias",
-            "ScaledForm",
-        ),
+        "Bias modules": (*_BIAS_MODULES, "ScaledForm"),
         "The Forgetting Transformer": ("ForgetGate", "ForgetGateTerm"),
-        "Slopes, buckets and temperature": ("alibi_slopes", "t5_bucket", "attn_temperature"),
+        "Slopes, buckets and temperature": _BIAS_FUNCTIONS,
     },
     "posenc.terms": {
         "Your own score term": ("ScoreTerm", "TermContext", "TermForm"),

@@ -10,6 +10,7 @@ latex2mathml with ``[plot]``. A name that needs a missing one raises an
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 #: a package posenc imports on demand -> the extra that brings it
@@ -46,3 +47,12 @@ def lazy(module: str, name: str, what: str) -> Any:
         if error is exc:
             raise
         raise error from exc
+
+
+def attribute(package: str, homes: Mapping[str, str], name: str) -> Any:
+    """A package's ``__getattr__`` (PEP 562) for the names it imports on first use:
+    ``homes[name]`` is the module that defines ``name``, ``package`` the path users
+    import it by (what an error names); any other name is an ``AttributeError``."""
+    if name not in homes:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return lazy(homes[name], name, f"{package}.{name}")

@@ -35,6 +35,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     from posenc.core import extras
 
-    if name in _LAZY:
-        return extras.lazy(_LAZY[name], name, f"posenc.lab.{name}")
-    raise AttributeError(f"module 'posenc.lab' has no attribute {name!r}")
+    return extras.attribute("posenc.lab", _LAZY, name)

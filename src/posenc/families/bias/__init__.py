@@ -41,11 +41,14 @@ __all__ = [
 ]
 
 
+# the torch names, by the module that defines each
+_HOMES = {
+    **dict.fromkeys(_MODULES, "posenc.families.bias.modules"),
+    **dict.fromkeys(("ForgetGate", "ForgetGateTerm"), "posenc.families.bias.forget"),
+}
+
+
 def __getattr__(name: str) -> Any:
     from posenc.core import extras
 
-    if name in _MODULES:
-        return extras.lazy("posenc.families.bias.modules", name, f"posenc.bias.{name}")
-    if name in ("ForgetGate", "ForgetGateTerm"):
-        return extras.lazy("posenc.families.bias.forget", name, f"posenc.bias.{name}")
-    raise AttributeError(f"module 'posenc.bias' has no attribute {name!r}")
+    return extras.attribute("posenc.bias", _HOMES, name)

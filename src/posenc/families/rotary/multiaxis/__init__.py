@@ -40,14 +40,14 @@ from posenc.families.rotary.multiaxis.sections import mrope_axes
 
 # torch-backed names, imported on first use: reading a config needs mrope_axes only
 _LAZY = {
-    "AxialRotary": "axial",
-    "axial_cos_sin": "axial",
-    "axial_grid": "axial",
-    "pixel_frequencies": "axial",
-    "mrope_cos_sin": "mrope",
-    "xpos_rotate": "xpos",
-    "xpos_scale": "xpos",
-    "xpos_tables": "xpos",
+    "AxialRotary": "posenc.families.rotary.multiaxis.axial",
+    "axial_cos_sin": "posenc.families.rotary.multiaxis.axial",
+    "axial_grid": "posenc.families.rotary.multiaxis.axial",
+    "pixel_frequencies": "posenc.families.rotary.multiaxis.axial",
+    "mrope_cos_sin": "posenc.families.rotary.multiaxis.mrope",
+    "xpos_rotate": "posenc.families.rotary.multiaxis.xpos",
+    "xpos_scale": "posenc.families.rotary.multiaxis.xpos",
+    "xpos_tables": "posenc.families.rotary.multiaxis.xpos",
 }
 
 __all__ = [
@@ -66,7 +66,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     from posenc.core import extras
 
-    if name in _LAZY:
-        home = f"posenc.families.rotary.multiaxis.{_LAZY[name]}"
-        return extras.lazy(home, name, f"posenc.rotary.multiaxis.{name}")
-    raise AttributeError(f"module 'posenc.rotary.multiaxis' has no attribute {name!r}")
+    return extras.attribute("posenc.rotary.multiaxis", _LAZY, name)
