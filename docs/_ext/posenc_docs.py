@@ -59,6 +59,7 @@ def _directive(value: Any) -> str:
     return "data"
 
 
+@functools.cache  # read by every user's page's links: computed once per build process
 def entries() -> dict[int, str]:
     """id(object) -> the dotted name of its full entry: the first public module (in
     :data:`posenc._api.PUBLIC`'s order) that exports it. Values equal by identity only
