@@ -93,16 +93,14 @@ gpu-wheels: | $(BIN)/python
 	rm -rf gpu-wheels && mv gpu-wheels.tmp gpu-wheels
 	@echo "gpu-wheels: $$(ls gpu-wheels | wc -l) wheels, $$(du -sh gpu-wheels | cut -f1)"
 
-# The engines `posenc rope CONFIG --engines NAME` runs, each in its own environment under
-# .engines/NAME (git-ignored), built by engines/NAME.sh with the pins of engines/NAME.txt
-# (PyPI and the CPU torch on this machine's disk only; offline once built).
-ENGINES_DIR := .engines
-ENGINE_NAMES := mlx vllm sglang llama.cpp
-$(ENGINES_DIR)/%/.built: engines/%.sh engines/%.txt
-	PYTHON=$(PYTHON) bash engines/$*.sh $(ENGINES_DIR)/$*
-	touch $@
-
-engines: $(foreach n,$(ENGINE_NAMES),$(ENGINES_DIR)/$(n)/.built)
+# The engines `posenc rope CONFIG --engines NAME` runs, each in its own environment in the
+# user cache ($POSENC_ENGINES, else $XDG_CACHE_HOME/posenc/engines), one directory per
+# engine and pins: `posenc engines build` builds those not built yet (from the recipes in
+# src/posenc/integration/analysis/engine_recipes/; PyPI and the CPU torch on this
+# machine's disk only; offline once built). Always run: the command itself knows what is
+# built.
+engines: $(VENV)/.demo
+	$(BIN)/posenc engines build all
 
 # Every engine on every config of the cross-engine table (the README's and the report's),
 # written to the bundled src/posenc/faces/data/rope-engines.json

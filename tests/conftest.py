@@ -65,14 +65,15 @@ def unavailable(reason: str, *, provided_by: str = "The CI install provides it")
 
 
 def built_engine(name: str) -> Path:
-    """Engine ``name``'s Python for ``posenc rope --engines`` (``.engines/NAME``): skip, or
-    under ``CI=true`` fail, when ``make engines`` has not built it (``.ci/run`` does)."""
+    """Engine ``name``'s Python for ``posenc rope --engines`` (in the user cache): skip, or
+    under ``CI=true`` fail, when ``posenc engines build`` has not built it (``.ci/run``
+    does)."""
     from posenc.integration.analysis import engines
 
     python = engines.engine_python(name)
     if not python.exists():
-        unavailable(f"{name}'s environment is not built ({python}): run `make engines`",
-                    provided_by=".ci/run builds it (make engines)")  # fmt: skip
+        unavailable(f"{name}'s environment is not built ({python}): run `posenc engines "
+                    f"build {name}`", provided_by=".ci/run builds it (make engines)")  # fmt: skip
     return python
 
 

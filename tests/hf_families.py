@@ -1933,7 +1933,7 @@ def main(argv: list[str]) -> int:
     elapsed = time.monotonic() - start
     name = "survey.json" if not args.families else "survey-partial.json"
     payload = {"seconds": round(elapsed, 1), "outcomes": [dataclasses.asdict(o) for o in outcomes]}
-    from posenc.faces.files import atomic_write
+    from posenc.core.files import atomic_write
 
     with atomic_write(args.out / name, "w") as f:
         f.write(json.dumps(payload, indent=1))

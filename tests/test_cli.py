@@ -15,7 +15,7 @@ import torch
 
 import posenc
 from posenc import bench
-from posenc.faces import files
+from posenc.core import files
 from posenc.faces.cli import main
 from posenc.faces.commands import table as table_command
 
@@ -401,20 +401,24 @@ def test_a_command_that_needs_an_extra_names_it():
 
 def test_info_reports_versions_backends_and_engines(capsys, monkeypatch, tmp_path):
     from posenc.core import kernels
+    from posenc.integration.analysis import engine_cache
     from posenc.integration.analysis.engines import ENGINES
 
     monkeypatch.setenv("POSENC_ENGINES", str(tmp_path))  # no engine there
-    (tmp_path / "mlx" / "bin").mkdir(parents=True)
-    (tmp_path / "mlx" / "bin" / "python").write_text("")  # one found
+    found = engine_cache.python(ENGINES["mlx"])
+    found.parent.mkdir(parents=True)
+    found.write_text("")  # one found
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert f"posenc                 {posenc.__version__}" in out
     assert f"torch                  {torch.__version__}" in out
     served = "compiled C" if kernels.compiled is not None else "compiled kernels are not built"
     assert out.count(served) >= 3
-    assert f"mlx                    {tmp_path / 'mlx' / 'bin' / 'python'}" in out
-    missing = [n for n in ENGINES if n != "mlx"]
-    assert all(f"not found (looked for {tmp_path / n / 'bin' / 'python'})" in out for n in missing)
+    assert f"mlx                    {found}" in out and found.is_relative_to(tmp_path)
+    missing = [e for n, e in ENGINES.items() if n != "mlx"]
+    for engine in missing:
+        where = engine_cache.python(engine)
+        assert f"not built (posenc engines build {engine.name} builds {where})" in out
 
 
 def test_a_missing_kernel_build_is_announced_once_and_info_says_why():

@@ -307,7 +307,7 @@ def echo(tmp_path_factory):
     reader = tmp_path_factory.mktemp("echo") / "echo_reader.py"
     reader.write_text(ECHO_READER.format(readers=str(engines.READERS)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, "nothing", 120.0))
+        mp.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, timeout_s=120.0))
         yield pathlib.Path(sys.executable)
 
 

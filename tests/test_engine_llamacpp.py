@@ -1,4 +1,4 @@
-"""llama.cpp as a ``posenc rope --engines`` engine, checked when ``.engines/llama.cpp`` is built.
+"""llama.cpp as a ``posenc rope --engines`` engine, checked once it is built.
 
 The reader runs llama.cpp's converter (``convert_hf_to_gguf.py``'s ``conversion``
 package) on each config, reads ggml's arguments off libllama's graph for a tiny

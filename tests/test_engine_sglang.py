@@ -1,6 +1,6 @@
 """``posenc rope --engines sglang``: SGLang's own RoPE code on the cross-engine cases.
 
-Runs when ``make engines`` has built ``.engines/sglang`` (``engines/sglang.sh``); else
+Runs when ``posenc engines build sglang`` has built its environment; else
 the tests skip (fail under ``CI=true``). The expected verdicts are written from the
 source of SGLang 0.5.23 (files named from the ``sglang/srt/`` package), not from the
 runner: the cases are answered in one batch child process (SGLang's import takes

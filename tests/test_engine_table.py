@@ -39,7 +39,9 @@ PLAIN_READER = textwrap.dedent(
 def plain(tmp_path, monkeypatch):
     reader = tmp_path / "plain.py"
     reader.write_text(PLAIN_READER.format(readers=str(engines.READERS)))
-    monkeypatch.setattr(engines, "ENGINES", {"plain": engines.Engine("plain", reader, "x", 30.0)})
+    monkeypatch.setattr(
+        engines, "ENGINES", {"plain": engines.Engine("plain", reader, timeout_s=30.0)}
+    )
     return {"plain": sys.executable}
 
 

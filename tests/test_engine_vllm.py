@@ -1,6 +1,6 @@
 """vLLM as a ``posenc rope --engines`` engine: its reader against transformers' reading.
 
-Runs only where ``make engines`` (``engines/vllm.sh``) has built ``.engines/vllm``. The
+Runs only where ``posenc engines build vllm`` has built its environment. The
 expected verdicts are written from vLLM 0.33.0's source (files named relative to the
 ``vllm`` package), not from the runner: all configs go to one batch child process
 (``engines.run_cases``), since importing vLLM takes seconds.

@@ -17,7 +17,7 @@ import pytest
 
 import background
 from posenc import analysis, plot, report
-from posenc.faces import files
+from posenc.core import files
 from posenc.faces.cli import main
 
 SECTIONS = [

@@ -2,8 +2,8 @@
 
 The runner is checked with a fake engine, a small reader script run by this
 environment's Python that answers the way an engine can (the right tables, a wrong
-base, an exception, no answer at all). MLX itself is checked when ``make engines``
-has built ``.engines/mlx``: its expected verdicts are written from mlx-lm's source
+base, an exception, no answer at all). MLX itself is checked when ``posenc engines
+build mlx`` has built it: its expected verdicts are written from mlx-lm's source
 (``models/llama.py``, ``models/rope_utils.py`` of mlx-lm 0.32.2), not from the runner.
 """
 
@@ -72,7 +72,7 @@ def fake(tmp_path, monkeypatch):
     """Register the fake reader as engine ``mlx`` (timeout 3 s) run by this Python."""
     reader = tmp_path / "fake_reader.py"
     reader.write_text(FAKE_READER)
-    monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, "nothing", 3.0))
+    monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, timeout_s=3.0))
     return sys.executable
 
 
@@ -154,8 +154,8 @@ def test_missing_env_is_not_installed(tmp_path, capsys, monkeypatch):
     assert status == 1  # no answer from an engine asked for: --help's exit 1
     mlx = doc["engines"]["mlx"]
     assert mlx["verdict"] == "not installed"
-    assert str(tmp_path / "nowhere" / "mlx" / "bin" / "python") in mlx["note"]
-    assert "make engines" in mlx["note"]
+    assert str(tmp_path / "nowhere") in mlx["note"] and "/bin/python" in mlx["note"]
+    assert "posenc engines build mlx" in mlx["note"]
 
 
 def test_human_table(tmp_path, capsys, fake):
@@ -189,7 +189,7 @@ def test_errors(tmp_path, capsys, argv, message):
 
 
 # --------------------------------------------------------------------------------------
-# MLX itself (when `make engines` has built .engines/mlx), on the cross-engine cases.
+# MLX itself (when `posenc engines build mlx` has built it), on the cross-engine cases.
 
 #: case -> (verdict, the windows (seq_len) that differ, the likely cause's start), from
 #: mlx-lm 0.32.2's source (models/<model_type>.py, models/rope_utils.py).
@@ -362,7 +362,7 @@ def batch_fake(tmp_path, monkeypatch):
     """Register the protocol-speaking fake as engine ``mlx``, run by this Python."""
     reader = tmp_path / "batch_reader.py"
     reader.write_text(BATCH_READER.format(readers=str(engines.READERS)))
-    monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, "nothing", 20.0))
+    monkeypatch.setitem(engines.ENGINES, "mlx", engines.Engine("mlx", reader, timeout_s=20.0))
     return pathlib.Path(sys.executable)
 
 

@@ -34,7 +34,7 @@ Shown and printed output compare after this normalisation, and nothing else:
 A page needs the packages its blocks import and its commands use (:func:`requirements`):
 where one is missing the page skips, or under ``CI=true`` fails (:func:`conftest.anchor`).
 A command with ``--engines NAMES`` runs those engines' own code, each in the environment
-``make engines`` builds (``.engines/NAME``, or ``$POSENC_ENGINES/NAME``). Where one is
+``posenc engines build`` builds in the user cache (``make engines``). Where one is
 not built the command is left out and the rest of the page still runs; the test then
 skips, naming what was left out, except under ``CI=true``, where a missing engine fails
 it (:func:`conftest.unavailable`, as ``tests/test_rope_engines.py`` does).
@@ -312,7 +312,7 @@ def test_page_runs_as_shown(page, tmp_path, monkeypatch):
     if left_out:
         unavailable(
             "the rest of the page ran; left out: " + "; ".join(left_out),
-            provided_by=".ci/run builds the engines (make engines)",
+            provided_by=".ci/run builds the engines (posenc engines build all)",
         )
 
 

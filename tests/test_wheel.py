@@ -8,12 +8,16 @@ are lent by the suite's own environment through a path file, after the wheel's o
 site-packages, instead of being installed again (torch is a large download). A smoke
 test then runs there, from a folder outside the checkout: the import, a table, the
 compiled kernels, ``posenc.Rotary``, ``posenc.attention``, ``posenc rope`` on a config
-through the console script, and the report's package data. The same test, on a copy of
+through the console script, the report's package data, and the engines' recipes (the
+wheel names each engine's build in the user cache as the checkout does, so ``posenc rope
+--engines`` from the wheel runs what ``make engines`` built). The same test, on a copy of
 the wheel with one data file taken out, must fail.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import background
+from conftest import built_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,6 +65,15 @@ web = resources.files("posenc.faces") / "web"
 assert all((web / name).is_file() for name in ("d3.min.js", "explorer.js", "explorer.css"))
 data = resources.files("posenc.faces") / "data"
 assert (data / "rope-engines.json").is_file()
+
+# the engines' recipes ship: each engine's cache directory is named by their pins
+from posenc.integration.analysis import engine_cache
+from posenc.integration.analysis.engines import ENGINES
+listed = subprocess.run([str(command), "engines"], capture_output=True, text=True)
+assert listed.returncode == 0, listed.stderr
+for engine in ENGINES.values():
+    assert str(engine_cache.directory(engine)) in listed.stdout, listed.stdout
+    print("engine", engine.name, engine_cache.directory(engine).name)
 print("smoke test passed")
 """
 
@@ -113,10 +127,35 @@ def test_the_wheel_installed_outside_the_checkout_passes_the_smoke_test(tmp_path
     ran = smoke(python, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "smoke test passed" in ran.stdout
+    # the same cache directories as the checkout's: what `make engines` built is found
+    from posenc.integration.analysis import engine_cache
+    from posenc.integration.analysis.engines import ENGINES
+
+    named = [f"engine {e.name} {engine_cache.directory(e).name}" for e in ENGINES.values()]
+    assert sorted(ran.stdout.splitlines()[:-1]) == sorted(named)
+
+
+def test_the_wheel_runs_an_engine_from_the_user_cache(tmp_path: Path) -> None:
+    built_engine("mlx")  # skips, or under CI=true fails, where it is not built
+    _, wheel = built()
+    python = installed(wheel, tmp_path / "env")
+    config = tmp_path / "config.json"
+    llama = {"model_type": "llama", "rope_theta": 500000.0, "hidden_size": 64,
+             "num_attention_heads": 2, "max_position_embeddings": 512}  # fmt: skip
+    config.write_text(json.dumps(llama))
+    command = [str(python.parent / "posenc"), "rope", str(config), "--engines", "mlx"]
+    ran = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"^  mlx +same", ran.stdout, re.MULTILINE), ran.stdout
 
 
 @pytest.mark.parametrize(
-    "left_out", ["posenc/faces/data/lab-copy.json", "posenc/faces/web/d3.min.js"]
+    "left_out",
+    [
+        "posenc/faces/data/lab-copy.json",
+        "posenc/faces/web/d3.min.js",
+        "posenc/integration/analysis/engine_recipes/vllm.txt",
+    ],
 )
 def test_the_smoke_test_fails_on_a_wheel_missing_a_data_file(tmp_path: Path, left_out: str) -> None:
     _, wheel = built()

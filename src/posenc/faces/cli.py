@@ -11,7 +11,9 @@ Subcommands:
 - ``posenc report``: the explainer (figures and measured numbers) as one HTML file.
 - ``posenc plot KIND``: any single figure of the report, as PNG or SVG.
 - ``posenc rope CONFIG``: how posenc reads a model's RoPE configuration, exact
-  golden tables (``--golden``), and another engine's tables checked (``--compare``).
+  golden tables (``--golden``), and another engine's tables checked (``--compare``,
+  ``--engines``).
+- ``posenc engines``: build the engines ``--engines`` runs in the user cache.
 
 Each command is a module of :mod:`posenc.faces.commands` (its parser and its handler,
 ``posenc info`` and ``posenc lab ...`` among them), listed once in

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 
 #: The table lies between these two lines of :data:`GUIDE` (``make engine-table`` rewrites it).
 README_MARKERS = ("<!-- engine-table -->", "<!-- /engine-table -->")
@@ -69,7 +69,7 @@ def measure(
 
 
 def write(doc: Mapping[str, Any], path: Path) -> None:
-    """Write ``doc`` as JSON to ``path`` atomically (:func:`posenc.faces.files.atomic_write`)."""
+    """Write ``doc`` as JSON to ``path`` atomically (:func:`posenc.core.files.atomic_write`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, "w") as f:
         json.dump(doc, f, indent=1)
@@ -191,7 +191,7 @@ def html(doc: Mapping[str, Any] | None) -> str:
     versions = ", ".join(str(v) for v in doc["versions"].values() if v)
     out.append(f'<p class="lead">Measured with {esc(versions)}; rerun with '
                "<code>posenc rope CONFIG --engines all</code> after "
-               "<code>make engines</code>.</p>")  # fmt: skip
+               "<code>posenc engines build all</code>.</p>")  # fmt: skip
     return "\n".join(out)
 
 

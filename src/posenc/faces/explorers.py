@@ -367,7 +367,7 @@ def style() -> str:
 
 def standalone(path: str | Path, **options: Any) -> Path:
     """A page with only the explorers (for working on them): ``payload(**options)``."""
-    from posenc.faces.files import atomic_write
+    from posenc.core.files import atomic_write
 
     parts = containers()
     page = "\n".join(

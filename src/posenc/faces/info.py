@@ -72,9 +72,10 @@ def engines() -> list[Line]:
     from posenc.integration.analysis.engines import ENGINES, engine_python
 
     found = []
-    for name in ENGINES:
+    for name, engine in ENGINES.items():
         python = engine_python(name)
-        state = str(python) if python.is_file() else f"not found (looked for {python})"
+        state = (str(python) if python.is_file()
+                 else f"not built ({engine.install} builds {python})")  # fmt: skip
         found.append(Line(name, state))
     return found
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 from posenc.integration.analysis.learned import Learned, train_learned
 
 #: The bundled run's file name in ``posenc/faces/data``.
@@ -103,7 +103,7 @@ def trained(**settings: int) -> Learned:
 
 
 def write(doc: Mapping[str, Any], path: Path) -> None:
-    """Write ``doc`` to ``path`` atomically (:func:`posenc.faces.files.atomic_write`)."""
+    """Write ``doc`` to ``path`` atomically (:func:`posenc.core.files.atomic_write`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, "w") as f:
         f.write(text(doc))

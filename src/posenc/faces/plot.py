@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from posenc.core import checks
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 from posenc.integration.analysis.explorer import hand_pairs
 
 __all__ = [

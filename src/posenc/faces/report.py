@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from posenc.core import checks
+from posenc.core.files import atomic_write
 from posenc.faces import explainer, learned_table
 from posenc.faces.explainer.shared import Inputs, Section, link_names, mathml, prose
 from posenc.faces.explorers import rope_settings
-from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import PRESETS
 from posenc.integration import analysis
 

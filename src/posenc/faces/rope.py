@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from posenc.core import checks
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 from posenc.families.rotary.config import setting
 from posenc.integration.analysis.engines import (
     EngineResult,

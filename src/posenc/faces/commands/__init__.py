@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "lab",
     "plot",
     "rope",
+    "engines",
 )
 
 

@@ -102,7 +102,7 @@ def add(sub: Any) -> None:
         "--engine-python",
         action="append",
         metavar="NAME=PATH",
-        help="the Python of engine NAME (default: $POSENC_ENGINES/NAME/bin/python, else "
-        ".engines/NAME/bin/python in the repository, built by `make engines`); repeatable",
+        help="the Python of engine NAME (default: its environment in the user cache, built by "
+        "`posenc engines build NAME`); repeatable",
     )
     rp.set_defaults(run=_rope)

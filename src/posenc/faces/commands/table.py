@@ -10,6 +10,7 @@ from typing import IO, Any
 import numpy as np
 
 from posenc.core import checks
+from posenc.core.files import atomic_write
 from posenc.faces.commands.options import (
     DTYPES,
     FORMATS,
@@ -18,7 +19,6 @@ from posenc.faces.commands.options import (
     number,
     spec_args,
 )
-from posenc.faces.files import atomic_write
 from posenc.families.absolute.sinusoidal import resolve, sinusoidal
 
 

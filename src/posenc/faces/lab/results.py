@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 
 if TYPE_CHECKING:
     from posenc.faces.lab.probes import Probe

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from posenc.core import checks
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 from posenc.faces.lab import names
 
 #: The study's five encodings, in the order of the paper's reported MRR (best first).

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from posenc.core import checks
-from posenc.faces.files import atomic_write
+from posenc.core.files import atomic_write
 from posenc.faces.lab import tasks as T
 from posenc.faces.lab.encodings import ENCODINGS, lookup, training_encoding
 from posenc.faces.lab.model import ContextParallel, LabModel, ModelConfig

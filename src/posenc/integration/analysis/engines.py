@@ -21,9 +21,10 @@ as JSON on stdout. :func:`run_engines` gives one :class:`EngineResult` per engin
 The reference is posenc's reading of the config, which ``posenc rope`` checks equal to
 transformers' own (:mod:`posenc.integration.analysis.rope_reading`).
 
-An engine's Python is, in order: ``--engine-python NAME=PATH``;
-``$POSENC_ENGINES/NAME/bin/python``; ``.engines/NAME/bin/python`` under the
-repository (``make engines`` builds it there).
+An engine's Python is ``--engine-python NAME=PATH``, else its environment in the user
+cache, which ``posenc engines build NAME`` builds
+(:mod:`~posenc.integration.analysis.engine_cache`: ``$POSENC_ENGINES``, else
+``$XDG_CACHE_HOME/posenc/engines``, one directory per engine and pins).
 
 The windows are the positions that matter: for a RoPE with a pretraining length
 shorter than its longest supported one (``llama3``, ``yarn``, ``longrope``, ``dynamic``
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from posenc.integration.analysis import engine_cache
 from posenc.integration.analysis.rope_compare import (
     Verdict,
     compare,
@@ -62,8 +64,6 @@ from posenc.integration.analysis.rope_reading import (
     softmax_scale,
 )
 
-#: The repository root (``src/posenc/integration/analysis/engines.py`` is four levels down).
-REPO = Path(__file__).resolve().parents[4]
 READERS = Path(__file__).resolve().parent / "engine_readers"
 #: The verdicts, in the order the table prints them.
 VERDICTS = ("same", "different", "refused", "error", "not installed")
@@ -90,28 +90,48 @@ def _scaling_rtol(u: float) -> float:
 
 @dataclass(frozen=True)
 class Engine:
-    """One engine: its name, its reader script and how long its reader may run.
+    """One engine: its name, its reader script, its build recipe and how long it may run.
 
     Attributes:
         name: the name ``--engines`` takes.
         reader: the script's path, run as ``PYTHON reader`` (JSON on stdin and stdout).
-        install: what to run to build the engine's environment.
         timeout_s: seconds the reader may take, start-up included.
+        sources: files other than the recipe and its pins that the build compiles in
+            (part of its cache key, :func:`~posenc.integration.analysis.engine_cache.key`).
+        recipes: the directory of its recipe ``NAME.sh`` and pins ``NAME.txt`` (the
+            package's ``engine_recipes/``).
     """
 
     name: str
     reader: Path
-    install: str
     timeout_s: float = 180.0
+    sources: tuple[Path, ...] = ()
+    recipes: Path = engine_cache.RECIPES
+
+    @property
+    def recipe(self) -> Path:
+        """The bash script that builds the environment: ``RECIPES/NAME.sh``."""
+        return self.recipes / f"{self.name}.sh"
+
+    @property
+    def pins(self) -> Path:
+        """The versions the recipe installs: ``RECIPES/NAME.txt``."""
+        return self.recipes / f"{self.name}.txt"
+
+    @property
+    def install(self) -> str:
+        """The command that builds the environment."""
+        return f"posenc engines build {self.name}"
 
 
 #: The engines ``--engines`` accepts, by name.
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", READERS / "vllm_reader.py", "make engines (vLLM on the CPU torch)"),
-    "sglang": Engine("sglang", READERS / "sglang_reader.py", "make engines (SGLang, CPU)"),
-    "mlx": Engine("mlx", READERS / "mlx_reader.py", "make engines (mlx[cpu] and mlx-lm)"),
+    "vllm": Engine("vllm", READERS / "vllm_reader.py"),
+    "sglang": Engine("sglang", READERS / "sglang_reader.py"),
+    "mlx": Engine("mlx", READERS / "mlx_reader.py"),
+    # the reader's driver program, compiled by the recipe against libllama
     "llama.cpp": Engine(
-        "llama.cpp", READERS / "llamacpp_reader.py", "make engines (llama.cpp's converter and ggml)"
+        "llama.cpp", READERS / "llamacpp_reader.py", sources=(READERS / "llamacpp_graph.py",)
     ),
 }
 
@@ -155,8 +175,10 @@ class EngineResult:
 # Command-line values.
 
 
-def parse_engines(text: str) -> list[str]:
+def parse_engines(text: str, option: str = "--engines") -> list[str]:
     """Engine names from ``--engines`` (a comma list; ``all`` is every registered engine).
+
+    ``option`` names the value in the errors.
 
     Raises:
         ValueError: an empty list or an unknown name (the message names the accepted ones).
@@ -164,13 +186,13 @@ def parse_engines(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     accepted = ", ".join([*ENGINES, "all"])
     if not names:
-        raise ValueError(f"--engines {text!r}: no engine named (accepted: {accepted})")
+        raise ValueError(f"{option} {text!r}: no engine named (accepted: {accepted})")
     if "all" in names:
         return list(ENGINES)
     unknown = [n for n in names if n not in ENGINES]
     if unknown:
         raise ValueError(
-            f"--engines {text!r}: unknown engine {', '.join(map(repr, unknown))} "
+            f"{option} {text!r}: unknown engine {', '.join(map(repr, unknown))} "
             f"(accepted: {accepted})"
         )
     return list(dict.fromkeys(names))
@@ -198,14 +220,13 @@ def parse_engine_python(items: Sequence[str]) -> dict[str, str]:
 def engine_python(name: str, overrides: Mapping[str, str] | None = None) -> Path:
     """Where engine ``name``'s Python should be (it may not exist).
 
-    ``overrides[name]`` (``--engine-python``), else ``$POSENC_ENGINES/NAME/bin/python``,
-    else ``.engines/NAME/bin/python`` under the repository.
+    ``overrides[name]`` (``--engine-python``), else its build in the user cache,
+    ``NAME-KEY/bin/python`` (:mod:`~posenc.integration.analysis.engine_cache`, built by
+    ``posenc engines build NAME``).
     """
     if overrides and name in overrides:
         return Path(overrides[name])
-    root = os.environ.get("POSENC_ENGINES")
-    base = Path(root) if root else REPO / ".engines"
-    return base / name / "bin" / "python"
+    return engine_cache.python(ENGINES[name])
 
 
 # --------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's environment at $1 for `posenc rope --engines llama.cpp`, from PyPI and
 # the local wheels only: a venv with what llama.cpp's converter imports (torch CPU, numpy,
-# transformers; pins: engines/llama.cpp.txt), and from the llama-cpp-python sdist's
+# transformers; pins: llama.cpp.txt), and from the llama-cpp-python sdist's
 # vendored llama.cpp: the converter (convert_hf_to_gguf.py, conversion/, gguf-py/) under
 # $1/llama.cpp, and built CPU only under $1/ggml: ggml's libraries, libllama and
 # llama-rope-args (the reader's driver: engine_readers/llamacpp_graph.py holds its C source),
@@ -38,7 +38,7 @@ cmake --build "$work/build" --target llama -j "$jobs" > "$work/build.log"
 wait "$pip_pid" || { echo "pip install failed" >&2; exit 1; }
 mkdir -p "$dest/ggml" "$dest/llama.cpp"
 cp -a "$work"/build/bin/libggml*.so* "$work"/build/bin/libllama.so* "$dest/ggml/"
-"$py" "$here/../src/posenc/integration/analysis/engine_readers/llamacpp_graph.py" \
+"$py" "$here/../engine_readers/llamacpp_graph.py" \
     > "$work/llama-rope-args.c"
 "${CC:-cc}" -O2 -o "$dest/ggml/llama-rope-args" "$work/llama-rope-args.c" \
     -I"$src/include" -I"$src/ggml/include" -L"$dest/ggml" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build vLLM's environment at $1 for `posenc rope --engines vllm`: the CPU torch first
 # (torch==2.13.0; any other version pulls a CUDA build), then vllm and every other pin of
-# engines/vllm.txt with --no-deps (vllm's own requirements pull CUDA torch and kernels).
+# vllm.txt with --no-deps (vllm's own requirements pull CUDA torch and kernels).
 set -euo pipefail
 dest=$1
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,4 +1,4 @@
-"""Atomic file writes: a file the faces write is either the old one or the whole new one.
+"""Atomic file writes: a file posenc writes is either the old one or the whole new one.
 
 Every file written by the command line, the report, the figures and the lab
 goes through :func:`atomic_write`: the content goes to a temporary file in the

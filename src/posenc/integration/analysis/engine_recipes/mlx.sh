@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build MLX's environment at $1 for `posenc rope --engines mlx`: mlx[cpu] (the CPU build,
 # also on Linux), and mlx-lm without its dependencies (they pull transformers; the reader
-# loads only mlx_lm.models by path). Pins: engines/mlx.txt.
+# loads only mlx_lm.models by path). Pins: mlx.txt.
 set -euo pipefail
 dest=$1
 here=$(cd "$(dirname "$0")" && pwd)

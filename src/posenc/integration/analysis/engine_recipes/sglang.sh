@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build SGLang's environment at $1 for `posenc rope --engines sglang`: SGLang 0.5 on the
-# CPU torch, every package pinned in engines/sglang.txt and installed without its
+# CPU torch, every package pinned in sglang.txt and installed without its
 # dependencies (SGLang's own requirements pull CUDA builds). The reader sets
 # SGLANG_USE_CPU_ENGINE=1 before importing SGLang.
 set -euo pipefail
