@@ -515,3 +515,88 @@ def test_other_bad_parameters_are_named():
         frequencies("proportional", 32, 10000.0, {"partial_rotary_factor": 0.5}, head_dim=64)
     with pytest.raises(ValueError, match=r"partial_rotary_factor must lie in \[0, 1\]"):
         frequencies("proportional", 64, 10000.0, {"partial_rotary_factor": 1.5})
+
+
+# ------------------------------------------------------------------------------------
+# stretched: each context-extension schedule set for a model trained at `original` tokens
+
+#: the schedules that extend a context; a new one registers its stretch (and the
+#: context-extension study takes it from there)
+EXTENDING = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "resonance_yarn")
+
+
+def test_every_context_extension_schedule_says_how_it_stretches():
+    assert tuple(schedules.STRETCH) == EXTENDING
+    assert set(SCHEDULES) - set(EXTENDING) == {"default", "proportional", "resonance"}
+
+
+def _params(scaling):
+    return {k: v for k, v in scaling.items() if k != "rope_type"}
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0, 8.0])
+@pytest.mark.parametrize("rope_type", EXTENDING)
+def test_stretched_reaches_the_factor(rope_type, factor):
+    import posenc
+
+    original, dim, base = 64, 32, 10000.0
+    scaling = schedules.stretched(rope_type, factor, original, rotary_dim=dim, base=base)
+    assert scaling["rope_type"] == rope_type
+    longest = int(factor * original)
+    ours = frequencies(rope_type, dim, base, _params(scaling), seq_len=longest)
+    plain = schedules.default(dim, base, {})
+
+    # the slowest pair (a wavelength of ~35000 tokens, far beyond `original`) is stretched
+    # by the factor: exactly up to float64's rounding, and for resonance_yarn up to its
+    # wavelength rounded to an integer (half a token of ~35000 * factor)
+    def tol(k: int) -> float:
+        rounded = rope_type == "resonance_yarn"
+        return 0.5 * plain.inv_freq[k] / (2 * math.pi) / (1 - 1e-9) if rounded else 1e-12
+
+    ratio = plain.inv_freq[-1] / ours.inv_freq[-1]
+    assert abs(ratio / factor - 1) <= tol(-1)
+    # the fastest pair turns many times within `original`: only position interpolation
+    # (linear) moves it (resonance_yarn rounds its wavelength, 2 pi, to 6)
+    fast = plain.inv_freq[0] / ours.inv_freq[0]
+    assert abs(fast / (factor if rope_type == "linear" else 1.0) - 1) <= tol(0)
+    # the schedules that read the length give the trained frequencies within it
+    if rope_type in ("dynamic", "longrope"):
+        within = frequencies(rope_type, dim, base, _params(scaling), seq_len=original)
+        np.testing.assert_array_equal(within.inv_freq, plain.inv_freq)
+    posenc.Rotary(dim, base=base, scaling=scaling)  # the module takes it as it is
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "llama3", "longrope"])
+def test_stretched_as_transformers_reads_it(rope_type):
+    # the same rope_parameters in a transformers config: HF's init functions agree
+    original, factor, head_dim, base = 1024, 4.0, 64, 500000.0
+    scaling = schedules.stretched(rope_type, factor, original, rotary_dim=head_dim, base=base)
+    params = _params(scaling)
+    longest = int(factor * original)
+    hf_params = {k: v for k, v in params.items() if k != "max_position_embeddings"}
+    max_pos = original if rope_type == "dynamic" else longest  # a config attribute in HF
+    theirs = hf(rope_type, head_dim, 1.0, base, hf_params, seq_len=longest, max_pos=max_pos)
+    ours = frequencies(rope_type, head_dim, base, params, seq_len=longest)
+    log_base = math.log(base)
+    if rope_type == "dynamic":
+        log_base += head_dim / (head_dim - 2) * math.log(factor)
+    blend = factor if rope_type in ("yarn", "llama3", "longrope") else 1.0
+    compare(ours, theirs, log_base, dim=head_dim, blend=blend)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("default", 4.0, 64), "rope_type 'default' extends no context; accepted: linear, ntk"),
+        (("resonance", 4.0, 64), "rope_type 'resonance' extends no context"),
+        (("yarn", 1.0, 64), "factor must be > 1"),
+        (("yarn", 0.5, 64), "factor must be > 1"),
+        (("yarn", float("nan"), 64), "factor"),
+        (("yarn", 4.0, 1), "original"),
+    ],
+)
+def test_stretched_refuses(args, message):
+    with pytest.raises(ValueError, match=message):
+        schedules.stretched(*args, rotary_dim=16, base=10000.0)
+    # near miss: just above 1 is a stretch
+    assert schedules.stretched("yarn", 1.0 + 2**-40, 64, rotary_dim=16, base=10000.0)

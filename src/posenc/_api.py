@@ -86,6 +86,7 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "resonance",
             "resonance_yarn",
         ),
+        "A schedule set to extend a trained context": ("stretched",),
         "Your own schedule": ("register",),
     },
     "posenc.rotary.multiaxis": {

@@ -65,6 +65,7 @@ __all__ = [
     "register",
     "resonance",
     "resonance_yarn",
+    "stretched",
     "yarn",
 ]
 
@@ -113,31 +114,115 @@ Schedule = Callable[..., RopeFrequencies]
 SCHEDULES: dict[str, Schedule] = {}
 #: rope_type -> (required keys, optional keys) of its ``params``
 PARAMETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+#: How a context-extension schedule is set to stretch a model: ``(factor, original,
+#: rotary_dim, base)`` to its ``params``, for a model trained at ``original`` tokens run
+#: at ``factor * original``.
+Stretch = Callable[[float, int, int, float], dict[str, Any]]
+#: rope_type -> its :data:`Stretch`, for the schedules that extend a context
+#: (:func:`stretched` reads it; ``default``, ``proportional`` and ``resonance`` have none).
+STRETCH: dict[str, Stretch] = {}
 
 
 def register(
-    name: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+    name: str,
+    required: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
+    stretch: Stretch | None = None,
 ) -> Callable[[Schedule], Schedule]:
     """Add a schedule to :data:`SCHEDULES` under ``name``, with the keys it takes.
 
+    ``stretch``, for a schedule that extends a context, gives its parameters for a
+    model trained at ``original`` tokens run at ``factor`` times that:
+    ``stretch(factor, original, rotary_dim, base) -> params``. :func:`stretched` reads
+    it, and with it ``posenc lab extend`` measures the schedule beside the others.
+
     Examples:
         >>> import posenc
-        >>> from posenc.rotary.schedules import default, frequencies, register
-        >>> @register("base_scaled", required=("factor",))
+        >>> from posenc.rotary.schedules import default, frequencies, register, stretched
+        >>> @register("base_scaled", required=("factor",),
+        ...           stretch=lambda factor, original, rotary_dim, base: {"factor": factor})
         ... def base_scaled(rotary_dim, base, params, *, head_dim=None, seq_len=None):
         ...     return default(rotary_dim, base * params["factor"], {})  # a larger base
         >>> frequencies("base_scaled", 4, 100.0, {"factor": 100.0}).inv_freq.tolist()
         [1.0, 0.01]
         >>> posenc.Rotary(4, base=100.0, scaling={"rope_type": "base_scaled", "factor": 100.0})
         Rotary(4, base=100, layout='half', rope_type='base_scaled')
+        >>> stretched("base_scaled", 4.0, 2048, rotary_dim=4, base=100.0)
+        {'rope_type': 'base_scaled', 'factor': 4.0}
     """
 
     def add(fn: Schedule) -> Schedule:
         SCHEDULES[name] = fn
         PARAMETERS[name] = (frozenset(required), frozenset(optional))
+        if stretch is not None:
+            STRETCH[name] = stretch
+        else:
+            STRETCH.pop(name, None)
         return fn
 
     return add
+
+
+def stretched(
+    rope_type: str, factor: float, original: int, *, rotary_dim: int, base: float
+) -> dict[str, Any]:
+    """The ``rope_scaling`` that runs a model trained at ``original`` tokens at ``factor`` times.
+
+    Each context-extension schedule sets its own keys (its ``stretch``, given to
+    :func:`register`):
+
+    - ``linear`` and ``ntk``: ``factor``;
+    - ``dynamic``: ``factor`` 1 and ``max_position_embeddings = original``, the
+      scale ``max(1, seq_len / original)`` of Peng et al. 2023 (YaRN, section 3.3),
+      computed at each length, so one setting serves every length;
+    - ``yarn`` and ``resonance_yarn``: ``factor`` and
+      ``original_max_position_embeddings`` (the default betas and attention factor);
+    - ``llama3``: ``factor``, Llama 3.1's ``low_freq_factor`` 1 and
+      ``high_freq_factor`` 4, ``original_max_position_embeddings``;
+    - ``longrope``: ``short_factor`` all 1 (the trained frequencies within
+      ``original``) and ``long_factor`` YaRN's own per-pair stretch at ``factor``
+      (``omega_k / omega'_k``): LongRoPE finds its factors by an evolutionary search
+      on the trained model, which this stands in for; ``factor``, the original and
+      extended lengths.
+
+    Args:
+        rope_type: a schedule with a stretch (:data:`STRETCH`).
+        factor: the extended length over ``original`` (> 1).
+        original: the trained context, in tokens.
+        rotary_dim: the channels that rotate.
+        base: ``rope_theta``.
+
+    Raises:
+        ValueError: a schedule that extends no context (the ones that do are listed),
+            ``factor`` not above 1, ``original`` below 2.
+
+    Examples:
+        >>> from posenc.rotary.schedules import stretched
+        >>> stretched("yarn", 4.0, 64, rotary_dim=16, base=10000.0)
+        {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 64}
+        >>> stretched("default", 4.0, 64, rotary_dim=16, base=10000.0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ValueError: rope_type 'default' extends no context; accepted: linear, ntk, dynamic, ...
+    """
+    if rope_type not in STRETCH:
+        raise ValueError(f"rope_type {rope_type!r} extends no context; accepted: "
+                         f"{', '.join(STRETCH)}")  # fmt: skip
+    factor = checks.check_number(factor, "factor", positive=True)
+    if not factor > 1:
+        raise ValueError(f"factor must be > 1 (the extended length over the trained one); "
+                         f"got {factor}")  # fmt: skip
+    original = checks.check_int(original, "original", minimum=2)
+    rotary_dim = checks.check_channels(rotary_dim, "rotary_dim", minimum=2)
+    base = checks.check_number(base, "base", positive=True)
+    return {"rope_type": rope_type, **STRETCH[rope_type](factor, original, rotary_dim, base)}
+
+
+def _factor_only(factor: float, original: int, rotary_dim: int, base: float) -> dict[str, Any]:
+    return {"factor": factor}
+
+
+def _with_original(factor: float, original: int, rotary_dim: int, base: float) -> dict[str, Any]:
+    return {"factor": factor, "original_max_position_embeddings": original}
 
 
 def base_exponents(rotary_dim: int, base: float) -> list[decimal.Decimal]:
@@ -192,7 +277,7 @@ def default(
     return RopeFrequencies(tuple(base_exponents(rotary_dim, base)))
 
 
-@register("linear", required=("factor",))
+@register("linear", required=("factor",), stretch=_factor_only)
 def linear(
     rotary_dim: int,
     base: float,
@@ -255,7 +340,7 @@ def _ntk_powers(
     return _powers(rotary_dim // 2, rotary_dim, log_base)
 
 
-@register("ntk", required=("factor",))
+@register("ntk", required=("factor",), stretch=_factor_only)
 def ntk(
     rotary_dim: int,
     base: float,
@@ -282,7 +367,14 @@ def ntk(
     return RopeFrequencies(tuple(_ntk_powers(rotary_dim, base, _dec(factor), "ntk")))
 
 
-@register("dynamic", required=("factor", "max_position_embeddings"))
+@register(
+    "dynamic",
+    required=("factor", "max_position_embeddings"),
+    stretch=lambda factor, original, rotary_dim, base: {
+        "factor": 1.0,
+        "max_position_embeddings": original,
+    },
+)
 def dynamic(
     rotary_dim: int,
     base: float,
@@ -342,6 +434,7 @@ def _get_mscale(scale: float, mscale: float = 1.0) -> float:
         "mscale_all_dim",
         "truncate",
     ),
+    stretch=_with_original,
 )
 def yarn(
     rotary_dim: int,
@@ -440,6 +533,13 @@ def yarn(
         "high_freq_factor",
         "original_max_position_embeddings",
     ),
+    # Llama 3.1's own settings (its config.json: low 1, high 4)
+    stretch=lambda factor, original, rotary_dim, base: {
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
+    },
 )
 def llama3(
     rotary_dim: int,
@@ -505,10 +605,23 @@ def _factor_list(value: Any, name: str, count: int) -> list[float]:
     return [checks.check_number(v, f"{name}[{i}]", positive=True) for i, v in enumerate(value)]
 
 
+def _longrope_stretch(factor: float, original: int, rotary_dim: int, base: float) -> dict[str, Any]:
+    """LongRoPE's factors as YaRN's per-pair stretch (:func:`stretched` says why)."""
+    plain = default(rotary_dim, base, {}).inv_freq
+    blended = yarn(rotary_dim, base, _with_original(factor, original, rotary_dim, base)).inv_freq
+    long_factor = [float(x) for x in plain / blended]
+    return {"short_factor": [1.0] * (rotary_dim // 2), "long_factor": long_factor,
+            "factor": factor, "original_max_position_embeddings": original,
+            "max_position_embeddings": math.ceil(factor * original)}  # fmt: skip
+
+
 @register(
     "longrope",
     required=("short_factor", "long_factor", "original_max_position_embeddings"),
     optional=("factor", "attention_factor", "max_position_embeddings"),
+    stretch=lambda factor, original, rotary_dim, base: _longrope_stretch(
+        factor, original, rotary_dim, base
+    ),
 )
 def longrope(
     rotary_dim: int,
@@ -697,6 +810,7 @@ def resonance(
     "resonance_yarn",
     required=tuple(sorted(PARAMETERS["yarn"][0])),
     optional=tuple(sorted(PARAMETERS["yarn"][1])),
+    stretch=_with_original,
 )
 def resonance_yarn(
     rotary_dim: int,
