@@ -60,14 +60,18 @@ def test_names_import_without_torch():
 
 def test_test_time_variants_are_their_trained_encoding_plus_a_scaling():
     variants = [e for e in REGISTRY.values() if e.trains_as is not None]
+    # one per context-extension schedule of the registry, and YaRN without its temperature
     assert {e.name: e.test_scaling for e in variants} == {
-        "rope-linear": "linear", "rope-ntk": "ntk", "rope-yarn": "yarn",
+        "rope-linear": "linear", "rope-ntk": "ntk", "rope-dynamic": "dynamic",
+        "rope-yarn": "yarn", "rope-llama3": "llama3", "rope-longrope": "longrope",
+        "rope-yarn-flat": "yarn", "rope-resonance-yarn": "resonance_yarn",
     }  # fmt: skip
+    assert REGISTRY["rope-resonance-yarn"].trains_as == "rope-resonance"
     for e in variants:
         trained = REGISTRY[e.trains_as]
         assert trained.trains_as is None and trained.test_scaling is None
         as_trained = replace(e, name=trained.name, description=trained.description,
-                             trains_as=None, test_scaling=None)  # fmt: skip
+                             trains_as=None, test_scaling=None, test_params=())  # fmt: skip
         assert as_trained == trained
         assert training_encoding(e.name) == trained.name
 
@@ -86,7 +90,7 @@ def test_every_registered_encoding_builds_and_runs(encoding):
     torch.manual_seed(0)
     model = LabModel(config, encoding)
     tokens = torch.randint(0, 14, (2, 10), generator=torch.Generator().manual_seed(0))
-    scaling = spec.scaling(10, 5)
+    scaling = spec.scaling(10, 5, rotary_dim=config.head_dim)
     assert (scaling is None) == (spec.test_scaling is None)
     logits = model(
         tokens, scaling=scaling, generator=torch.Generator().manual_seed(1),
@@ -114,9 +118,11 @@ SPAN_ATOL = 32 * torch.finfo(torch.float32).eps
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_a_span_of_logits_is_those_of_the_whole_pass(encoding):
     spec = REGISTRY[encoding]
-    model = perturbed_lab_model(ModelConfig(14, 32, 2, 4, max_positions=40), encoding)
+    config = ModelConfig(14, 32, 2, 4, max_positions=40)
+    model = perturbed_lab_model(config, encoding)
     tokens = torch.randint(0, 14, (3, 23), generator=torch.Generator().manual_seed(1))
-    scaling = spec.scaling(23, 10)  # beyond the trained length: the scalings act
+    # beyond the trained length: the scalings act
+    scaling = spec.scaling(23, 10, rotary_dim=config.head_dim)
 
     @torch.no_grad()
     def logits(span=None):
@@ -209,14 +215,19 @@ def test_only_rope_accepts_a_test_time_scaling(encoding):
     model = LabModel(ModelConfig(14, 16, 1, 2, max_positions=8), encoding)
     tokens = torch.zeros(1, 4, dtype=torch.long)
     scaling = {"rope_type": "linear", "factor": 2.0}
-    if training_encoding(encoding) == "rope":
+    # the models a test-time variant evaluates: rope's, and Resonance RoPE's
+    if training_encoding(encoding) in ("rope", "rope-resonance"):
         assert model(tokens, scaling=scaling).shape == (1, 4, 14)
     else:
-        with pytest.raises(ValueError, match=f"applies to rope only; this model is '{encoding}'"):
+        words = f"applies to rope, rope-resonance only; this model is '{encoding}'"
+        with pytest.raises(ValueError, match=words):
             model(tokens, scaling=scaling)
 
 
-@pytest.mark.parametrize("encoding", [e for e in ENCODINGS if e not in ("rope-ntk", "rope-yarn")])
+# a test-time variant trains as the model it evaluates: rope-linear stands for them all
+@pytest.mark.parametrize(
+    "encoding", [e for e in ENCODINGS if not REGISTRY[e].test_scaling or e == "rope-linear"]
+)
 def test_every_encoding_trains(tmp_path, encoding):
     # the encodings that read a layout of numbers train on arithmetic
     task = "add-reversed" if REGISTRY[encoding].ids else TINY.task
@@ -233,10 +244,15 @@ def test_test_time_scaling_variants_share_the_rope_model(tmp_path):
     outcome = run(config, tmp_path, progress=False)
     assert len(outcome.trained) == 1  # one RoPE model, four evaluations
     assert {r.encoding for r in outcome.records} == set(config.encodings)
-    assert scaling_for("rope-yarn", 20, 10) == {
+    assert scaling_for("rope-yarn", 20, 10, rotary_dim=8) == {
         "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10,
     }  # fmt: skip
-    assert scaling_for("rope-linear", 10, 10) is None and scaling_for("alibi", 30, 10) is None
+    assert scaling_for("rope-yarn-flat", 20, 10, rotary_dim=8) == {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 10,
+        "attention_factor": 1.0,
+    }  # fmt: skip
+    assert scaling_for("rope-linear", 10, 10, rotary_dim=8) is None
+    assert scaling_for("alibi", 30, 10, rotary_dim=8) is None
 
 
 def test_results_are_tidy_records(tmp_path):

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from posenc.core import checks
+from posenc.families.rotary.schedules import SCHEDULES, STRETCH, stretched
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,9 +49,8 @@ Kernel = Literal["softmax", "stick-breaking", "path"]
 _ABSOLUTE: tuple[Absolute, ...] = ("sinusoidal", "learned")
 _ROTATIONS: tuple[Rotation, ...] = ("rope", "xpos", "fope")
 _KERNELS: tuple[Kernel, ...] = ("softmax", "stick-breaking", "path")
-# rope types whose schedule also reads the length the model was trained at (HF's YaRN
-# takes it as ``original_max_position_embeddings``)
-_READS_TRAINED_LENGTH = frozenset({"yarn"})
+#: The base of the lab's RoPE (``posenc.Rotary``'s default, Su et al. 2021).
+ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,11 @@ class Encoding:
             (Llama 4's ``attention_chunk_size``, 8192 there), or None.
         trains_as: the encoding whose trained model this one evaluates (None:
             its own).
-        test_scaling: the HF ``rope_type`` applied at test time beyond the
-            trained length, with ``factor`` = tested / trained length (None:
-            no scaling).
+        test_scaling: the ``rope_type`` applied at test time beyond the
+            trained length, set by :func:`posenc.rotary.schedules.stretched` for
+            ``factor`` = tested / trained length (None: no scaling).
+        test_params: parameters that replace the stretched schedule's own
+            (``(("attention_factor", 1.0),)``: YaRN without its temperature).
     """
 
     name: str
@@ -130,6 +132,7 @@ class Encoding:
     chunk: int | None = None
     trains_as: str | None = None
     test_scaling: str | None = None
+    test_params: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.absolute is not None:
@@ -206,18 +209,20 @@ class Encoding:
         random positions); a table read at :attr:`ids` limits the numbers' width instead."""
         return (self.absolute == "learned" and self.ids is None) or self.random_positions
 
-    def scaling(self, length: int, trained: int) -> dict[str, Any] | None:
+    def scaling(self, length: int, trained: int, *, rotary_dim: int) -> dict[str, Any] | None:
         """The ``rope_scaling`` this encoding applies at ``length`` tokens, trained at ``trained``.
 
         None without a test-time scaling and within the trained length; beyond it,
-        the schedule with factor ``length / trained`` rounded up to hundredths.
+        :func:`posenc.rotary.schedules.stretched` at factor ``length / trained``
+        rounded up to hundredths (for ``rotary_dim`` channels at :data:`ROPE_BASE`),
+        with :attr:`test_params` in place of its own.
         """
         if self.test_scaling is None or length <= trained:
             return None
         factor = math.ceil(100 * length / trained) / 100
-        scaling: dict[str, Any] = {"rope_type": self.test_scaling, "factor": factor}
-        if self.test_scaling in _READS_TRAINED_LENGTH:
-            scaling["original_max_position_embeddings"] = trained
+        scaling = stretched(self.test_scaling, factor, trained, rotary_dim=rotary_dim,
+                            base=ROPE_BASE)  # fmt: skip
+        scaling.update(self.test_params)
         return scaling
 
 
@@ -361,15 +366,38 @@ POSITION_IDS: Mapping[str, Callable[..., torch.Tensor]] = MappingProxyType({
 _ROPE = Encoding("rope", "queries and keys rotated by position (Su et al. 2021)", rotary="rope")
 
 
-def _at_test_time(rope_type: str, description: str) -> Encoding:
-    """The trained ``rope`` model, evaluated with the ``rope_type`` schedule beyond its length."""
+def _at_test_time(rope_type: str, trained: Encoding = _ROPE, **fields: Any) -> Encoding:
+    """The ``trained`` model (``rope``'s by default) evaluated with ``rope_type`` beyond its
+    length, named ``rope-<rope_type>`` (``rope-yarn``, ``rope-resonance-yarn``), described
+    by the schedule's own docstring."""
+    doc = (SCHEDULES[rope_type].__doc__ or rope_type).strip().split("\n\n")[0]
+    what = " ".join(doc.replace("``", "").split())
     return replace(
-        _ROPE,
-        name=f"rope-{rope_type}",
-        description=description,
-        trains_as=_ROPE.name,
+        trained,
+        name=f"rope-{rope_type.replace('_', '-')}",
+        description=f"{trained.name} at test time: {what}",
+        trains_as=trained.name,
         test_scaling=rope_type,
+        **fields,
     )
+
+
+_RESONANCE = replace(
+    _ROPE,
+    name="rope-resonance",
+    description="rope with every wavelength rounded to an integer (Wang et al. 2024)",
+    schedule="resonance",
+)
+#: Every context-extension schedule of :data:`posenc.rotary.schedules.STRETCH` at test
+#: time, on the model it was made for (Resonance YaRN on Resonance RoPE's), then YaRN
+#: without its attention temperature.
+_STRETCHED = (
+    *(_at_test_time(t, _RESONANCE if t.startswith("resonance") else _ROPE) for t in STRETCH),
+    replace(_at_test_time("yarn", test_params=(("attention_factor", 1.0),)),
+            name="rope-yarn-flat",
+            description="rope at test time: YaRN's frequencies without its attention "
+            "temperature (attention_factor 1)"),
+)  # fmt: skip
 
 
 _IN_ORDER = (
@@ -392,9 +420,7 @@ _IN_ORDER = (
         absolute="learned",
     ),
     _ROPE,
-    _at_test_time("linear", "rope, positions interpolated linearly at test time"),
-    _at_test_time("ntk", "rope, NTK-aware base scaling at test time (bloc97, 2023)"),
-    _at_test_time("yarn", "rope, YaRN at test time (Peng et al. 2023)"),
+    *[e for e in _STRETCHED if e.trains_as == _ROPE.name],
     Encoding("xpos", "rope with a decay over distance (Sun et al. 2022)", rotary="xpos"),
     Encoding("alibi", "a linear distance penalty per head (Press et al. 2022)", bias=_alibi),
     Encoding("t5", "learned biases of causal distance buckets (Raffel et al. 2020)", bias=_t5),
@@ -472,12 +498,8 @@ _IN_ORDER = (
         temperature=True,
         chunk=16,
     ),
-    replace(
-        _ROPE,
-        name="rope-resonance",
-        description="rope with every wavelength rounded to an integer (Wang et al. 2024)",
-        schedule="resonance",
-    ),
+    _RESONANCE,
+    *[e for e in _STRETCHED if e.trains_as == _RESONANCE.name],
     Encoding(
         "fope",
         "a Fourier series per RoPE frequency, the untrained ones dropped (Hua et al. 2024)",
@@ -525,10 +547,10 @@ def training_encoding(name: str) -> str:
     return encoding.trains_as or encoding.name
 
 
-def scaling_for(name: str, length: int, trained: int) -> dict[str, Any] | None:
+def scaling_for(name: str, length: int, trained: int, *, rotary_dim: int) -> dict[str, Any] | None:
     """The ``rope_scaling`` of encoding ``name`` at ``length`` tokens: :meth:`Encoding.scaling`.
 
     None for names without a test-time scaling, unknown names included.
     """
     encoding = REGISTRY.get(name)
-    return None if encoding is None else encoding.scaling(length, trained)
+    return None if encoding is None else encoding.scaling(length, trained, rotary_dim=rotary_dim)

@@ -47,6 +47,7 @@ from posenc.faces.lab.encodings import (
     PER_LAYER,
     POSITION_IDS,
     REGISTRY,
+    ROPE_BASE,
     Encoding,
     lookup,
     training_encoding,
@@ -60,12 +61,13 @@ from posenc.families.absolute.sinusoidal import sinusoidal
 from posenc.families.arithmetic import randomized_positions
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.bias.temperature import attn_temperature
+from posenc.families.rotary.dynamic import LENGTH_DEPENDENT
 from posenc.families.rotary.fope import FoPE
 from posenc.families.rotary.module import Rotary
 from posenc.families.rotary.multiaxis import xpos_tables
 from posenc.families.rotary.rotation import RotaryTables, Rotation
 from posenc.families.rotary.schedules import frequencies
-from posenc.families.rotary.tables import Layout
+from posenc.families.rotary.tables import Layout, cos_sin
 from posenc.integration.attention import attention
 from posenc.integration.attention.path import path_attention
 from posenc.integration.attention.stick_breaking import stick_breaking_attention
@@ -178,6 +180,16 @@ TurnFor = Callable[["LabModel", torch.Tensor, int, "dict[str, Any] | None"], Tur
 def _rope(model: LabModel, positions: torch.Tensor, t: int, scaling: dict[str, Any] | None) -> Turn:
     if scaling is None and model.spec.schedule is not None:  # Resonance RoPE's, always
         scaling = {"rope_type": model.spec.schedule}
+    if scaling is not None and scaling["rope_type"] in LENGTH_DEPENDENT:
+        # the frequencies of a sequence of t tokens, whichever of its logits the pass
+        # computes (a span stops early): a Rotary's own follow the lengths of the calls
+        # it has seen, as HF's dynamic_rope_update does
+        params = {k: v for k, v in scaling.items() if k != "rope_type"}
+        freqs = frequencies(scaling["rope_type"], model.config.head_dim, ROPE_BASE, params,
+                            seq_len=t)  # fmt: skip
+        c, s = cos_sin(positions, freqs, layout=_LAYOUT, dtype=torch.float32)
+        rows = torch.arange(positions.shape[0], device=positions.device)
+        return Turn(RotaryTables(c, s, layout=_LAYOUT), rows)
     return Turn(model._rotary(scaling), positions)
 
 
@@ -369,7 +381,9 @@ class LabModel(nn.Module):
         key = repr(sorted((scaling or {}).items()))
         cache: dict[str, Rotary] = self.__dict__.setdefault("_ropes", {})
         if key not in cache:
-            cache[key] = Rotary(self.config.head_dim, layout=_LAYOUT, scaling=scaling)
+            cache[key] = Rotary(
+                self.config.head_dim, base=ROPE_BASE, layout=_LAYOUT, scaling=scaling
+            )
         return cache[key]
 
     def _positions(

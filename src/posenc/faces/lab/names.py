@@ -21,11 +21,12 @@ ARITHMETIC_TASKS = (
 )  # fmt: skip
 
 #: Every task of the lab (``posenc lab run --task``): its own, the suite's, Liu et al.
-#: (2023)'s flip-flop language (:mod:`posenc.lab.flipflop`) and the arithmetic formats;
-#: each synthetic one is an entry of :data:`posenc.lab.tasks.SYNTHETIC`.
+#: (2023)'s flip-flop language (:mod:`posenc.lab.flipflop`), passkey retrieval
+#: (:mod:`posenc.lab.passkey`) and the arithmetic formats; each synthetic one is an entry
+#: of :data:`posenc.lab.tasks.SYNTHETIC`.
 TASKS = (
     "copy", "reverse", "sort", "recall", "addition", "text", *SUITE_TASKS, "flipflop",
-    *ARITHMETIC_TASKS,
+    "passkey", *ARITHMETIC_TASKS,
 )  # fmt: skip
 
 

@@ -25,8 +25,9 @@ token ``4 + d``):
 
 ``flipflop`` (Liu et al. 2023, :mod:`posenc.lab.flipflop`) has no answer after
 ``SEP``: its ``n`` instruction/bit pairs are scored at every read, whose bit is the
-last one written; the suite's tasks (:mod:`posenc.lab.suite_tasks`) pad to the
-longest example of a length.
+last one written. ``passkey`` (Mohtashami & Jaggi 2023, :mod:`posenc.lab.passkey`)
+hides a five-digit key in ``n - 14`` bytes of filler and scores it asked for at the end.
+The suite's tasks (:mod:`posenc.lab.suite_tasks`) pad to the longest example of a length.
 
 Every synthetic task is an entry of :data:`SYNTHETIC` (its vocabulary, sequence
 length, batches and lengths), which :func:`vocab_size`, :func:`sequence_length`,
@@ -58,14 +59,14 @@ import numpy as np
 import torch
 
 from posenc.core import checks
-from posenc.faces.lab import arithmetic_tasks, flipflop, names, suite_tasks
+from posenc.faces.lab import arithmetic_tasks, flipflop, names, passkey, suite_tasks
 from posenc.faces.lab._layout import BOS, EOS, IGNORE, PLUS, SEP, Batch
 from posenc.faces.lab._layout import PAD as PAD
 
 # The special tokens and Batch live in _layout, shared with suite_tasks, and are re-exported.
 
 #: Every task name; all but ``"text"`` are synthetic and come from :func:`make_batch`.
-TASKS = names.TASKS  # ("copy", .., "addition", "text", *SUITE_TASKS, "flipflop")
+TASKS = names.TASKS  # ("copy", .., "text", *SUITE_TASKS, "flipflop", "passkey", ..)
 
 _SYMBOL0 = 4  # first symbol token (digit 0)
 _NUM_SYMBOLS = 10
@@ -200,7 +201,8 @@ def sequence_length(task: str, n: int) -> int:
 
     Returns:
         ``2n + 3`` for copy/reverse/sort, ``2n + 5`` for recall, ``3n + 5`` for
-        addition, ``2n + 1`` for flipflop, ``n`` for text (a window of ``n`` tokens).
+        addition, ``2n + 1`` for flipflop, ``n`` for passkey and for text (a window of
+        ``n`` tokens).
 
     Raises:
         ValueError: If ``task`` is unknown or ``n`` is out of range.
@@ -229,7 +231,8 @@ def lengths(task: str, high: int) -> list[int]:
     Every length for most tasks (:func:`make_batch` still refuses recall beyond 64 and
     lego beyond 26); for ``scan`` the lengths some SCAN command's action sequence has
     (none has 23 actions, for instance), for ``flipflop`` those from 2 (a write and a
-    read): :attr:`SyntheticTask.lengths`.
+    read), for ``passkey`` the multiples of 16 (it makes any length from 14):
+    :attr:`SyntheticTask.lengths`.
 
     Raises:
         ValueError: If ``task`` is not synthetic or ``high`` < 1.
@@ -321,9 +324,10 @@ def make_batch(task: str, n: int, batch_size: int, generator: torch.Generator) -
 
     Args:
         task: A synthetic task: ``"copy"``, ``"reverse"``, ``"sort"``, ``"recall"``,
-            ``"addition"``, ``"flipflop"`` or a suite task (every key of
+            ``"addition"``, ``"flipflop"``, ``"passkey"`` or a suite task (every key of
             :data:`SYNTHETIC`).
-        n: Task length, an int ``>= 1`` (``<= 64`` for recall, ``>= 2`` for flipflop).
+        n: Task length, an int ``>= 1`` (``<= 64`` for recall, ``>= 2`` for flipflop,
+            ``>= 14`` for passkey).
         batch_size: Number of examples, an int ``>= 1``.
         generator: The only source of randomness: the same generator state gives the
             same batch. Tensors are made on its device.
@@ -392,6 +396,9 @@ SYNTHETIC: Mapping[str, SyntheticTask] = MappingProxyType({
     "flipflop": SyntheticTask(
         flipflop.VOCAB, flipflop.sequence_length, flipflop.make_batch, flipflop.lengths
     ),
+    "passkey": SyntheticTask(
+        passkey.VOCAB, passkey.sequence_length, passkey.make_batch, passkey.lengths
+    ),
     **{task: _arithmetic_task(task) for task in names.ARITHMETIC_TASKS},
 })  # fmt: skip
 assert tuple(SYNTHETIC) == _SYNTHETIC, "names.TASKS and SYNTHETIC name the same tasks"
@@ -428,8 +435,8 @@ def answers(task: str, tokens: torch.Tensor) -> torch.Tensor:
 
     Raises:
         ValueError: If ``task`` is not synthetic or is a suite task
-            (:data:`posenc.lab.names.SUITE_TASKS`) or ``flipflop`` (whose answers
-            are in :func:`make_batch`'s targets), or ``tokens`` has the wrong shape, has
+            (:data:`posenc.lab.names.SUITE_TASKS`), ``flipflop`` or ``passkey`` (whose
+            answers are in :func:`make_batch`'s targets), or ``tokens`` has the wrong shape, has
             no ``BOS``/``SEP`` where the layout puts them, or holds a prompt the task
             cannot answer (a recall query that matches no key or several, an addition
             digit that is not a symbol).

@@ -666,7 +666,8 @@ def evaluate(
         """The logits and targets of the scored span (what the whole pass would score)."""
         start, stop = batch.scored
         logits = model(
-            batch.tokens.to(device), scaling=spec.scaling(length, trained),
+            batch.tokens.to(device),
+            scaling=spec.scaling(length, trained, rotary_dim=model.config.head_dim),
             generator=positions, span=(start, stop), significance=batch.significance,
         )  # fmt: skip
         return logits, batch.targets[:, start:stop].to(device)
