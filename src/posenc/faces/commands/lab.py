@@ -149,6 +149,38 @@ def _lab_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab_extend(args: argparse.Namespace) -> int:
+    from posenc.faces.lab.extend import QUICK, TASKS, ExtendConfig, run_extend
+
+    base = QUICK if args.quick else ExtendConfig()
+    given = {"seeds": args.seeds, "train_len": args.train_len, "steps": args.steps,
+             "data": args.data}  # fmt: skip
+    config = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    tasks = TASKS if args.tasks is None else tuple(t.strip() for t in args.tasks.split(","))
+    study = run_extend(config, args.out, workers=args.workers, progress=not args.no_progress,
+                       tasks=tasks)  # fmt: skip
+    factor = str(config.fine_tune_multiple)
+    lengths = [str(n) for n in config.lengths]
+    last = str(config.fine_tune_steps[-1])
+    for task in tasks:
+        metric = "bits per byte" if task == "text" else "keys retrieved"
+        print(
+            f"{task}: {metric} (mean over {config.seeds} seeds), schedules set for "
+            f"{factor}x; zero-shot | after {last} fine-tuning steps at {factor}x"
+        )
+        print(f"{'line':>15}  " + "  ".join(f"{n:>6}" for n in lengths) + "  |  "
+              + "  ".join(f"{n:>6}" for n in lengths))  # fmt: skip
+        for name, by_factor in study.zero_shot[task].items():
+            zero = by_factor.get(factor, by_factor.get("1", {}))
+            cells = "  ".join(f"{zero[n]['mean']:6.3f}" for n in lengths)
+            tuned = study.fine_tuned.get(task, {}).get(name)
+            after = "  ".join(f"{tuned[last][n]['mean']:6.3f}" for n in lengths) if tuned else ""
+            print(f"{name:>15}  {cells}  |  {after}")
+    out = Path(args.out).resolve()
+    print(f"in {study.seconds:.0f} s; results: {out / 'extend.json'}")
+    return 0
+
+
 def add(sub: Any) -> None:
     """Add ``posenc lab`` to the command's subparsers."""
     lab = sub.add_parser(
@@ -274,3 +306,37 @@ def add(sub: Any) -> None:
     lab_sizes(lab_arith, "examples per length", default=arith_defaults)
     study_options(lab_arith, "posenc-arithmetic")
     lab_arith.set_defaults(run=_lab_arithmetic)
+
+    lab_extend = lab_sub.add_parser(
+        "extend",
+        help="every context-extension schedule on the same trained RoPE models, zero-shot "
+        "and fine-tuned, beside ALiBi, FIRE, NoPE and RoPE trained long",
+        description="Train RoPE (and Resonance RoPE, ALiBi, FIRE, NoPE) at L tokens on a "
+        "byte-level language model and on passkey retrieval, and RoPE at 4L; run each "
+        "context-extension schedule set for 2x, 4x and 8x (posenc.rotary.schedules."
+        "stretched) at L, 2L, 4L and 8L, zero-shot, and after fine-tuning at 4L for "
+        "10 to 200 steps. Cached and resumable under DIR; writes DIR/extend.json "
+        "(zero_shot[task][line][factor][length], depth[line][factor][length][depth], "
+        "fine_tuned[task][line][steps][length]: mean, min, max over seeds).",
+    )
+    lab_extend.add_argument(
+        "--quick", action="store_true", help="one seed, fine-tunes measured at 25 and 100 steps"
+    )
+    lab_extend.add_argument("--tasks", default=None, metavar="LIST",
+                            help="text, passkey or both (default: both)")  # fmt: skip
+    lab_extend.add_argument("--seeds", type=int_at_least(1), default=None, metavar="N",
+                            help="seeds of every model (default: 3, --quick 1)")  # fmt: skip
+    lab_extend.add_argument("--train-len", type=int_at_least(16), default=None, metavar="N",
+                            help="L, the trained length in tokens; default: 64")  # fmt: skip
+    lab_extend.add_argument("--steps", type=int_at_least(1), default=None, metavar="N",
+                            help="training steps of each base model; default: 1500")  # fmt: skip
+    lab_extend.add_argument("--data", default=None, metavar="PATH",
+                            help="the text of the language model (as lab run --data)")  # fmt: skip
+    lab_extend.add_argument("--out", default="posenc-extend", metavar="DIR",
+                            help="default: %(default)s")  # fmt: skip
+    lab_extend.add_argument(
+        "--workers", type=int_at_least(1), default=None, metavar="N",
+        help="trainings at once (default: one per usable CPU)",
+    )  # fmt: skip
+    lab_extend.add_argument("--no-progress", action="store_true", help="no progress bars")
+    lab_extend.set_defaults(run=_lab_extend)

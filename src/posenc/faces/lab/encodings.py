@@ -388,16 +388,23 @@ _RESONANCE = replace(
     description="rope with every wavelength rounded to an integer (Wang et al. 2024)",
     schedule="resonance",
 )
-#: Every context-extension schedule of :data:`posenc.rotary.schedules.STRETCH` at test
-#: time, on the model it was made for (Resonance YaRN on Resonance RoPE's), then YaRN
-#: without its attention temperature.
-_STRETCHED = (
-    *(_at_test_time(t, _RESONANCE if t.startswith("resonance") else _ROPE) for t in STRETCH),
-    replace(_at_test_time("yarn", test_params=(("attention_factor", 1.0),)),
-            name="rope-yarn-flat",
-            description="rope at test time: YaRN's frequencies without its attention "
-            "temperature (attention_factor 1)"),
-)  # fmt: skip
+
+
+def test_time_variants() -> tuple[Encoding, ...]:
+    """Every context-extension schedule of :data:`posenc.rotary.schedules.STRETCH` at test
+    time, on the model it was made for (Resonance YaRN on Resonance RoPE's), then YaRN
+    without its attention temperature: as the registry holds them (a schedule registered
+    since is here too)."""
+    return (
+        *(_at_test_time(t, _RESONANCE if t.startswith("resonance") else _ROPE) for t in STRETCH),
+        replace(_at_test_time("yarn", test_params=(("attention_factor", 1.0),)),
+                name="rope-yarn-flat",
+                description="rope at test time: YaRN's frequencies without its attention "
+                "temperature (attention_factor 1)"),
+    )  # fmt: skip
+
+
+_STRETCHED = test_time_variants()
 
 
 _IN_ORDER = (

@@ -499,7 +499,13 @@ def _share(batch: T.Batch, world: _World) -> T.Batch:
     return batch.rows(rows).to(world.device)
 
 
-def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> torch.Tensor:
+def batch_loss(
+    model: nn.Module,
+    batch: T.Batch,
+    positions: torch.Generator,
+    *,
+    scaling: dict[str, Any] | None = None,
+) -> torch.Tensor:
     """The mean cross-entropy over a batch's scored targets (the loss without context parallelism).
 
     Args:
@@ -507,6 +513,8 @@ def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> 
         batch: its tokens and targets; the loss covers ``batch.scored``, less its
             ``IGNORE`` targets.
         positions: the generator of the model's randomized positions.
+        scaling: the ``rope_scaling`` a RoPE model trains with (``posenc lab
+            extend``'s fine-tuning), or None.
 
     Returns:
         The scalar loss, with its graph for ``backward``.
@@ -515,8 +523,9 @@ def batch_loss(model: nn.Module, batch: T.Batch, positions: torch.Generator) -> 
     # targets are ignored) at a fraction of its work
     start, stop = batch.scored
     logits = model(
-        batch.tokens, generator=positions, span=(start, stop), significance=batch.significance
-    )
+        batch.tokens, scaling=scaling, generator=positions, span=(start, stop),
+        significance=batch.significance,
+    )  # fmt: skip
     targets = batch.targets[:, start:stop]
     return nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
@@ -634,6 +643,22 @@ def train(
     return model, losses
 
 
+def trained_model(config: LabConfig, encoding: str, seed: int, out: str | Path) -> LabModel:
+    """The model :func:`run` trained for ``encoding`` and ``seed`` into ``out``, on the CPU.
+
+    Raises:
+        ValueError: ``run(config, out)`` has not finished that training.
+    """
+    path = Path(out) / "runs" / f"{config.training_key(encoding, seed)}.pt"
+    if not path.exists():
+        raise ValueError(f"no trained model of {encoding!r}, seed {seed} in {str(out)!r}: "
+                         "run(config, out) trains it")  # fmt: skip
+    torch.manual_seed(seed)
+    model = LabModel(config.model, encoding)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["model"])
+    return model
+
+
 # ------------------------------------------------------------------ evaluation
 
 
@@ -642,6 +667,44 @@ def text_lengths(config: LabConfig) -> list[int]:
     step = max(1, config.train_len // 4)
     lengths = list(range(step, config.test_len + 1, step))
     return lengths if lengths[-1] == config.test_len else [*lengths, config.test_len]
+
+
+def scored_logits(
+    model: LabModel,
+    batch: T.Batch,
+    *,
+    scaling: dict[str, Any] | None = None,
+    positions: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits and targets of a batch's scored span (what the whole pass would score).
+
+    Args:
+        model: the lab model (on its device; the batch is moved there).
+        batch: tokens and targets; :attr:`~posenc.lab.tasks.Batch.scored` is computed.
+        scaling: the ``rope_scaling`` the pass applies (a RoPE model's), or None.
+        positions: the generator of randomized positions, or None.
+    """
+    device = next(model.parameters()).device
+    start, stop = batch.scored
+    logits = model(
+        batch.tokens.to(device), scaling=scaling, generator=positions, span=(start, stop),
+        significance=None if batch.significance is None else batch.significance.to(device),
+    )  # fmt: skip
+    return logits, batch.targets[:, start:stop].to(device)
+
+
+def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """``exp`` of the mean cross-entropy over the targets that are not ``IGNORE``."""
+    loss = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
+    )
+    return math.exp(loss)
+
+
+def exact_match(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """The share of rows whose every scored target is the argmax (greedy decoding's answer)."""
+    right = (logits.argmax(-1) == targets) | (targets == T.IGNORE)
+    return right.all(dim=1).float().mean().item()
 
 
 @torch.no_grad()
@@ -656,36 +719,25 @@ def evaluate(
     trained length; ``randomized`` with positions drawn from a seeded generator.
     """
     model.eval()
-    device = next(model.parameters()).device
     spec = lookup(encoding)
     trained = T.sequence_length(config.task, config.train_len)
     records: list[Record] = []
     positions = torch.Generator().manual_seed(99_991 + seed)
 
     def scored(batch: T.Batch, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits and targets of the scored span (what the whole pass would score)."""
-        start, stop = batch.scored
-        logits = model(
-            batch.tokens.to(device),
-            scaling=spec.scaling(length, trained, rotary_dim=model.config.head_dim),
-            generator=positions, span=(start, stop), significance=batch.significance,
-        )  # fmt: skip
-        return logits, batch.targets[:, start:stop].to(device)
+        scaling = spec.scaling(length, trained, rotary_dim=model.config.head_dim)
+        return scored_logits(model, batch, scaling=scaling, positions=positions)
 
     if config.task == "text":
         for length in text_lengths(config):
             logits, targets = scored(corpus.windows("test", length, config.eval_examples), length)
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=T.IGNORE
-            )
-            records.append(Record("text", encoding, seed, length, "perplexity", math.exp(loss)))
+            value = perplexity(logits, targets)
+            records.append(Record("text", encoding, seed, length, "perplexity", value))
         return records
     for n in T.lengths(config.task, config.test_len):
         gen = torch.Generator().manual_seed(424_243 + n)
         batch = T.make_batch(config.task, n, config.eval_examples, gen)
-        logits, targets = scored(batch, T.sequence_length(config.task, n))
-        right = (logits.argmax(-1) == targets) | (targets == T.IGNORE)
-        acc = right.all(dim=1).float().mean().item()
+        acc = exact_match(*scored(batch, T.sequence_length(config.task, n)))
         records.append(Record(config.task, encoding, seed, n, "accuracy", acc))
     return records
 

@@ -1,0 +1,455 @@
+"""``posenc lab extend``: every context-extension schedule on the same trained models.
+
+A model trained with RoPE at ``L`` tokens is run at ``2L``, ``4L`` and ``8L`` with each
+schedule set for a factor ``s`` (:func:`posenc.rotary.schedules.stretched`: the
+``rope_scaling`` a config would carry), zero-shot and after a short fine-tune, beside
+encodings that need no schedule. Two tasks, each on its own base models:
+
+- ``text``: the lab's byte-level language model (:class:`posenc.lab.tasks.TextCorpus`,
+  the standard library's source or ``--data``), measured in bits per byte;
+- ``passkey``: passkey retrieval (:mod:`posenc.lab.passkey`: Mohtashami & Jaggi 2023,
+  as YaRN's ``eval/passkey.py``), trained at lengths up to ``L`` and measured as the
+  share of keys retrieved, by length and by the depth of the key.
+
+The lines of the study (:func:`lines`) come from the schedules' registry: ``none`` (RoPE
+extrapolated as trained), one line per schedule with a ``stretch``
+(:func:`posenc.lab.encodings.test_time_variants`: Resonance YaRN on the Resonance RoPE
+model), YaRN without its temperature, and ``base``: the larger
+base Liu et al. 2023 ("Scaling laws of RoPE-based extrapolation") derive for a context
+(:func:`liu_base`), as an NTK factor. A schedule registered later is a line with no
+change here. The references: RoPE trained at the fine-tuning length (``rope-long``, the
+same steps), and ALiBi, FIRE and NoPE trained at ``L``.
+
+A schedule set for factor ``s`` is applied at every length, as a config's
+``rope_scaling`` is (a static schedule changes the trained length's frequencies too);
+``dynamic`` and ``longrope`` read the length themselves. Zero-shot, each line runs at
+each factor of :attr:`ExtendConfig.multiples` on lengths ``1, 2, 4, 8 x L``. Fine-tuned,
+each line at factor :attr:`ExtendConfig.fine_tune_multiple` continues the base's training
+on sequences of that many times ``L`` for :attr:`ExtendConfig.fine_tune_steps` steps,
+measured after each count of steps (step 0 is the zero-shot model).
+
+Everything trained is cached under ``out``: the base models by :func:`posenc.lab.run`
+(``out/base-TASK``, ``out/long-TASK``), each fine-tune in ``out/fine-tune`` (its curve
+once finished, and a checkpoint at each measured step), so a stopped run resumes where
+it stopped and a finished one is read back. :func:`run_extend` writes ``extend.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc.core import checks
+from posenc.core.files import atomic_write
+from posenc.faces.lab.encodings import ROPE_BASE, Encoding, lookup, test_time_variants
+from posenc.faces.lab.model import LabModel
+from posenc.faces.lab.training import (
+    LabConfig,
+    batch_loss,
+    exact_match,
+    param_groups,
+    perplexity,
+    run,
+    scored_logits,
+    text_corpus,
+    trained_model,
+    update,
+)
+
+#: Bump when training, fine-tuning or measuring changes (part of every cache key).
+VERSION = 1
+#: The tasks of the study.
+TASKS = ("text", "passkey")
+#: The encodings trained at ``L`` besides RoPE's, that need no schedule.
+REFERENCES = ("alibi", "fire", "nope")
+#: What each task's measure is.
+METRICS = {"text": "bits per byte", "passkey": "keys retrieved"}
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """One context-extension study: the trained length, the factors, the training.
+
+    Attributes:
+        train_len: ``L``, the trained length in tokens (bytes for text; passkey trains
+            on lengths 16, 32, .. up to it).
+        multiples: the factors ``s`` each schedule is set for; the lengths measured are
+            ``L`` and these multiples of it.
+        seeds: seeds ``0 .. seeds - 1`` of every model.
+        steps: optimiser steps of each base model (and of ``rope-long``).
+        batch_size, d_model, layers, heads, lr: the lab's training and sizes.
+        eval_examples: windows (text) or keys (passkey) per measured length.
+        depths: the key's depths the passkey table reads (0: first, 1: last).
+        fine_tune_multiple: the fine-tuning length over ``L``, and its schedules' factor.
+        fine_tune_steps: the step counts after which the fine-tuned models are measured.
+        fine_tune_lr: the fine-tune's constant learning rate (after a warm-up of a tenth
+            of the first count).
+        data: the text task's own text (``--data``), or None for the standard library.
+    """
+
+    train_len: int = 64
+    multiples: tuple[int, ...] = (2, 4, 8)
+    seeds: int = 3
+    steps: int = 1500
+    batch_size: int = 32
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    lr: float = 1e-3
+    eval_examples: int = 64
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    fine_tune_multiple: int = 4
+    fine_tune_steps: tuple[int, ...] = (10, 25, 50, 100, 200)
+    fine_tune_lr: float = 3e-4
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("train_len", "seeds", "steps", "batch_size", "eval_examples"):
+            checks.check_int(getattr(self, name), name, minimum=1)
+        if self.train_len < 16:
+            raise ValueError(f"train_len must be >= 16 (passkey's shortest length); "
+                             f"got {self.train_len}")  # fmt: skip
+        if not self.multiples or any(
+            not isinstance(m, int) or isinstance(m, bool) or m < 2 for m in self.multiples
+        ):
+            raise ValueError(f"multiples must be ints >= 2; got {self.multiples!r}")
+        if self.fine_tune_multiple not in self.multiples:
+            raise ValueError(f"fine_tune_multiple ({self.fine_tune_multiple}) must be one of "
+                             f"multiples {self.multiples}")  # fmt: skip
+        steps = self.fine_tune_steps
+        if not steps or list(steps) != sorted(set(steps)) or steps[0] < 1:
+            raise ValueError(f"fine_tune_steps must be increasing ints >= 1; got {steps!r}")
+        for depth in self.depths:
+            if not 0.0 <= depth <= 1.0:
+                raise ValueError(f"depths must lie within [0, 1]; got {self.depths!r}")
+        checks.check_number(self.lr, "lr", positive=True)
+        checks.check_number(self.fine_tune_lr, "fine_tune_lr", positive=True)
+
+    @property
+    def lengths(self) -> list[int]:
+        """The lengths measured: ``L`` and each multiple of it."""
+        return [self.train_len] + [m * self.train_len for m in self.multiples]
+
+    def lab(self, task: str, encodings: Sequence[str], train_len: int) -> LabConfig:
+        """The lab run that trains ``task``'s base models of ``encodings`` at ``train_len``."""
+        return LabConfig(
+            task=task, encodings=tuple(encodings), train_len=train_len,
+            test_len=max(self.lengths), seeds=self.seeds, steps=self.steps,
+            batch_size=self.batch_size, lr=self.lr, d_model=self.d_model, layers=self.layers,
+            heads=self.heads, eval_examples=self.eval_examples,
+            data=self.data if task == "text" else None,
+        )  # fmt: skip
+
+
+#: ``posenc lab extend --quick``: one seed, shorter fine-tunes.
+QUICK = ExtendConfig(seeds=1, fine_tune_steps=(25, 100))
+
+
+def liu_base(base: float, trained: int, target: int) -> float:
+    """The base that makes a RoPE trained at ``trained`` tokens cover ``target``.
+
+    Liu et al. 2023 (section 3, the extrapolation bound of a larger base): the
+    critical dimension's period must grow from ``trained`` to ``target``, which a base
+    ``base ** (ln(target / 2 pi) / ln(trained / 2 pi))`` gives.
+    """
+    return base ** (math.log(target / (2 * math.pi)) / math.log(trained / (2 * math.pi)))
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the study: a trained model and the ``rope_scaling`` it runs with.
+
+    Attributes:
+        name: the line's name in the tables (``none``, ``yarn``, ``rope-long``, ...).
+        model: the lab encoding whose trained model the line runs.
+        description: one line for people.
+        scaling: ``(factor, trained, rotary_dim) ->`` the ``rope_scaling`` at ``factor``,
+            or None for a line that runs as trained.
+        trained_at: the trained length over ``L`` (``rope-long``: the fine-tuning
+            multiple).
+    """
+
+    name: str
+    model: str
+    description: str
+    scaling: Callable[[float, int, int], dict[str, Any] | None] = field(
+        default=lambda factor, trained, rotary_dim: None
+    )
+    trained_at: int = 1
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the line applies a schedule (the lines that fine-tune)."""
+        return self.scaling(2.0, 64, 8) is not None
+
+
+def _variant(spec: Encoding) -> Line:
+    assert spec.trains_as is not None
+
+    def scaling(factor: float, trained: int, rotary_dim: int) -> dict[str, Any] | None:
+        return spec.scaling(math.ceil(factor * trained), trained, rotary_dim=rotary_dim)
+
+    return Line(spec.name.removeprefix("rope-"), spec.trains_as, spec.description, scaling)
+
+
+def _base_line(factor: float, trained: int, rotary_dim: int) -> dict[str, Any]:
+    # base' = base * phi ** (d / (d - 2)) is NTK's form: phi for Liu et al.'s base
+    wanted = liu_base(ROPE_BASE, trained, math.ceil(factor * trained))
+    phi = (wanted / ROPE_BASE) ** ((rotary_dim - 2) / rotary_dim)
+    return {"rope_type": "ntk", "factor": phi}
+
+
+def lines(fine_tune_multiple: int = 4) -> list[Line]:
+    """The study's lines: ``none``, each test-time variant of the registry, ``base``, the
+    references (``rope-long`` trained at ``fine_tune_multiple`` times ``L``, ALiBi, FIRE,
+    NoPE)."""
+    return [
+        Line("none", "rope", "RoPE as trained, extrapolated"),
+        *[_variant(spec) for spec in test_time_variants()],
+        Line("base", "rope", "a larger base, Liu et al. 2023's for the length (as NTK's "
+             "factor)", _base_line),
+        Line("rope-long", "rope", "reference: RoPE trained at the fine-tuning length",
+             trained_at=fine_tune_multiple),
+        *[Line(n, n, f"reference: {lookup(n).description}") for n in REFERENCES],
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# measuring
+
+
+def _batch(task: str, length: int, config: ExtendConfig, corpus: Any, depth: float | None):
+    if task == "text":
+        return corpus.windows("test", length, config.eval_examples)
+    from posenc.faces.lab import passkey
+
+    gen = torch.Generator().manual_seed(424_243 + length + (0 if depth is None else 7919))
+    return passkey.make_batch(length, config.eval_examples, gen, depth=depth)
+
+
+@torch.no_grad()
+def measure(
+    model: LabModel,
+    task: str,
+    length: int,
+    scaling: dict[str, Any] | None,
+    config: ExtendConfig,
+    corpus: Any,
+    depth: float | None = None,
+) -> float:
+    """Bits per byte (text) or the share of keys retrieved (passkey) at ``length``."""
+    model.eval()
+    logits, targets = scored_logits(model, _batch(task, length, config, corpus, depth),
+                                    scaling=scaling)  # fmt: skip
+    if task == "text":
+        return math.log2(perplexity(logits, targets))
+    return exact_match(logits, targets)
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+
+# --------------------------------------------------------------------------------------
+# fine-tuning
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps([VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _train_batch(task: str, length: int, config: ExtendConfig, corpus: Any, gen: torch.Generator):
+    if task == "text":
+        return corpus.batch("train", length, config.batch_size, gen)
+    from posenc.faces.lab import passkey
+
+    choices = passkey.lengths(length)
+    n = choices[int(torch.randint(0, len(choices), (1,), generator=gen))]
+    return passkey.make_batch(n, config.batch_size, gen)
+
+
+def fine_tune(
+    task: str, line: Line, seed: int, config: ExtendConfig, out: Path
+) -> dict[int, dict[int, float]]:
+    """Fine-tune ``line``'s base model at the fine-tuning length; its measures by step.
+
+    Returns ``{steps: {length: value}}``, step 0 being the base model with the line's
+    schedule. Resumes from the last measured step's checkpoint; a finished curve is
+    read back.
+    """
+    lab = config.lab(task, (line.model,), config.train_len)
+    rotary_dim = lab.model.head_dim
+    factor = float(config.fine_tune_multiple)
+    scaling = line.scaling(factor, config.train_len, rotary_dim)
+    # what the curve depends on: the base model, the schedule, the fine-tune and the measures
+    fields = ("batch_size", "eval_examples", "fine_tune_multiple", "fine_tune_steps",
+              "fine_tune_lr", "train_len", "multiples")  # fmt: skip
+    tuned = {name: getattr(config, name) for name in fields}
+    key = _key(task, line.name, scaling, seed, tuned, lab.training_key(line.model, seed))
+    directory = out / "fine-tune"
+    directory.mkdir(parents=True, exist_ok=True)
+    done, partial = directory / f"{key}.json", directory / f"{key}.partial.pt"
+    if done.exists():
+        stored = json.loads(done.read_text())
+        return {int(s): {int(n): v for n, v in row.items()} for s, row in stored.items()}
+    corpus = text_corpus(lab)
+    model = trained_model(lab, line.model, seed, out / f"base-{task}")
+    model = copy.deepcopy(model)
+    opt = torch.optim.AdamW(param_groups(model, config.fine_tune_lr), lr=config.fine_tune_lr,
+                            betas=(0.9, 0.98), weight_decay=0.01)  # fmt: skip
+    warm = max(1, config.fine_tune_steps[0] // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+    gen = torch.Generator().manual_seed(2_000_003 * (seed + 1))
+    positions = torch.Generator().manual_seed(7 * seed + 5)
+    curve: dict[int, dict[int, float]] = {}
+    step = 0
+    if partial.exists():
+        saved = torch.load(partial, map_location="cpu", weights_only=False)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        gen.set_state(saved["gen"])
+        curve, step = saved["curve"], saved["step"]
+    length = config.fine_tune_multiple * config.train_len
+    for target in (0, *config.fine_tune_steps):
+        model.train()
+        while step < target:
+            batch = _train_batch(task, length, config, corpus, gen)
+            loss = batch_loss(model, batch, positions, scaling=scaling)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            update(model, opt, sched)
+            step += 1
+        if target not in curve:
+            curve[target] = {n: measure(model, task, n, scaling, config, corpus)
+                             for n in config.lengths}  # fmt: skip
+            state = {"model": model.state_dict(), "opt": opt.state_dict(),
+                     "sched": sched.state_dict(), "gen": gen.get_state(), "curve": curve,
+                     "step": step}  # fmt: skip
+            with atomic_write(partial) as f:
+                torch.save(state, f)
+    with atomic_write(done, "w") as f:
+        json.dump({str(s): {str(n): v for n, v in row.items()} for s, row in curve.items()}, f)
+    partial.unlink(missing_ok=True)
+    return curve
+
+
+def _fine_tune_job(job: tuple[str, str, int, ExtendConfig, Path]) -> dict[int, dict[int, float]]:
+    """One fine-tune in a worker process: the line by name (its schedule is a closure)."""
+    task, name, seed, config, out = job
+    torch.set_num_threads(1)
+    (line,) = [line for line in lines(config.fine_tune_multiple) if line.name == name]
+    return fine_tune(task, line, seed, config, out)
+
+
+# --------------------------------------------------------------------------------------
+# the study
+
+
+@dataclass
+class Study:
+    """What :func:`run_extend` measured (``extend.json``)."""
+
+    config: dict[str, Any]
+    zero_shot: dict[str, Any] = field(default_factory=dict)
+    depth: dict[str, Any] = field(default_factory=dict)
+    fine_tuned: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def run_extend(
+    config: ExtendConfig,
+    out: str | Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    tasks: Sequence[str] = TASKS,
+) -> Study:
+    """Train the base models, measure every line zero-shot and fine-tuned; write ``extend.json``.
+
+    ``extend.json`` holds ``config``, ``base_length``, ``lines`` (name: description),
+    ``zero_shot[task][line][factor][length]``, ``depth[line][factor][length][depth]``
+    (passkey) and ``fine_tuned[task][line][steps][length]``, each a ``{"mean", "min",
+    "max"}`` over seeds; factor ``"1"`` is a line that runs as trained, and
+    ``seconds``, the run's wall time.
+    """
+    start = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for task in tasks:
+        checks.check_choice(task, "task", TASKS)
+    every = lines(config.fine_tune_multiple)
+    study = Study(asdict(config), lines={line.name: line.description for line in every})
+    fine_jobs = []
+    for task in tasks:
+        models = sorted({line.model for line in every if line.trained_at == 1})
+        base = config.lab(task, models, config.train_len)
+        run(base, out / f"base-{task}", progress=progress, workers=workers, probe=False)
+        long = config.lab(task, ("rope",), config.fine_tune_multiple * config.train_len)
+        run(long, out / f"long-{task}", progress=progress, workers=workers, probe=False)
+        corpus = text_corpus(base)
+        rotary_dim = base.model.head_dim
+        zero: dict[str, Any] = {}
+        depth: dict[str, Any] = {}
+        for line in every:
+            lab, where = (base, f"base-{task}") if line.trained_at == 1 else (long, f"long-{task}")
+            trained = [trained_model(lab, line.model, s, out / where) for s in range(config.seeds)]
+            factors = config.multiples if line.scheduled else (1,)
+            zero[line.name] = {}
+            for factor in factors:
+                scaling = line.scaling(float(factor), config.train_len, rotary_dim)
+                zero[line.name][str(factor)] = {
+                    str(n): _spread([measure(m, task, n, scaling, config, corpus)
+                                     for m in trained])
+                    for n in config.lengths
+                }  # fmt: skip
+                if task == "passkey":
+                    depth.setdefault(line.name, {})[str(factor)] = {
+                        str(n): {str(d): _spread([measure(m, task, n, scaling, config, corpus, d)
+                                                  for m in trained]) for d in config.depths}
+                        for n in config.lengths
+                    }  # fmt: skip
+        study.zero_shot[task] = zero
+        if task == "passkey":
+            study.depth = depth
+        tuned = [line.name for line in every if line.scheduled or line.name == "none"]
+        fine_jobs += [(task, name, s, config, out) for name in tuned for s in range(config.seeds)]
+    curves = _fine_tune_all(fine_jobs, workers)
+    for (task, name, _seed, _, _), curve in zip(fine_jobs, curves, strict=True):
+        study.fine_tuned.setdefault(task, {}).setdefault(name, []).append(curve)
+    for by_line in study.fine_tuned.values():
+        for name, runs in by_line.items():
+            by_line[name] = {
+                str(s): {str(n): _spread([c[s][n] for c in runs]) for n in config.lengths}
+                for s in (0, *config.fine_tune_steps)
+            }
+    study.seconds = round(time.perf_counter() - start, 1)
+    doc = {"config": study.config, "base_length": config.train_len, "lines": study.lines,
+           "zero_shot": study.zero_shot, "depth": study.depth, "fine_tuned": study.fine_tuned,
+           "metrics": {t: METRICS[t] for t in tasks}, "seconds": study.seconds}  # fmt: skip
+    with atomic_write(out / "extend.json", "w") as f:
+        json.dump(doc, f, indent=1)
+    return study
+
+
+def _fine_tune_all(jobs: list[Any], workers: int | None) -> list[dict[int, dict[int, float]]]:
+    from posenc.faces.lab.training import usable_cpus
+
+    count = max(1, min(len(jobs), workers if workers is not None else usable_cpus()))
+    if count == 1:
+        return [_fine_tune_job(job) for job in jobs]
+    with ProcessPoolExecutor(count, mp_context=get_context("spawn")) as pool:
+        return list(pool.map(_fine_tune_job, jobs))
