@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table learned-table
+.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table learned-table extend-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,13 @@ engines: $(VENV)/.demo
 # written to the bundled src/posenc/faces/data/rope-engines.json
 engine-table: $(VENV)/.demo engines
 	$(BIN)/python -m posenc.faces.engine_table
+
+# posenc lab extend at its defaults (3 seeds; see the how-to page for its time on 2 CPU
+# cores), bundled: src/posenc/faces/data/lab-extend.json, the tables of
+# docs/howto/choose-schedule.md, docs/lab-extend.png
+extend-table: $(VENV)/.demo
+	$(BIN)/posenc lab extend --out posenc-extend
+	$(BIN)/python -m posenc.faces.lab.extend posenc-extend
 
 # posenc lab arithmetic at its defaults (3 seeds; about an hour on 2 CPU cores), bundled:
 # src/posenc/faces/data/lab-arithmetic.json, the README's table, docs/lab-arithmetic.png

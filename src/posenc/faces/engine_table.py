@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.core.files import atomic_write
+from posenc.faces import bundle
 
 #: The table lies between these two lines of :data:`GUIDE` (``make engine-table`` rewrites it).
 README_MARKERS = ("<!-- engine-table -->", "<!-- /engine-table -->")
@@ -82,21 +83,12 @@ def readme(text: str, doc: Mapping[str, Any]) -> str:
     Raises:
         ValueError: the markers are missing or out of order.
     """
-    start, end = README_MARKERS
-    a, b = text.find(start), text.find(end)
-    if a < 0 or b < a:
-        raise ValueError(f"the page has no {start} ... {end} block for the engine table")
-    return text[: a + len(start)] + "\n" + markdown(doc) + "\n" + text[b:]
+    return bundle.between(text, README_MARKERS, markdown(doc), "engine table")
 
 
 def bundled() -> dict[str, Any] | None:
     """The table measured when the package was released (None if absent)."""
-    try:
-        text = resources.files("posenc.faces").joinpath("data").joinpath(BUNDLED).read_text()
-    except (FileNotFoundError, OSError):
-        return None
-    doc: dict[str, Any] = json.loads(text)
-    return doc
+    return bundle.read(BUNDLED)
 
 
 def _cell(result: Mapping[str, Any]) -> str:

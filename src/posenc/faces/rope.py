@@ -48,6 +48,7 @@ import numpy.typing as npt
 from posenc.core import checks
 from posenc.core.files import atomic_write
 from posenc.families.rotary.config import setting
+from posenc.families.rotary.schedules import STRETCH
 from posenc.integration.analysis.engines import (
     EngineResult,
     parse_engine_python,
@@ -421,6 +422,9 @@ def _footer(doc: Mapping[str, Any]) -> list[str]:
         where = "" if s["layers"] is None else f" (layers {ranges(s['layers'], 16) or 'none'})"
         lines.append(f"{s['setting']} = {show(s['value'])}{where}: {s['means']}; from {s['from']}")
     lines += [f"note: {n}" for n in doc["notes"]]
+    if any(r["rope_type"]["value"] in STRETCH for r in doc["ropes"]):
+        # a context-extension schedule: where they are compared on one trained model
+        lines.append('every schedule compared: how-to "Choose a context-extension schedule"')
     return lines
 
 

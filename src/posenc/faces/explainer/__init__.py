@@ -36,6 +36,7 @@ SECTIONS: tuple[str, ...] = (
     "rope",
     "rope_layouts",
     "extension",
+    "extend",
     "nope",
     "biases",
     "arithmetic",

@@ -35,7 +35,6 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 
 from posenc.core import checks
 from posenc.core.files import atomic_write
+from posenc.faces import bundle
 
 
 @dataclass(frozen=True)
@@ -600,11 +600,7 @@ def readme(text: str, doc: Mapping[str, Any]) -> str:
     Raises:
         ValueError: the page has no pair of :data:`README_MARKER` lines.
     """
-    a = text.find(README_MARKER)
-    b = text.find(README_MARKER, a + len(README_MARKER))
-    if a < 0 or b < 0:
-        raise ValueError(f"the page has no {README_MARKER} ... {README_MARKER} block")
-    return text[: a + len(README_MARKER)] + "\n" + markdown(doc) + "\n" + text[b:]
+    return bundle.between(text, (README_MARKER, README_MARKER), markdown(doc), "arithmetic table")
 
 
 def publish(run: str | Path, repository: str | Path | None = None) -> Path:
@@ -624,9 +620,7 @@ def publish(run: str | Path, repository: str | Path | None = None) -> Path:
     except OSError as exc:
         raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
     root = Path(__file__).resolve().parents[4] if repository is None else Path(repository)
-    bundled_path = Path(str(resources.files("posenc.faces"))) / "data" / BUNDLED
-    with atomic_write(bundled_path, "w") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
+    bundled_path = bundle.write(BUNDLED, doc)
     readme_path = root / GUIDE
     text = readme(readme_path.read_text(), doc)
     with atomic_write(readme_path, "w") as f:
@@ -642,11 +636,7 @@ def publish(run: str | Path, repository: str | Path | None = None) -> Path:
 
 def bundled() -> dict[str, Any] | None:
     """The bundled ``arithmetic.json`` (None where the package has none)."""
-    path = resources.files("posenc.faces.data") / BUNDLED
-    if not path.is_file():
-        return None
-    doc: dict[str, Any] = json.loads(path.read_text())
-    return doc
+    return bundle.read(BUNDLED)
 
 
 if __name__ == "__main__":  # python -m posenc.faces.lab.arithmetic RUN_DIR: bundle a run

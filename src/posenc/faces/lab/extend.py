@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -442,6 +442,15 @@ def run_extend(
            "metrics": {t: METRICS[t] for t in tasks}, "seconds": study.seconds}  # fmt: skip
     with atomic_write(out / "extend.json", "w") as f:
         json.dump(doc, f, indent=1)
+    from posenc.faces.plot import encode, pyplot
+
+    fig = figure(doc)
+    svg = encode(fig, "svg")
+    pyplot().close(fig)
+    with atomic_write(out / "extend.svg") as f:
+        f.write(svg)
+    with atomic_write(out / "index.html", "w") as f:
+        f.write(page(doc, svg))
     return study
 
 
@@ -453,3 +462,258 @@ def _fine_tune_all(jobs: list[Any], workers: int | None) -> list[dict[int, dict[
         return [_fine_tune_job(job) for job in jobs]
     with ProcessPoolExecutor(count, mp_context=get_context("spawn")) as pool:
         return list(pool.map(_fine_tune_job, jobs))
+
+
+# --------------------------------------------------------------------------------------
+# reading a study: tables, reach, figure, page
+
+
+#: The share of keys a line must retrieve to count as reaching a length.
+GOAL = 0.9
+
+
+def _cell(v: Mapping[str, float], digits: int) -> str:
+    if v["min"] == v["max"]:
+        return f"{v['mean']:.{digits}f}"
+    return f"{v['mean']:.{digits}f} ({v['min']:.{digits}f}-{v['max']:.{digits}f})"
+
+
+def _digits(task: str) -> int:
+    return 3 if task == "text" else 2
+
+
+def reach(by_length: Mapping[str, Mapping[str, float]]) -> int:
+    """The longest length up to which every measured length retrieves :data:`GOAL` (mean);
+    0 where the shortest does not."""
+    best = 0
+    for n, v in sorted(by_length.items(), key=lambda item: int(item[0])):
+        if v["mean"] < GOAL:
+            break
+        best = int(n)
+    return best
+
+
+def zero_shot_reach(doc: Mapping[str, Any], line: str) -> tuple[int, str]:
+    """A line's longest passkey reach over the factors it is set for, and that factor."""
+    factors = doc["zero_shot"]["passkey"][line]
+    return max((reach(by_length), factor) for factor, by_length in factors.items())
+
+
+def _factor(doc: Mapping[str, Any]) -> str:
+    return str(doc["config"]["fine_tune_multiple"])
+
+
+def _zero_table(doc: Mapping[str, Any], task: str) -> tuple[list[str], list[list[str]]]:
+    factor, lengths = _factor(doc), [str(n) for n in _lengths(doc)]
+    head = ["line", *[f"{int(n) // doc['base_length']}L ({n})" for n in lengths]]
+    rows = []
+    for name, by_factor in doc["zero_shot"][task].items():
+        cells = by_factor.get(factor) or by_factor["1"]
+        rows.append([name, *[_cell(cells[n], _digits(task)) for n in lengths]])
+    return head, rows
+
+
+def _tuned_table(doc: Mapping[str, Any], task: str) -> tuple[list[str], list[list[str]]]:
+    at = str(int(_factor(doc)) * doc["base_length"])
+    steps = list(next(iter(doc["fine_tuned"][task].values())))
+    head = ["line", *[f"{s} steps" for s in steps]]
+    rows = [[name, *[_cell(curve[s][at], _digits(task)) for s in steps]]
+            for name, curve in doc["fine_tuned"][task].items()]  # fmt: skip
+    return head, rows
+
+
+def _depth_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    factor = _factor(doc)
+    at = str(int(factor) * doc["base_length"])
+    depths = list(doc["config"]["depths"])
+    head = ["line", *[f"depth {d:g}" for d in depths]]
+    rows = []
+    for name, by_factor in doc["depth"].items():
+        cells = (by_factor.get(factor) or by_factor["1"])[at]
+        rows.append([name, *[_cell(cells[str(float(d))], 2) for d in depths]])
+    return head, rows
+
+
+def _reach_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    last = str(doc["config"]["fine_tune_steps"][-1])
+    head = ["line", "zero-shot reach (factor)", f"after {last} fine-tuning steps"]
+    rows = []
+    for name in doc["zero_shot"]["passkey"]:
+        n, factor = zero_shot_reach(doc, name)
+        tuned = doc["fine_tuned"].get("passkey", {}).get(name)
+        after = str(reach(tuned[last])) if tuned else "-"
+        rows.append([name, f"{n} ({factor}x)" if factor != "1" else str(n), after])
+    return head, rows
+
+
+def _lengths(doc: Mapping[str, Any]) -> list[int]:
+    return [doc["base_length"]] + [m * doc["base_length"] for m in doc["config"]["multiples"]]
+
+
+def tables(doc: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The study's tables: ``(caption, head, rows)``, each cell a mean with the seeds'
+    min-max where they differ."""
+    factor, last = _factor(doc), doc["config"]["fine_tune_steps"][-1]
+    at = int(factor) * doc["base_length"]
+    out = []
+    for task in doc["zero_shot"]:
+        what = METRICS[task]
+        out.append((f"{task}, zero-shot: {what} by length, each schedule set for {factor}x "
+                    f"(trained at L = {doc['base_length']})", *_zero_table(doc, task)))  # fmt: skip
+        if task in doc["fine_tuned"]:
+            out.append((f"{task}, fine-tuned at {factor}x: {what} at {at} tokens after 0 to "
+                        f"{last} steps", *_tuned_table(doc, task)))  # fmt: skip
+    if doc.get("depth"):
+        out.append((f"passkey, zero-shot: keys retrieved at {at} tokens by the key's depth, "
+                    f"each schedule set for {factor}x", *_depth_table(doc)))  # fmt: skip
+        out.append((f"passkey: the longest length with {GOAL} of the keys retrieved at every "
+                    "length up to it", *_reach_table(doc)))  # fmt: skip
+    return out
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """The tables as Markdown, each under its caption in bold."""
+    parts = []
+    for caption, head, rows in tables(doc):
+        lines = [f"**{caption}**", "", "| " + " | ".join(head) + " |",
+                 "|---" * len(head) + "|"]  # fmt: skip
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def html_tables(doc: Mapping[str, Any]) -> str:
+    """The tables as HTML (the report's and the run's page)."""
+    import html
+
+    out = []
+    for caption, head, rows in tables(doc):
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                       for row in rows)  # fmt: skip
+        heads = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        out.append(f'<table class="numbers"><caption>{html.escape(caption)}</caption>'
+                   f"<tr>{heads}</tr>{body}</table>")  # fmt: skip
+    return "\n".join(out)
+
+
+def figure(doc: Mapping[str, Any]) -> Any:
+    """Zero-shot quality against length, and fine-tuned quality against steps, per task."""
+    from posenc.faces.plot import new_figure
+
+    tasks = list(doc["zero_shot"])
+    fig, axes = new_figure(9.0, 3.6 * len(tasks), ncols=2, nrows=len(tasks))
+    axes = axes.reshape(len(tasks), 2)
+    factor = _factor(doc)
+    at = str(int(factor) * doc["base_length"])
+    for row, task in enumerate(tasks):
+        left, right = axes[row]
+        names = list(doc["zero_shot"][task])
+        for i, name in enumerate(names):
+            by_factor = doc["zero_shot"][task][name]
+            cells = by_factor.get(factor) or by_factor["1"]
+            lengths = [int(n) for n in cells]
+            style = "-" if i < 10 else "--"
+            left.plot(lengths, [v["mean"] for v in cells.values()], style, marker="o", ms=3,
+                      color=f"C{i % 10}", label=name)  # fmt: skip
+            curve = doc["fine_tuned"].get(task, {}).get(name)
+            if curve:
+                steps = [int(s) for s in curve]
+                right.plot(steps, [curve[s][at]["mean"] for s in curve], style, marker="o", ms=3,
+                           color=f"C{i % 10}", label=name)  # fmt: skip
+        left.set_xscale("log", base=2)
+        left.set_xticks(_lengths(doc), [str(n) for n in _lengths(doc)])
+        left.minorticks_off()
+        left.axvline(doc["base_length"], color="0.6", lw=0.8, ls=":")
+        left.set_xlabel("tokens")
+        left.set_ylabel(METRICS[task])
+        left.set_title(f"{task}: zero-shot, schedules set for {factor}x")
+        steps = [0, *doc["config"]["fine_tune_steps"]]
+        right.set_xscale("symlog", linthresh=max(1, steps[1]))
+        right.set_xticks(steps, [str(n) for n in steps])
+        right.minorticks_off()
+        right.set_xlabel("fine-tuning steps")
+        right.set_title(f"{task}: at {at} tokens, fine-tuned at {factor}x")
+        if task == "passkey":
+            left.set_ylim(-0.02, 1.02)
+            right.set_ylim(-0.02, 1.02)
+    axes[0][0].legend(fontsize=6.5, ncol=2)
+    return fig
+
+
+def page(doc: Mapping[str, Any], svg: bytes) -> str:
+    """The run's page: the figure and the tables."""
+    import base64
+
+    image = base64.b64encode(svg).decode()
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            "<title>posenc lab extend</title></head><body>"
+            "<h1>Context extension, measured</h1>"
+            f'<img alt="quality against length and fine-tuning steps" '
+            f'src="data:image/svg+xml;base64,{image}">'
+            + html_tables(doc) + "</body></html>")  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------
+# the bundled study
+
+#: The study bundled with posenc (``posenc/faces/data``): ``posenc lab extend``'s document.
+BUNDLED = "lab-extend.json"
+#: The how-to page's tables sit between these two lines.
+MARKERS = ("<!-- extend-tables -->", "<!-- /extend-tables -->")
+#: The page, relative to the repository, that shows the bundled study.
+GUIDE = "docs/howto/choose-schedule.md"
+
+
+def bundled() -> dict[str, Any] | None:
+    """The bundled ``extend.json`` (None where the package has none)."""
+    from posenc.faces import bundle
+
+    return bundle.read(BUNDLED)
+
+
+def readme(text: str, doc: Mapping[str, Any]) -> str:
+    """``text`` (the how-to page) with :func:`markdown` of ``doc`` between :data:`MARKERS`.
+
+    Raises:
+        ValueError: the page has not both markers.
+    """
+    from posenc.faces import bundle
+
+    return bundle.between(text, MARKERS, markdown(doc), "context-extension tables")
+
+
+def publish(run_dir: str | Path, repository: str | Path | None = None) -> Path:
+    """Bundle a finished study: its ``extend.json`` as :data:`BUNDLED`, the how-to page's
+    tables and ``docs/lab-extend.png`` of the checkout (each written atomically).
+
+    Returns the bundled file's path.
+
+    Raises:
+        ValueError: ``run_dir`` has no ``extend.json``, or the page no table markers.
+    """
+    from posenc.faces import bundle
+    from posenc.faces.plot import encode, pyplot
+
+    source = Path(run_dir) / "extend.json"
+    try:
+        doc = json.loads(source.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
+    root = Path(__file__).resolve().parents[4] if repository is None else Path(repository)
+    page_path = root / GUIDE
+    text = readme(page_path.read_text(), doc)
+    path = bundle.write(BUNDLED, doc)
+    with atomic_write(page_path, "w") as f:
+        f.write(text)
+    fig = figure(doc)
+    png = encode(fig, "png")
+    pyplot().close(fig)
+    with atomic_write(root / "docs" / "lab-extend.png") as f:
+        f.write(png)
+    return path
+
+
+if __name__ == "__main__":  # python -m posenc.faces.lab.extend RUN_DIR: bundle a study
+    import sys
+
+    print(publish(sys.argv[1] if len(sys.argv) > 1 else "posenc-extend"))
