@@ -235,3 +235,106 @@ def test_fine_tuning_keys_do_not_depend_on_the_seed_count(ran):
     line = by_name()["yarn"]
     extend.fine_tune("text", line, 0, dataclasses.replace(TINY, seeds=2), out)
     assert {p.name for p in (Path(out) / "fine-tune").glob("*.json")} == before
+
+
+# --------------------------------------------------------------------------------------
+# reading a study
+
+
+def _mean(value: float) -> dict[str, float]:
+    return {"mean": value, "min": value, "max": value}
+
+
+def test_reach_is_the_longest_length_with_every_shorter_one_at_the_goal():
+    assert extend.reach({"16": _mean(1.0), "32": _mean(0.9), "64": _mean(0.95)}) == 64
+    # near misses: just under the goal at 32 stops there, whatever comes after
+    assert extend.reach({"16": _mean(1.0), "32": _mean(0.8999), "64": _mean(1.0)}) == 16
+    assert extend.reach({"64": _mean(1.0), "16": _mean(0.5)}) == 0  # read in length order
+
+
+def test_the_tables_and_the_page(ran):
+    out, _ = ran
+    doc = json.loads((out / "extend.json").read_text())
+    tables = extend.tables(doc)
+    captions = [caption.split(":")[0] for caption, _, _ in tables]
+    assert captions == ["text, zero-shot", "text, fine-tuned at 2x", "passkey, zero-shot",
+                        "passkey, fine-tuned at 2x", "passkey, zero-shot", "passkey"]  # fmt: skip
+    for _, head, rows in tables:
+        assert all(len(row) == len(head) for row in rows)
+    markdown = extend.markdown(doc)
+    assert markdown.count("**") == 2 * len(tables)
+    page = "intro\n<!-- extend-tables -->\nold\n<!-- /extend-tables -->\nafter"
+    new = extend.readme(page, doc)
+    assert markdown in new and "old" not in new and new.endswith("after")
+    with pytest.raises(ValueError, match="context-extension tables"):
+        extend.readme("intro\n<!-- extend-tables -->\nno end", doc)
+    html = (out / "index.html").read_text()
+    assert html.count("<table") == len(tables) and "data:image/svg+xml;base64," in html
+    assert (out / "extend.svg").read_bytes().startswith(b"<?xml")
+
+
+def test_the_explainer_section_reads_the_bundled_study(ran, monkeypatch):
+    from posenc.faces.explainer import extend as section
+
+    out, _ = ran
+    doc = json.loads((out / "extend.json").read_text())
+    monkeypatch.setattr(extend, "bundled", lambda: doc)
+    built = section.build(None)
+    assert built is not None and built.figures == ["extend"]
+    assert built.extra == extend.html_tables(doc)
+    named = [what for what, _ in built.numbers]
+    assert any("passkey reach" in n and n.endswith(": yarn") for n in named)
+    monkeypatch.setattr(extend, "bundled", lambda: None)
+    assert section.build(None) is None  # no study bundled: no section
+
+
+def _spread(mean: float, half: float = 0.0) -> dict[str, float]:
+    return {"mean": mean, "min": mean - half, "max": mean + half}
+
+
+def _study(pi_at_l: float, ntk_at_l: float, yarn_tuned: float, pi_tuned: float) -> dict:
+    """A study of three seeds at L = 64 whose numbers the claims read, all else alike."""
+    # the seeds' half range a sixteenth of a bit: exact in binary, so ranges that touch do
+    flat = {"64": _spread(3.0, 1 / 16), "256": _spread(3.0, 1 / 16)}
+
+    def at(value_at_l: float) -> dict:
+        return {"2": {**flat, "64": _spread(value_at_l, 1 / 16)}}
+
+    def curve(step: str, value: float) -> dict:
+        return {
+            **{s: {"256": _spread(3.0)} for s in ("0", "10", "100")},
+            step: {"256": _spread(value)},
+        }
+
+    keys = {"2": {"64": _spread(1.0), "256": _spread(1.0)}}
+    text = {"none": {"1": flat}, "linear": at(pi_at_l), "ntk": at(ntk_at_l), "dynamic": at(3.0),
+            "rope-long": {"1": flat}}  # fmt: skip
+    tuned = {"yarn": curve("10", yarn_tuned), "linear": curve("100", pi_tuned)}
+    retrieved = {"yarn": curve("10", 0.9), "linear": curve("100", 0.8)}
+    return {
+        "base_length": 64,
+        "config": {"fine_tune_steps": [10, 100], "seeds": 3, "fine_tune_multiple": 4},
+        "zero_shot": {"text": text, "passkey": {"yarn": keys, "linear": {"2": {"64": _spread(0)}}}},
+        "fine_tuned": {"text": tuned, "passkey": retrieved},
+    }
+
+
+def verdicts(doc: dict) -> dict[str, str]:
+    return {claim: verdict for _, claim, _, verdict in extend.claims(doc)}
+
+
+def test_the_claims_are_judged_by_the_seeds_spread():
+    pi = "position interpolation raises perplexity at the trained length without fine-tuning"
+    keeps = "ntk keeps the trained length's perplexity"
+    fewer = "fine-tuned, YaRN needs about 10x fewer steps than position interpolation (text)"
+    found = verdicts(_study(pi_at_l=3.25, ntk_at_l=3.0, yarn_tuned=2.5, pi_tuned=2.6))
+    assert found[pi] == "reproduced" and found[keeps] == "reproduced"
+    assert found[fewer] == "reproduced"  # yarn after 10 steps at least as good as PI after 100
+    assert found["YaRN extrapolates furthest without fine-tuning"] == "reproduced"
+    # near misses: PI's seeds touching the untouched model's range (both at 3.0625), NTK's
+    # a hair apart from it, YaRN's 10 steps a hair worse than PI's 100
+    hair = 2.0**-20
+    found = verdicts(_study(pi_at_l=3.125, ntk_at_l=3.125 + hair, yarn_tuned=2.6 + hair,
+                            pi_tuned=2.6))  # fmt: skip
+    assert found[pi] == "not reproduced" and found[keeps] == "not reproduced"
+    assert found[fewer] == "not reproduced"

@@ -320,7 +320,7 @@ def add(sub: Any) -> None:
         "fine_tuned[task][line][steps][length]: mean, min, max over seeds).",
     )
     lab_extend.add_argument(
-        "--quick", action="store_true", help="one seed, fine-tunes measured at 25 and 100 steps"
+        "--quick", action="store_true", help="one seed, fine-tunes measured at 20 and 200 steps"
     )
     lab_extend.add_argument("--tasks", default=None, metavar="LIST",
                             help="text, passkey or both (default: both)")  # fmt: skip

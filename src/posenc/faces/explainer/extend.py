@@ -42,7 +42,7 @@ def _numbers(doc: dict[str, Any]) -> list[tuple[str, str]]:
             n, f = extend.zero_shot_reach(doc, name)
             tuned = doc["fine_tuned"].get("passkey", {}).get(name)
             after = f"; {extend.reach(tuned[last])} after {last} fine-tuning steps" if tuned else ""
-            zero = f"{n} zero-shot ({f}x)" if f != "1" else f"{n} zero-shot"
+            zero = f"{n} zero-shot ({f}x)" if f != "1" and n else f"{n} zero-shot"
             rows.append((f"passkey reach ({extend.GOAL} of the keys): {name}", zero + after))
     return rows
 

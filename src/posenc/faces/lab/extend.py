@@ -110,7 +110,7 @@ class ExtendConfig:
     eval_examples: int = 64
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     fine_tune_multiple: int = 4
-    fine_tune_steps: tuple[int, ...] = (10, 25, 50, 100, 200)
+    fine_tune_steps: tuple[int, ...] = (10, 20, 50, 100, 200)
     fine_tune_lr: float = 3e-4
     data: str | None = None
 
@@ -152,8 +152,8 @@ class ExtendConfig:
         )  # fmt: skip
 
 
-#: ``posenc lab extend --quick``: one seed, shorter fine-tunes.
-QUICK = ExtendConfig(seeds=1, fine_tune_steps=(25, 100))
+#: ``posenc lab extend --quick``: one seed, fine-tunes measured at 20 and 200 steps.
+QUICK = ExtendConfig(seeds=1, fine_tune_steps=(20, 200))
 
 
 def liu_base(base: float, trained: int, target: int) -> float:
@@ -542,12 +542,82 @@ def _reach_table(doc: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         n, factor = zero_shot_reach(doc, name)
         tuned = doc["fine_tuned"].get("passkey", {}).get(name)
         after = str(reach(tuned[last])) if tuned else "-"
-        rows.append([name, f"{n} ({factor}x)" if factor != "1" else str(n), after])
+        rows.append([name, f"{n} ({factor}x)" if factor != "1" and n else str(n), after])
     return head, rows
 
 
 def _lengths(doc: Mapping[str, Any]) -> list[int]:
     return [doc["base_length"]] + [m * doc["base_length"] for m in doc["config"]["multiples"]]
+
+
+def _separated(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """Whether ``a``'s seeds all lie above ``b``'s (their ranges do not meet)."""
+    return a["min"] > b["max"]
+
+
+def claims(doc: Mapping[str, Any]) -> list[list[str]]:
+    """The anchors' claims, each with what this study measured and whether it agrees.
+
+    Rows ``[source, claim, measured, verdict]``; a verdict compares the seeds' ranges
+    (a difference within them is no difference), so a one-seed run separates any two
+    values and says so. Claims whose lines or tasks the study lacks are left out.
+    """
+    rows: list[list[str]] = []
+    L, last = str(doc["base_length"]), str(doc["config"]["fine_tune_steps"][-1])
+    seeds = doc["config"]["seeds"]
+    caveat = " (one seed: no spread to compare with)" if seeds == 1 else ""
+    text = doc["zero_shot"].get("text", {})
+    if {"none", "linear", "ntk", "dynamic"} <= set(text):
+        none = text["none"]["1"][L]
+        raised = {f: v[L] for f, v in text["linear"].items()}
+        cells = ", ".join(f"{f}x {v['mean']:.3f}" for f, v in raised.items())
+        verdict = all(_separated(v, none) for v in raised.values())
+        rows.append(["Peng et al. 2023", "position interpolation raises perplexity at the "
+                     "trained length without fine-tuning",
+                     f"bits per byte at L: none {none['mean']:.3f}; linear {cells}",
+                     ("reproduced" if verdict else "not reproduced") + caveat])  # fmt: skip
+        for name in ("ntk", "dynamic"):
+            kept = {f: v[L] for f, v in text[name].items()}
+            same = all(not _separated(v, none) and not _separated(none, v) for v in kept.values())
+            cells = ", ".join(f"{f}x {v['mean']:.3f}" for f, v in kept.items())
+            rows.append(["Peng et al. 2023", f"{name} keeps the trained length's perplexity",
+                         f"bits per byte at L: none {none['mean']:.3f}; {name} {cells}",
+                         ("reproduced" if same else "not reproduced") + caveat])  # fmt: skip
+    scheduled = [n for n in doc["fine_tuned"].get("passkey", {}) if n != "none"]
+    if "yarn" in scheduled and doc["zero_shot"].get("passkey"):
+        reaches = {n: zero_shot_reach(doc, n)[0] for n in scheduled}
+        best = max(reaches.values())
+        leaders = [n for n, r in reaches.items() if r == best]
+        rows.append(["Peng et al. 2023", "YaRN extrapolates furthest without fine-tuning",
+                     f"passkey reach: yarn {reaches['yarn']}; furthest {best} "
+                     f"({', '.join(leaders)})",
+                     "reproduced" if reaches["yarn"] == best else "not reproduced"])  # fmt: skip
+    steps = [int(x) for x in doc["config"]["fine_tune_steps"]]
+    pairs = [(a, 10 * a) for a in steps if 10 * a in steps]
+    at = str(int(doc["config"]["fine_tune_multiple"]) * doc["base_length"])
+    for task, better in (("text", -1), ("passkey", 1)):
+        curves = doc["fine_tuned"].get(task, {})
+        if pairs and {"yarn", "linear"} <= set(curves):
+            yarn, pi = curves["yarn"], curves["linear"]
+            cells = "; ".join(f"yarn@{a} {yarn[str(a)][at]['mean']:.3f} vs linear@{b} "
+                              f"{pi[str(b)][at]['mean']:.3f}" for a, b in pairs)  # fmt: skip
+            agrees = all(better * (yarn[str(a)][at]["mean"] - pi[str(b)][at]["mean"]) >= 0
+                         for a, b in pairs)  # fmt: skip
+            rows.append(["Peng et al. 2023", f"fine-tuned, YaRN needs about 10x fewer steps "
+                         f"than position interpolation ({task})", f"at {at} tokens: {cells}",
+                         "reproduced" if agrees else "not reproduced"])  # fmt: skip
+    curves = doc["fine_tuned"].get("text", {})
+    if "linear" in curves and "rope-long" in text:
+        start, end = curves["linear"]["0"][at]["mean"], curves["linear"][last][at]["mean"]
+        goal = text["rope-long"]["1"][at]["mean"]
+        closed = (start - end) / (start - goal) if start != goal else 1.0
+        rows.append(["Chen et al. 2023", "a short fine-tune (about 1000 steps) recovers "
+                     "position interpolation",
+                     f"bits per byte at {at}: linear {start:.3f} before, {end:.3f} after "
+                     f"{last} steps; RoPE trained at {at}: {goal:.3f} ({closed:.0%} of the "
+                     "gap closed)",
+                     "reproduced" if end <= goal else f"not within {last} steps"])  # fmt: skip
+    return rows
 
 
 def tables(doc: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -568,6 +638,10 @@ def tables(doc: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]
                     f"each schedule set for {factor}x", *_depth_table(doc)))  # fmt: skip
         out.append((f"passkey: the longest length with {GOAL} of the keys retrieved at every "
                     "length up to it", *_reach_table(doc)))  # fmt: skip
+    found = claims(doc)
+    if found:
+        out.append(("the papers' claims, measured", ["source", "claim", "measured", "verdict"],
+                    found))  # fmt: skip
     return out
 
 
