@@ -10,6 +10,7 @@ explainer and the docs' tests read the bundled document back.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -57,4 +58,39 @@ def write(name: str, doc: Any) -> Path:
     path = Path(str(resources.files("posenc.faces"))) / "data" / name
     with atomic_write(path, "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def publish(
+    source: Path,
+    name: str,
+    page: Path,
+    rewrite: Callable[[str, dict[str, Any]], str],
+    draw: Callable[[dict[str, Any]], Any],
+    png: Path,
+) -> Path:
+    """Bundle a finished study: ``source`` (its JSON document) as ``name``, ``page`` with
+    its tables rewritten by ``rewrite(text, doc)``, and ``draw(doc)``'s figure as ``png``
+    (each written atomically; the page is read before anything is written). The bundled
+    file's path.
+
+    Raises:
+        ValueError: ``source`` cannot be read, or ``rewrite`` finds no table markers.
+    """
+    from posenc.faces.plot import encode, pyplot
+
+    try:
+        doc = json.loads(source.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
+    text = rewrite(page.read_text(), doc)
+    path = write(name, doc)
+    with atomic_write(page, "w") as f:
+        f.write(text)
+    fig = draw(doc)
+    image = encode(fig, "png")
+    pyplot().close(fig)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(png) as f:
+        f.write(image)
     return path

@@ -612,26 +612,9 @@ def publish(run: str | Path, repository: str | Path | None = None) -> Path:
     Raises:
         ValueError: ``run`` has no ``arithmetic.json``, or the guide no table markers.
     """
-    from posenc.faces.plot import encode, pyplot
-
-    source = Path(run) / "arithmetic.json"
-    try:
-        doc = json.loads(source.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
     root = Path(__file__).resolve().parents[4] if repository is None else Path(repository)
-    bundled_path = bundle.write(BUNDLED, doc)
-    readme_path = root / GUIDE
-    text = readme(readme_path.read_text(), doc)
-    with atomic_write(readme_path, "w") as f:
-        f.write(text)
-    fig = figure(doc)
-    png = encode(fig, "png")
-    pyplot().close(fig)
-    (root / "docs").mkdir(exist_ok=True)
-    with atomic_write(root / "docs" / "lab-arithmetic.png") as f:
-        f.write(png)
-    return bundled_path
+    return bundle.publish(Path(run) / "arithmetic.json", BUNDLED, root / GUIDE, readme, figure,
+                          root / "docs" / "lab-arithmetic.png")  # fmt: skip
 
 
 def bundled() -> dict[str, Any] | None:

@@ -766,25 +766,10 @@ def publish(run_dir: str | Path, repository: str | Path | None = None) -> Path:
         ValueError: ``run_dir`` has no ``extend.json``, or the page no table markers.
     """
     from posenc.faces import bundle
-    from posenc.faces.plot import encode, pyplot
 
-    source = Path(run_dir) / "extend.json"
-    try:
-        doc = json.loads(source.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {str(source)!r}: {exc.strerror}") from None
     root = Path(__file__).resolve().parents[4] if repository is None else Path(repository)
-    page_path = root / GUIDE
-    text = readme(page_path.read_text(), doc)
-    path = bundle.write(BUNDLED, doc)
-    with atomic_write(page_path, "w") as f:
-        f.write(text)
-    fig = figure(doc)
-    png = encode(fig, "png")
-    pyplot().close(fig)
-    with atomic_write(root / "docs" / "lab-extend.png") as f:
-        f.write(png)
-    return path
+    return bundle.publish(Path(run_dir) / "extend.json", BUNDLED, root / GUIDE, readme, figure,
+                          root / "docs" / "lab-extend.png")  # fmt: skip
 
 
 if __name__ == "__main__":  # python -m posenc.faces.lab.extend RUN_DIR: bundle a study
