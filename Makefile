@@ -107,8 +107,8 @@ engines: $(VENV)/.demo
 engine-table: $(VENV)/.demo engines
 	$(BIN)/python -m posenc.faces.engine_table
 
-# posenc lab extend at its defaults (3 seeds; see the how-to page for its time on 2 CPU
-# cores), bundled: src/posenc/faces/data/lab-extend.json, the tables of
+# posenc lab extend at its defaults (3 seeds; 31 minutes on 2 CPU
+# cores; --quick: 11), bundled: src/posenc/faces/data/lab-extend.json, the tables of
 # docs/howto/choose-schedule.md, docs/lab-extend.png
 extend-table: $(VENV)/.demo
 	$(BIN)/posenc lab extend --out posenc-extend
