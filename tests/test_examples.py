@@ -41,7 +41,9 @@ def registries_restored() -> Any:
     session sees the registries as they were."""
     from posenc.families.rotary import schedules
 
-    tables = (schedules.SCHEDULES, schedules.PARAMETERS)
+    # every registry of the module (SCHEDULES, PARAMETERS, STRETCH, and any added later)
+    tables = tuple(v for v in vars(schedules).values() if type(v) is dict)
+    assert {id(schedules.SCHEDULES), id(schedules.STRETCH)} <= {id(t) for t in tables}
     saved = [dict(table) for table in tables]
     yield
     for table, before in zip(tables, saved, strict=True):

@@ -282,7 +282,8 @@ def test_the_explainer_section_reads_the_bundled_study(ran, monkeypatch):
     monkeypatch.setattr(extend, "bundled", lambda: doc)
     built = section.build(None)
     assert built is not None and built.figures == ["extend"]
-    assert built.extra == extend.html_tables(doc)
+    assert built.extra == extend.html_tables(doc, zero_shot_only=True)
+    assert "fine-tuned" not in built.extra and "fine-tuned" in extend.html_tables(doc)
     named = [what for what, _ in built.numbers]
     assert any("passkey reach" in n and n.endswith(": yarn") for n in named)
     monkeypatch.setattr(extend, "bundled", lambda: None)

@@ -23,7 +23,7 @@ from posenc.faces.cli import main
 SECTIONS = [
     "why", "index", "sinusoidal", "why-10000", "exp-log", "timesteps", "shift", "add-concat",
     "geometry", "precision", "learned", "layers", "projections", "rope", "rope-layouts",
-    "extension", "nope", "biases", "arithmetic", "grid",
+    "extension", "extend", "nope", "biases", "arithmetic", "grid",
 ]  # fmt: skip
 # the formulas the page must render, by section: the definition, the shift rotation, the
 # norm, RoPE's rotation and the ALiBi bias

@@ -73,6 +73,7 @@ def build(inputs: Inputs) -> Section | None:
         ["extend"],
         FORMULAS,
         CODE,
-        extra=extend.html_tables(doc),
-        draw={"extend": lambda: extend.figure(extend.bundled() or {})},
+        extra=extend.html_tables(doc, zero_shot_only=True),
+        # the zero-shot panels (the fine-tuned curves are in the tables): the page's size
+        draw={"extend": lambda: extend.figure(extend.bundled() or {}, fine_tuned=False)},
     )

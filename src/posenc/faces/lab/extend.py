@@ -664,12 +664,15 @@ def markdown(doc: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def html_tables(doc: Mapping[str, Any]) -> str:
-    """The tables as HTML (the report's and the run's page)."""
+def html_tables(doc: Mapping[str, Any], *, zero_shot_only: bool = False) -> str:
+    """The tables as HTML (the run's page); ``zero_shot_only``: the zero-shot tables by
+    length, the reach and the claims (the explainer's, whose page has a size budget)."""
     import html
 
     out = []
     for caption, head, rows in tables(doc):
+        if zero_shot_only and ("fine-tuned" in caption or "depth" in caption):
+            continue
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
                        for row in rows)  # fmt: skip
         heads = "".join(f"<th>{html.escape(h)}</th>" for h in head)
@@ -678,47 +681,58 @@ def html_tables(doc: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
-def figure(doc: Mapping[str, Any]) -> Any:
-    """Zero-shot quality against length, and fine-tuned quality against steps, per task."""
+def _zero_panel(ax: Any, doc: Mapping[str, Any], task: str) -> None:
+    factor = _factor(doc)
+    for i, (name, by_factor) in enumerate(doc["zero_shot"][task].items()):
+        cells = by_factor.get(factor) or by_factor["1"]
+        ax.plot([int(n) for n in cells], [v["mean"] for v in cells.values()],
+                "-" if i < 10 else "--", color=f"C{i % 10}", label=name)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(_lengths(doc), [str(n) for n in _lengths(doc)])
+    ax.minorticks_off()
+    ax.axvline(doc["base_length"], color="0.6", lw=0.8, ls=":")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(METRICS[task])
+    ax.set_title(f"{task}: zero-shot, schedules set for {factor}x")
+
+
+def _tuned_panel(ax: Any, doc: Mapping[str, Any], task: str) -> None:
+    factor = _factor(doc)
+    at = str(int(factor) * doc["base_length"])
+    for i, name in enumerate(doc["zero_shot"][task]):  # the zero-shot panel's colours
+        curve = doc["fine_tuned"].get(task, {}).get(name)
+        if curve:
+            ax.plot([int(s) for s in curve], [curve[s][at]["mean"] for s in curve],
+                    "-" if i < 10 else "--", color=f"C{i % 10}", label=name)  # fmt: skip
+    steps = [0, *doc["config"]["fine_tune_steps"]]
+    ax.set_xscale("symlog", linthresh=max(1, steps[1]))
+    ax.set_xticks(steps, [str(n) for n in steps])
+    ax.minorticks_off()
+    ax.set_xlabel("fine-tuning steps")
+    ax.set_ylabel(METRICS[task])
+    ax.set_title(f"{task}: at {at} tokens, fine-tuned at {factor}x")
+
+
+def figure(doc: Mapping[str, Any], *, fine_tuned: bool = True) -> Any:
+    """Zero-shot quality against length, and (``fine_tuned``) fine-tuned quality against
+    steps: a row per task, or one row of the zero-shot panels."""
     from posenc.faces.plot import new_figure
 
     tasks = list(doc["zero_shot"])
-    fig, axes = new_figure(9.0, 3.6 * len(tasks), ncols=2, nrows=len(tasks))
-    axes = axes.reshape(len(tasks), 2)
-    factor = _factor(doc)
-    at = str(int(factor) * doc["base_length"])
-    for row, task in enumerate(tasks):
-        left, right = axes[row]
-        names = list(doc["zero_shot"][task])
-        for i, name in enumerate(names):
-            by_factor = doc["zero_shot"][task][name]
-            cells = by_factor.get(factor) or by_factor["1"]
-            lengths = [int(n) for n in cells]
-            style = "-" if i < 10 else "--"
-            left.plot(lengths, [v["mean"] for v in cells.values()], style, marker="o", ms=3,
-                      color=f"C{i % 10}", label=name)  # fmt: skip
-            curve = doc["fine_tuned"].get(task, {}).get(name)
-            if curve:
-                steps = [int(s) for s in curve]
-                right.plot(steps, [curve[s][at]["mean"] for s in curve], style, marker="o", ms=3,
-                           color=f"C{i % 10}", label=name)  # fmt: skip
-        left.set_xscale("log", base=2)
-        left.set_xticks(_lengths(doc), [str(n) for n in _lengths(doc)])
-        left.minorticks_off()
-        left.axvline(doc["base_length"], color="0.6", lw=0.8, ls=":")
-        left.set_xlabel("tokens")
-        left.set_ylabel(METRICS[task])
-        left.set_title(f"{task}: zero-shot, schedules set for {factor}x")
-        steps = [0, *doc["config"]["fine_tune_steps"]]
-        right.set_xscale("symlog", linthresh=max(1, steps[1]))
-        right.set_xticks(steps, [str(n) for n in steps])
-        right.minorticks_off()
-        right.set_xlabel("fine-tuning steps")
-        right.set_title(f"{task}: at {at} tokens, fine-tuned at {factor}x")
+    if fine_tuned:
+        fig, axes = new_figure(9.0, 3.6 * len(tasks), ncols=2, nrows=len(tasks))
+        grid = axes.reshape(len(tasks), 2)
+        panels = [(grid[r][0], t, _zero_panel) for r, t in enumerate(tasks)]
+        panels += [(grid[r][1], t, _tuned_panel) for r, t in enumerate(tasks)]
+    else:
+        fig, axes = new_figure(4.5 * len(tasks), 3.6, ncols=len(tasks))
+        flat = [axes] if len(tasks) == 1 else list(axes)
+        panels = [(ax, t, _zero_panel) for ax, t in zip(flat, tasks, strict=True)]
+    for ax, task, draw in panels:
+        draw(ax, doc, task)
         if task == "passkey":
-            left.set_ylim(-0.02, 1.02)
-            right.set_ylim(-0.02, 1.02)
-    axes[0][0].legend(fontsize=6.5, ncol=2)
+            ax.set_ylim(-0.02, 1.02)
+    panels[0][0].legend(fontsize=6.5, ncol=2)
     return fig
 
 
