@@ -1,9 +1,10 @@
 """Read a config's RoPE the way llama.cpp does, and print its cos/sin tables.
 
-Runs under llama.cpp's own Python (``.engines/llama.cpp/bin/python``, built by
-``engines/llama.cpp.sh``): standard library, numpy, torch and transformers (what
-llama.cpp's converter imports), never posenc. The environment holds, from the llama.cpp
-source vendored in the ``llama-cpp-python`` sdist, the converter
+Runs under llama.cpp's own Python (its environment in the user cache, built by
+``posenc engines build llama.cpp`` from ``engine_recipes/llama.cpp.sh``): standard
+library, numpy, torch and transformers (what llama.cpp's converter imports), never posenc.
+The environment holds, from the llama.cpp source vendored in the ``llama-cpp-python``
+sdist, the converter
 (``llama.cpp/convert_hf_to_gguf.py``, its ``conversion/`` package and its own
 ``gguf-py``), and built from that source, CPU only, under ``ggml/``: ggml's libraries,
 libllama, and ``llama-rope-args``

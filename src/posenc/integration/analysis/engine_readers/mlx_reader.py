@@ -1,6 +1,6 @@
 """Read a config's RoPE the way mlx-lm's model file for it does, and print its cos/sin tables.
 
-Runs under MLX's own Python (``.engines/mlx/bin/python``): standard library and mlx
+Runs under MLX's own Python (``posenc engines build mlx``'s environment): standard library and mlx
 only, never posenc or numpy. ``import mlx_lm`` pulls transformers, so the ``mlx_lm``
 package is registered by path without running its ``__init__``, and
 ``mlx_lm.models.<model_type>`` (which imports only mlx and its sibling modules) is

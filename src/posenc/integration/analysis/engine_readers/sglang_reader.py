@@ -1,6 +1,6 @@
 """Read a config's RoPE the way SGLang's model file for it does, and print its cos/sin tables.
 
-Runs under SGLang's own Python (``.engines/sglang/bin/python``): standard library,
+Runs under SGLang's own Python (``posenc engines build sglang``'s environment): standard library,
 torch and SGLang only, never posenc. ``SGLANG_USE_CPU_ENGINE=1`` is set before SGLang
 is imported (its CPU platform: ``is_cpu()``).
 

@@ -1,7 +1,7 @@
 """Read a config's RoPE the way vLLM's model file for it does, and print its cos/sin tables.
 
-Runs under vLLM's own Python (``.engines/vllm/bin/python``): standard library, vLLM and
-the torch it runs on, never posenc or numpy. vLLM is made to pick its CPU platform
+Runs under vLLM's own Python (``posenc engines build vllm``'s environment): standard
+library, vLLM and the torch it runs on, never posenc or numpy. vLLM is made to pick its CPU platform
 (``VLLM_TARGET_DEVICE=cpu``) before it is imported.
 
 The config is read by vLLM's own loader: written to a temporary folder as
