@@ -332,11 +332,5 @@ def add(sub: Any) -> None:
                             help="training steps of each base model; default: 1500")  # fmt: skip
     lab_extend.add_argument("--data", default=None, metavar="PATH",
                             help="the text of the language model (as lab run --data)")  # fmt: skip
-    lab_extend.add_argument("--out", default="posenc-extend", metavar="DIR",
-                            help="default: %(default)s")  # fmt: skip
-    lab_extend.add_argument(
-        "--workers", type=int_at_least(1), default=None, metavar="N",
-        help="trainings at once (default: one per usable CPU)",
-    )  # fmt: skip
-    lab_extend.add_argument("--no-progress", action="store_true", help="no progress bars")
+    study_options(lab_extend, "posenc-extend", device=False)
     lab_extend.set_defaults(run=_lab_extend)

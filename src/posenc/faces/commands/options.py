@@ -149,12 +149,14 @@ def sizes(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in LAB_SIZES}
 
 
-def study_options(parser: argparse.ArgumentParser, out: str) -> None:
-    """Where a study of many lab runs trains and writes (``lab suite``, ``lab arithmetic``)."""
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default=None,
-        help="where to train (default: cuda where a GPU exists, else cpu)",
-    )  # fmt: skip
+def study_options(parser: argparse.ArgumentParser, out: str, *, device: bool = True) -> None:
+    """Where a study of many lab runs trains and writes (``lab suite``, ``lab arithmetic``,
+    ``lab extend``; ``device=False`` for a study that runs on the CPU only)."""
+    if device:
+        parser.add_argument(
+            "--device", choices=("cpu", "cuda"), default=None,
+            help="where to train (default: cuda where a GPU exists, else cpu)",
+        )  # fmt: skip
     parser.add_argument("--out", default=out, metavar="DIR", help="default: %(default)s")
     parser.add_argument(
         "--workers", type=int_at_least(1), default=None, metavar="N",

@@ -404,9 +404,14 @@ def run_extend(
         rotary_dim = base.model.head_dim
         zero: dict[str, Any] = {}
         depth: dict[str, Any] = {}
+        models_of: dict[tuple[str, int], list[LabModel]] = {}  # loaded once for every line
         for line in every:
             lab, where = (base, f"base-{task}") if line.trained_at == 1 else (long, f"long-{task}")
-            trained = [trained_model(lab, line.model, s, out / where) for s in range(config.seeds)]
+            if (line.model, line.trained_at) not in models_of:
+                models_of[line.model, line.trained_at] = [
+                    trained_model(lab, line.model, s, out / where) for s in range(config.seeds)
+                ]
+            trained = models_of[line.model, line.trained_at]
             factors = config.multiples if line.scheduled else (1,)
             zero[line.name] = {}
             for factor in factors:
