@@ -63,6 +63,36 @@ SGLANG_EXPECTED = {
     # Gemma3TextModel's rotary_emb (linear 8, base 1e6) / rotary_emb_local (base 1e4)
     "gemma3": ("same", [], None),
     "v5 gemma3": ("same", [], None),
+    # models/gpt_oss.py GptOssDecoderLayer passes the whole rope_parameters to get_rope;
+    # factory.py get_rope's YaRN takes rope_scaling.get("truncate", True): truncate false
+    # reaches yarn.py YaRNScalingRotaryEmbedding (correction range not rounded)
+    "gpt-oss yarn truncate": ("same", [], None),
+    "v5 gpt-oss yarn truncate": ("same", [], None),
+    # models/deepseek_v2.py as "yarn deepseek mscale": mscale / mscale_all_dim 0.707 in the
+    # tables, compute_mla_mscale_scaling's mscale(factor, mscale_all_dim) ** 2 in the softmax
+    "deepseek-v2 mscale 0.707": ("same", [], None),
+    "v5 deepseek mscale": ("same", [], None),
+    # no models/*.py has SmolLM3ForCausalLM in its EntryClass: model_loader/utils.py
+    # get_model_architecture -> resolve_transformers_arch -> models/transformers.py
+    # TransformersForCausalLM, which keeps transformers' rotary_emb and SmolLM3Attention
+    # (use_rope = no_rope_layers[layer]: layer 3 not rotated, as in transformers)
+    "smollm3 no_rope_layers": ("same", [], None),
+    "v5 smollm3 no_rope_layers": ("same", [], None),
+    # models/commandr.py (EntryClass [CohereForCausalLM, Cohere2ForCausalLM]):
+    # CohereAttention builds get_rope(is_neox_style=False) and its forward rotates only
+    # when v1 or sliding_window_size > 0 (a Cohere2Config's sliding_attention layers)
+    "cohere2 nope": ("same", [], None),
+    "v5 cohere2 nope": ("same", [], None),
+    # as "longrope" (models/llama.py; rope_variant.py Phi3LongRoPEScaledRotaryEmbedding)
+    "v5 longrope": ("same", [], None),
+    # utils/hf_transformers/config.py HfModelConfigParser.parse reloads qwen3_5 with
+    # SGLang's configs/qwen3_5.py Qwen3_5Config (_CONFIG_REGISTRY), whose text config is a
+    # configs/qwen3_next.py Qwen3NextConfig: models/qwen3_5.py builds layer i as
+    # layers_block_type[i] says (from full_attention_interval, 1 here; layer_types is
+    # not kept); Qwen3_5AttentionDecoderLayer: get_rope(partial_rotary_factor 0.25 from the
+    # config's top level) -> mrope.py MRotaryEmbedding(mrope_interleaved=True). Without
+    # full_attention_interval SGLang refuses (test_sglang_fallback_and_qwen3_5_layers)
+    "mrope interleaved partial": ("same", [], None),
 }
 
 
@@ -96,6 +126,9 @@ def test_sglang_reading(sglang_results, case):
     verdict, differing, cause = SGLANG_EXPECTED[case]
     result = sglang_results[case]
     assert result.verdict == verdict, (result.note, result.cause)
+    if verdict == "refused":  # SGLang's own error: the expected one
+        assert cause in result.note, result.note
+        return
     assert result.version.startswith("sglang 0.5")
     assert [w["seq_len"] for w in result.windows if not w["same"]] == differing
     if cause is not None:
@@ -185,3 +218,49 @@ def test_sglang_longrope_switches_one_token_later():
     rows = [w["cos"][0] for w in answer["windows"]]
     assert rows[0] == rows[1]
     assert rows[1] != rows[2]
+
+
+def test_sglang_nope_layers_and_switching(sglang_results):
+    """The window at the layer transformers leaves without RoPE is not rotated
+    (commandr.py CohereAttention.forward; transformers' SmolLM3Attention.use_rope in the
+    Transformers backend); LongRoPE's and dynamic NTK's switching rules name SGLang's code."""
+    for case in ("cohere2 nope", "v5 cohere2 nope", "smollm3 no_rope_layers"):
+        nope = [w for w in sglang_results[case].windows if w["nope"]]
+        assert nope and all(w["rotates"] is False and w["same"] for w in nope), case
+    longrope = sglang_results["longrope"].switching
+    assert "Phi3LongRoPEScaledRotaryEmbedding.forward" in longrope
+    assert "a prefill of 4098 tokens" in longrope
+    dynamic = sglang_results["dynamic"].switching
+    assert "DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache" in dynamic
+    assert sglang_results["yarn"].switching is None
+
+
+def test_sglang_fallback_and_qwen3_5_layers():
+    """A model SGLang implements but the reader does not restate is read as
+    models/llama.py, and the answer says so (``fallback``). Qwen3.5: SGLang's
+    Qwen3NextConfig.layers_block_type (configs/qwen3_next.py) needs
+    full_attention_interval, layer_types being dropped: without it SGLang refuses; with it
+    a quarter of head_dim 256 rotates (partial_rotary_factor 0.25), interleaved M-RoPE."""
+    from posenc.integration.analysis.engine_cases import CASES
+
+    olmo2 = {**CASES["default"].data(), "model_type": "olmo2",
+             "architectures": ["Olmo2ForCausalLM"]}  # fmt: skip
+    qwen = CASES["mrope interleaved partial"].data()
+    qwen["text_config"]["full_attention_interval"] = 1
+    without = CASES["mrope interleaved partial"].data()
+    without["text_config"].pop("full_attention_interval", None)
+    window = {"seq_len": 16, "positions": [0, 1], "layer": 0}
+    batch = [
+        {"config": olmo2, "windows": [{"seq_len": 16, "positions": [0, 1]}]},
+        {"config": qwen, "windows": [window]},
+        {"config": without, "windows": [window]},
+    ]
+    olmo, qwen3_5, refused = _ask(_python(), {"batch": batch})["batch"]
+    assert olmo["fallback"] == "models/llama.py"
+    assert "models/olmo2.py" in olmo["note"]
+    assert "fallback" not in qwen3_5
+    assert qwen3_5["rotary_dim"] == 64 and qwen3_5["windows"][0]["rotates"] is True
+    assert qwen3_5["module"].endswith("MRotaryEmbedding")
+    # pair 1 at position 1: cos(theta ** (-2 / 64)), base 1e7 over the 64 rotated channels
+    assert qwen3_5["windows"][0]["cos"][1][1] == pytest.approx(math.cos(1e7 ** (-2 / 64)))
+    assert "full_attention_interval" in refused["refused"]

@@ -19,6 +19,7 @@ import pytest
 import background
 from conftest import built_engine
 from posenc.integration.analysis import engines
+from posenc.integration.analysis.engine_cases import CASES as CROSS_CASES
 
 VLLM_PYTHON = engines.engine_python("vllm")
 READER = engines.ENGINES["vllm"].reader
@@ -73,6 +74,11 @@ def _qwen3_vl() -> dict[str, Any]:
     return {"model_type": "qwen3_vl", "text_config": text, "vision_config": {}}
 
 
+def _cross(name: str) -> dict[str, Any]:
+    """A case of the cross-engine table (engine_cases.py), as the table runs it."""
+    return CROSS_CASES[name].data()
+
+
 YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
 
 #: (case id, config, expected verdict). Each expectation cites the vLLM code it follows.
@@ -90,7 +96,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     # _compute_cos_sin_cache: one table of max_position_embeddings rows, its base scaled by
     # (factor * max_position / max_trained_positions - (factor - 1)) = 1 (max_trained
     # defaults to max_position): positions past it raise IndexError in base.py:
-    # RotaryEmbedding.forward_static (the runner also asks for 2 * 4096 tokens)
+    # RotaryEmbedding.forward_static (the runner also asks for 2 * 4096 tokens), although
+    # vLLM's own max_model_len for this config is 8192 (config/model.py
+    # _get_and_verify_max_len multiplies max_position_embeddings by the dynamic factor)
     (
         "dynamic",
         _llama(rope_theta=10000.0, rope_scaling={"type": "dynamic", "factor": 2.0}),
@@ -185,8 +193,42 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
         ),
         "same",
     ),
-    # a model_type transformers does not know: read as models/llama.py reads it
+    # a model_type transformers does not know: read as models/llama.py reads it (the
+    # answer's "fallback" says so: test_fallback_is_named)
     ("unknown-model-type", _llama(model_type="posenc_unknown", rope_theta=10000.0), "same"),
+    # The cross-engine table's bug-report cases (engine_cases.py).
+    # models/gpt_oss.py OAIAttention.__init__: get_rope with rope_type "yarn" and
+    # rope_parameters.get("truncate", True): truncate false reaches
+    # rotary_embedding/yarn_scaling_rope.py YaRNScalingRotaryEmbedding (the correction
+    # range not rounded, as transformers' truncate=False; vllm #28244), float32 tables
+    ("gpt-oss yarn truncate", _cross("gpt-oss yarn truncate"), "same"),
+    ("v5 gpt-oss yarn truncate", _cross("v5 gpt-oss yarn truncate"), "same"),
+    # models/deepseek_v2.py: deepseek_yarn, mscale / mscale_all_dim 0.707 in the tables
+    # (deepseek_scaling_rope.py) and mscale(factor, mscale_all_dim) ** 2 in the softmax scale
+    ("deepseek-v2 mscale 0.707", _cross("deepseek-v2 mscale 0.707"), "same"),
+    ("v5 deepseek mscale", _cross("v5 deepseek mscale"), "same"),
+    # models/registry.py: SmolLM3ForCausalLM is in _TRANSFORMERS_SUPPORTED_MODELS, run by
+    # the Transformers modeling backend (models/transformers/base.py: AutoModel.from_config,
+    # its rotary_emb kept): transformers' SmolLM3Attention skips RoPE where
+    # no_rope_layers[layer] is 0 (use_rope), so layer 3 is not rotated, as in transformers
+    ("smollm3 no_rope_layers", _cross("smollm3 no_rope_layers"), "same"),
+    ("v5 smollm3 no_rope_layers", _cross("v5 smollm3 no_rope_layers"), "same"),
+    # models/registry.py: Cohere2ForCausalLM -> models/commandr.py CohereForCausalLM;
+    # CohereAttention.__init__ builds get_rope(is_neox_style=False) (interleaved pairs) and
+    # CohereAttention.forward applies it only when self.v1 or self.sliding_window (a
+    # Cohere2Config's sliding_attention layers): the full-attention layer 3 is not rotated
+    ("cohere2 nope", _cross("cohere2 nope"), "same"),
+    ("v5 cohere2 nope", _cross("v5 cohere2 nope"), "same"),
+    # as "longrope": Phi3LongRoPEScaledRotaryEmbedding.__init__ picks the short factors once
+    # (max_model_len defaults to original_max_position_embeddings 4096, config/model.py
+    # _get_and_verify_max_len), where transformers takes the long ones past 4096
+    ("v5 longrope", _cross("v5 longrope"), "different"),
+    # models/qwen3_5.py Qwen3_5DecoderLayer -> models/qwen3_next.py Qwen3NextAttention:
+    # get_rope(rope_parameters) reads partial_rotary_factor 0.25 (rotary_dim 64) and
+    # mrope_section / mrope_interleaved: rotary_embedding/mrope.py MRotaryEmbedding
+    # (ModelConfig itself refuses this config here: the CPU environment lacks the
+    # compressed_tensors package models/qwen3_5.py imports; get_config reads it)
+    ("mrope interleaved partial", _cross("mrope interleaved partial"), "same"),
 ]
 
 
@@ -268,3 +310,55 @@ def test_raw_request_against_formula() -> None:
             angle = ids[axis][row] * theta ** (-2 * k / d)
             got = sectioned["windows"][0]["cos"][row][k]
             assert got == pytest.approx(math.cos(angle), abs=2.0**-8 + abs(angle) * 2.0**-23)
+
+
+def test_nope_layers_are_not_rotated(results: dict[str, engines.EngineResult]) -> None:
+    """The window at the layer transformers leaves without RoPE: vLLM's reader says it does
+    not rotate it (commandr.py CohereAttention.forward; transformers' SmolLM3Attention in
+    the Transformers backend)."""
+    for case in ("cohere2 nope", "v5 cohere2 nope", "smollm3 no_rope_layers"):
+        nope = [w for w in results[case].windows if w["nope"]]
+        assert nope and all(w["rotates"] is False and w["same"] for w in nope), case
+        assert all(w["rotates"] for w in results[case].windows if not w["nope"]), case
+
+
+def test_longrope_switching_rule(results: dict[str, engines.EngineResult]) -> None:
+    """LongRoPE's switch is named from phi3_long_rope_scaled_rope.py; plain RoPEs have none."""
+    for case in ("longrope", "v5 longrope"):
+        switching = results[case].switching
+        assert switching is not None
+        assert "Phi3LongRoPEScaledRotaryEmbedding.__init__" in switching
+        assert switching.endswith("short factors")  # max_model_len 4096 (1024): short
+    assert results["yarn"].switching is None
+
+
+def test_fallback_and_backend_answers() -> None:
+    """A model read as another model's file says so (``fallback``); the Transformers
+    backend's answers carry ``rotates`` from the modeling file and its switching rule."""
+    smollm3 = _cross("smollm3 no_rope_layers")
+    smollm3["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    cohere = _cross("cohere2 nope")
+    dynamic = _llama(rope_theta=10000.0, rope_scaling={"type": "dynamic", "factor": 2.0})
+    answer = _pipe({"batch": [
+        {"config": _llama(model_type="posenc_unknown", rope_theta=10000.0),
+         "windows": [{"seq_len": 16, "positions": [0, 1]}]},
+        {"config": smollm3, "windows": [{"seq_len": 16, "positions": [0, 1], "layer": 3}]},
+        {"config": cohere, "windows": [{"seq_len": 16, "positions": [0, 1], "layer": 2},
+                                       {"seq_len": 16, "positions": [0, 1], "layer": 3}]},
+        {"config": dynamic, "windows": [{"seq_len": 16, "positions": [0, 1]}]},
+    ]}, POSENC_VLLM_DTYPE="float32")["batch"]  # fmt: skip
+    unknown, smol, cohere2, ntk = answer
+    assert unknown["fallback"] == "models/llama.py"
+    assert "fallback" not in smol and "fallback" not in cohere2
+    # transformers' SmolLM3Attention.use_rope = no_rope_layers[3] = 0: cos 1, sin 0
+    assert smol["windows"][0]["rotates"] is False
+    assert smol["windows"][0]["cos"] == [[1.0] * 64] * 2
+    # dynamic NTK through the backend: max_model_len = 2 x 65536 (config/model.py scales it
+    # by factor), so vLLM keeps transformers' per-forward dynamic_rope_update
+    assert "dynamic_rope_update" in smol["switching"]
+    assert [w["rotates"] for w in cohere2["windows"]] == [True, False]
+    assert cohere2["layout"] == "interleaved"
+    # vLLM's own dynamic NTK (a table answered within its 4096 rows): fixed at
+    # initialisation, dynamic_ntk_scaling_rope.py _compute_cos_sin_cache
+    assert ntk["switching"].startswith("never")
+    assert "DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache" in ntk["switching"]

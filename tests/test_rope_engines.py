@@ -168,14 +168,18 @@ def test_human_table(tmp_path, capsys, fake):
     assert "first difference: seq_len 4096, position 1, pair 1" in out
 
 
+#: what the errors list: every registered engine, then "all"
+ACCEPTED = ", ".join([*engines.ENGINES, "all"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (
             ["--engines", "vlm"],
-            "--engines 'vlm': unknown engine 'vlm' (accepted: vllm, sglang, mlx, llama.cpp, all)",
+            f"--engines 'vlm': unknown engine 'vlm' (accepted: {ACCEPTED})",
         ),
-        (["--engines", ","], "no engine named (accepted: vllm, sglang, mlx, llama.cpp, all)"),
+        (["--engines", ","], f"no engine named (accepted: {ACCEPTED})"),
         (["--engine-python", "mlx=/x"], "--engine-python goes with --engines"),
         (["--engines", "mlx", "--engine-python", "mlx"], "must look like NAME=PATH"),
         (["--engines", "mlx", "--engine-python", "foo=/x"], "unknown engine 'foo'"),
@@ -218,6 +222,43 @@ MLX_EXPECTED = {
     # gemma3_text.py reads rope_theta (default 1e6) and rope_local_base_freq (default 1e4):
     # the sliding layers agree by their defaults, the global ones miss the linear factor
     "v5 gemma3": ("different", [131072], "the linear scaling was not applied"),
+    # rope_utils.py YarnRoPE.yarn_find_correction_range always floors and ceils the
+    # correction range (truncate is not read): GPT-OSS's truncate false keeps it unrounded,
+    # so the ramp's pairs turn at other frequencies (first at pair 9; the angles part by
+    # radians at long positions); with truncate true the same module agrees (below)
+    "gpt-oss yarn truncate": ("different", [4096, 131072], None),
+    # gpt_oss.py ModelArgs reads rope_theta and rope_scaling, not rope_parameters: nn.RoPE
+    # at its default base 150000, no YaRN
+    "v5 gpt-oss yarn truncate": ("different", [4096, 131072], "the yarn scaling was not"),
+    # deepseek_v3.py: initialize_rope's YarnRoPE carries mscale / mscale_all_dim (1 here),
+    # the attention's scale apply_yarn_mscale's mscale(factor, mscale_all_dim)^2
+    "deepseek-v2 mscale 0.707": ("same", [], None),
+    # deepseek_v3.py reads rope_scaling only: no YaRN, and a softmax scale without mscale^2
+    "v5 deepseek mscale": ("different", [4096, 163840], "the yarn scaling was not applied"),
+    # smollm3.py Model.__init__ puts NoPE() (returns x) as layers[3].self_attn.rope: the
+    # forward calls it, it rotates nothing (the nope window, layer 3)
+    "smollm3 no_rope_layers": ("same", [], None),
+    # smollm3.py's ModelArgs is llama.py's: rope_theta (default 10000), not rope_parameters;
+    # the NoPE layer still agrees
+    "v5 smollm3 no_rope_layers": ("different", [65536], "a wrong base"),
+    # cohere2.py Attention.__call__ applies self.rope only if use_sliding_window
+    # ((layer_idx + 1) % sliding_window_pattern != 0): layer 3 holds a rope it never calls
+    "cohere2 nope": ("same", [], None),
+    # cohere2.py reads sliding_window_pattern (default 4), not layer_types, and rope_theta
+    # (default 50000), not rope_parameters: both defaults are the config's values
+    "v5 cohere2 nope": ("same", [], None),
+    # phi3.py reads rope_scaling only: nn.RoPE, no LongRoPE factors, no magnitude
+    "v5 longrope": ("different", [4096, 131072], "the longrope scaling was not applied"),
+    # qwen3_5.py DecoderLayer: is_linear = (layer_idx + 1) % full_attention_interval != 0
+    # (layer_types is not read; the case gives full_attention_interval 1, as the released
+    # configs give both keys); its rotary module takes a token offset (text positions
+    # agree: a quarter of the head, interleave and base right), never multi-axis positions
+    "mrope interleaved partial": ("different", [262144], "text positions only"),
+}
+#: Cases whose softmax scale mlx does not give as transformers does (or not at all).
+MLX_SOFTMAX_DIFFERS = {
+    "partial_rotary_factor",  # stablelm.py computes its scale inline
+    "v5 deepseek mscale",  # deepseek_v3.py: no rope_scaling, so no mscale(factor)^2
 }
 #: Phi-3's layout read by llama.py: original_max_position_embeddings must be inside.
 LLAMA_TOP_LEVEL_ORIGINAL = {**BASE, "model_type": "llama", "hidden_size": 3072,
@@ -228,14 +269,27 @@ LLAMA_TOP_LEVEL_ORIGINAL = {**BASE, "model_type": "llama", "hidden_size": 3072,
                                              "long_factor": [2.0] * 48}}  # fmt: skip
 
 
+def _gpt_oss_truncate() -> dict:
+    from posenc.integration.analysis.engine_cases import CASES
+
+    config = CASES["gpt-oss yarn truncate"].data()
+    config["rope_scaling"]["truncate"] = True
+    return config
+
+
+#: GPT-OSS's config with truncate true: YaRN's rounded correction range, as mlx-lm's.
+GPT_OSS_TRUNCATE = _gpt_oss_truncate()
+
+
 def batch():
     """Every cross-engine case and the llama.py refusal, run by MLX in one child process;
     the suite runs it in the background (tests/background.py)."""
     from posenc.integration.analysis.engine_cases import CASES
 
-    configs = [c.data() for c in CASES.values()] + [LLAMA_TOP_LEVEL_ORIGINAL]
+    configs = [c.data() for c in CASES.values()] + [LLAMA_TOP_LEVEL_ORIGINAL, GPT_OSS_TRUNCATE]
     results = engines.run_cases("mlx", configs)
-    return dict(zip([*CASES, "llama top-level original"], results, strict=True))
+    names = [*CASES, "llama top-level original", "gpt-oss yarn truncate true"]
+    return dict(zip(names, results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +315,10 @@ def test_mlx_reading(mlx_results, case):
         assert mlx.cause.startswith(cause), mlx.cause
     # the attention's own softmax scale (where its module keeps one), against transformers'
     softmax = mlx.attention_scaling.get("softmax_scale")
-    if case != "partial_rotary_factor":  # stablelm.py computes its scale inline
+    if case not in MLX_SOFTMAX_DIFFERS:
         assert softmax["engine"] == pytest.approx(softmax["reference"], rel=1e-6)
+    # every window says whether mlx rotates its layer; only the nope windows do not
+    assert [w["rotates"] for w in mlx.windows] == [not w["nope"] for w in mlx.windows]
 
 
 def test_mlx_yarn_attention_factor_is_its_own_mscale(mlx_results):
@@ -279,6 +335,34 @@ def test_mlx_deepseek_softmax_scale_carries_mscale_all_dim(mlx_results):
     expected = (32 + 64) ** -0.5 * mscale**2  # qk_head_dim ** -0.5 * mscale ** 2
     assert mlx.attention_scaling["softmax_scale"]["engine"] == pytest.approx(expected)
     assert mlx.layout == {"engine": "interleaved", "reference": "interleaved"}
+
+
+def test_mlx_nope_layers_read_from_the_forward(mlx_results):
+    # smollm3.py: layers[3].self_attn.rope is NoPE (called, returns x); cohere2.py: layer
+    # 3's attention never calls its nn.RoPE (use_sliding_window false)
+    smol = mlx_results["smollm3 no_rope_layers"].windows[-1]
+    assert smol["nope"] and smol["layer"] == 3 and smol["rotates"] is False
+    assert "NoPE leaves q/k as they are" in smol["mode"]
+    cohere = mlx_results["cohere2 nope"].windows[-1]
+    assert cohere["nope"] and cohere["layer"] == 3 and cohere["rotates"] is False
+    assert "the forward never called layers[3].self_attn.rope" in cohere["mode"]
+
+
+def test_mlx_gpt_oss_differs_by_truncate_only(mlx_results):
+    # the same YarnRoPE agrees once transformers rounds the correction range too
+    assert mlx_results["gpt-oss yarn truncate"].verdict == "different"
+    assert mlx_results["gpt-oss yarn truncate true"].verdict == "same"
+
+
+def test_mlx_switching(mlx_results):
+    # rope_utils.py SuScaledRoPE: long_factor at every length, from initialisation
+    assert mlx_results["longrope"].switching.startswith("never: long_factor at every length")
+    assert "SuScaledRoPE.__init__" in mlx_results["longrope inside"].switching
+    # rope_utils.py DynamicNTKScalingRoPE.__call__: the base from each call's length
+    assert mlx_results["dynamic"].switching.startswith("per forward pass, from the call's")
+    # phi3.py reads no rope_parameters: a plain nn.RoPE, no switch
+    assert mlx_results["v5 longrope"].switching.startswith("never: the module applied is mlx")
+    assert mlx_results["yarn"].switching is None and mlx_results["default"].switching is None
 
 
 def test_mlx_refusal_names_its_error_and_place(mlx_results):

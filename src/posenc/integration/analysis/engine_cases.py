@@ -3,9 +3,14 @@
 One small ``config.json`` per case: each ``rope_type`` transformers defines, YaRN with
 and without ``attention_factor`` and as DeepSeek writes it (``mscale``,
 ``mscale_all_dim``), LongRoPE in Phi-3's layout and inside ``rope_scaling``,
-``partial_rotary_factor``, M-RoPE in Qwen2-VL's contiguous sections and Qwen3-VL's
-interleave, the transformers 4 layout (``rope_theta``, ``rope_scaling``) and the 5 one
-(``rope_parameters``), and Gemma 3's one RoPE per layer type in both layouts.
+``partial_rotary_factor``, M-RoPE in Qwen2-VL's contiguous sections, Qwen3-VL's
+interleave and Qwen3.5's interleave on a quarter of the head, the transformers 4 layout
+(``rope_theta``, ``rope_scaling``) and the 5 one (``rope_parameters``), and Gemma 3's one
+RoPE per layer type in both layouts. Then the configs users filed bugs about, each in both
+layouts: GPT-OSS's YaRN with ``truncate`` false, DeepSeek's ``mscale`` and
+``mscale_all_dim`` (judged on the softmax scale too), SmolLM3's ``no_rope_layers`` and
+Cohere 2's full-attention layers without RoPE (a window at the first such layer), and
+Phi-3's LongRoPE on both sides of its switch.
 
 The sizes are tiny (one or a few layers, a vocabulary of 32) so that an engine which
 builds the whole model does so in a moment, but the head sizes, bases and scaling
@@ -66,6 +71,11 @@ _PHI3 = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], **_SIZES,
          "hidden_size": 384, "max_position_embeddings": 131072,
          "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
          "hidden_act": "silu", "sliding_window": 262144, "pad_token_id": 0}  # fmt: skip
+#: DeepSeek-V3's YaRN: factor 40 from 4096, mscale = mscale_all_dim = 1.
+_DEEPSEEK_V3_YARN: dict[str, Any] = {
+    "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
+    "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+}  # fmt: skip
 _DEEPSEEK_V3 = {
     "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], **_SIZES,
     "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 256,
@@ -75,8 +85,7 @@ _DEEPSEEK_V3 = {
     "routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid",
     "topk_method": "noaux_tc", "moe_layer_freq": 1, "max_position_embeddings": 163840,
     "rope_theta": 10000.0,
-    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "rope_scaling": dict(_DEEPSEEK_V3_YARN),
 }  # fmt: skip
 _GEMMA3 = {
     "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], **_SIZES,
@@ -86,6 +95,42 @@ _GEMMA3 = {
     "rms_norm_eps": 1e-6,
 }  # fmt: skip
 _GEMMA3_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
+
+#: GPT-OSS's YaRN: factor 32 from 4096, its correction range not rounded (``truncate``
+#: false; vllm #28244).
+_GPT_OSS_YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
+_GPT_OSS = {
+    "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], **_SIZES,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "hidden_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "experts_per_token": 2, "sliding_window": 128, "max_position_embeddings": 131072,
+    "layer_types": ["sliding_attention", "full_attention"], "attention_bias": True,
+}  # fmt: skip
+#: DeepSeek-V2's YaRN: mscale = mscale_all_dim = 0.707 (the softmax scale carries
+#: mscale(factor, mscale_all_dim) squared; llama.cpp #17945).
+_DEEPSEEK_V2_YARN = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                     "mscale_all_dim": 0.707}  # fmt: skip
+#: SmolLM3: every 4th layer without RoPE (``no_rope_layers``: 1 = RoPE, 0 = NoPE;
+#: transformers #43756 read it inverted).
+_SMOLLM3 = {
+    "model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"], **_SIZES,
+    "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "max_position_embeddings": 65536, "no_rope_layers": [1, 1, 1, 0],
+    "pad_token_id": 0,
+    "no_rope_layer_interval": 4,
+}  # fmt: skip
+#: Cohere 2 (Command R7B): the sliding-window layers rotate (interleaved pairs), every
+#: 4th layer is full attention without RoPE.
+_COHERE2 = {
+    "model_type": "cohere2", "architectures": ["Cohere2ForCausalLM"], **_SIZES,
+    "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "max_position_embeddings": 8192, "sliding_window": 4096,
+    "layer_norm_eps": 1e-5, "logit_scale": 0.25,
+}  # fmt: skip
+_COHERE2_TYPES = ["sliding_attention"] * 3 + ["full_attention"]
+_PHI3_LONGROPE = {"type": "longrope", "short_factor": _SHORT, "long_factor": _LONG}
 
 #: The RoPE configurations each engine is compared on, by name.
 CASES: dict[str, Case] = {c.name: c for c in [
@@ -139,6 +184,22 @@ CASES: dict[str, Case] = {c.name: c for c in [
                             "num_heads": 2, "out_hidden_size": 512, "patch_size": 16,
                             "spatial_merge_size": 2, "temporal_patch_size": 2,
                             "num_position_embeddings": 16, "deepstack_visual_indexes": []}}),
+    Case("mrope interleaved partial", "Qwen3.5's interleaved M-RoPE [11, 11, 10] on a quarter "
+         "of head_dim 256 (partial_rotary_factor 0.25; one full-attention layer)",
+         {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+          "torch_dtype": "float32", "tie_word_embeddings": False,
+          "text_config": {**{k: v for k, v in _SIZES.items() if k != "torch_dtype"},
+                          "model_type": "qwen3_5_text", "num_key_value_heads": 2,
+                          "head_dim": 256, "max_position_embeddings": 262144,
+                          "layer_types": ["full_attention"], "full_attention_interval": 1,
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                                              "partial_rotary_factor": 0.25,
+                                              "mrope_section": [11, 11, 10],
+                                              "mrope_interleaved": True}},
+          "vision_config": {"depth": 1, "hidden_size": 64, "intermediate_size": 64,
+                            "num_heads": 2, "out_hidden_size": 512, "patch_size": 16,
+                            "spatial_merge_size": 2, "temporal_patch_size": 2,
+                            "num_position_embeddings": 16, "deepstack_visual_indexes": []}}),
     Case("v5 llama3", "Llama 3.1 in the transformers 5 layout (rope_parameters)",
          {**{k: v for k, v in _LLAMA.items() if k != "rope_theta"},
           "max_position_embeddings": 131072,
@@ -150,6 +211,29 @@ CASES: dict[str, Case] = {c.name: c for c in [
          {**_GEMMA3, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
           "sliding_window_pattern": 6,
           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}),
+    Case("gpt-oss yarn truncate", "GPT-OSS: YaRN factor 32 with truncate false",
+         {**_GPT_OSS, "rope_theta": 150000.0, "rope_scaling": dict(_GPT_OSS_YARN)}),
+    Case("v5 gpt-oss yarn truncate", "GPT-OSS's YaRN in the transformers 5 layout",
+         {**_GPT_OSS, "rope_parameters": {**_GPT_OSS_YARN, "rope_theta": 150000.0}}),
+    Case("deepseek-v2 mscale 0.707", "DeepSeek-V2's YaRN: mscale = mscale_all_dim = 0.707",
+         {**_DEEPSEEK_V3, "rope_scaling": dict(_DEEPSEEK_V2_YARN)}),
+    Case("v5 deepseek mscale", "DeepSeek-V3's YaRN in the transformers 5 layout",
+         {**{k: v for k, v in _DEEPSEEK_V3.items() if k not in ("rope_theta", "rope_scaling")},
+          "rope_parameters": {**_DEEPSEEK_V3_YARN, "rope_type": "yarn",
+                              "rope_theta": 10000.0}}),
+    Case("smollm3 no_rope_layers", "SmolLM3: no_rope_layers [1, 1, 1, 0], layer 3 without RoPE",
+         {**_SMOLLM3, "rope_theta": 2000000.0}),
+    Case("v5 smollm3 no_rope_layers", "SmolLM3 in the transformers 5 layout",
+         {**_SMOLLM3, "rope_parameters": {"rope_type": "default", "rope_theta": 2000000.0}}),
+    Case("cohere2 nope", "Cohere 2: interleaved RoPE on sliding layers, none on layer 3",
+         {**_COHERE2, "rope_theta": 50000.0, "sliding_window_pattern": 4}),
+    Case("v5 cohere2 nope", "Cohere 2 in the transformers 5 layout (layer_types)",
+         {**_COHERE2, "layer_types": _COHERE2_TYPES,
+          "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
+    Case("v5 longrope", "Phi-3 128k's LongRoPE in the transformers 5 layout",
+         {**{k: v for k, v in _PHI3.items() if k != "rope_theta"},
+          "rope_parameters": {"rope_type": "longrope", "short_factor": _SHORT,
+                              "long_factor": _LONG, "rope_theta": 10000.0}}),
     Case("v5 gemma3", "Gemma 3 in the transformers 5 layout: rope_parameters per layer type",
          {**_GEMMA3, "layer_types": _GEMMA3_TYPES,
           "rope_parameters": {

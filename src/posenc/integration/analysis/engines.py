@@ -60,6 +60,7 @@ from posenc.integration.analysis.rope_compare import (
 from posenc.integration.analysis.rope_reading import (
     Reading,
     checkpoint_layout,
+    nope_layers,
     show,
     softmax_scale,
 )
@@ -100,6 +101,9 @@ class Engine:
             (part of its cache key, :func:`~posenc.integration.analysis.engine_cache.key`).
         recipes: the directory of its recipe ``NAME.sh`` and pins ``NAME.txt`` (the
             package's ``engine_recipes/``).
+        logits: whether its reader answers the ``"logits"`` request (converts a tiny
+            checkpoint with the engine's converter and runs it:
+            :mod:`~posenc.integration.analysis.engine_logits`).
     """
 
     name: str
@@ -107,6 +111,7 @@ class Engine:
     timeout_s: float = 180.0
     sources: tuple[Path, ...] = ()
     recipes: Path = engine_cache.RECIPES
+    logits: bool = False
 
     @property
     def recipe(self) -> Path:
@@ -128,10 +133,23 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "vllm": Engine("vllm", READERS / "vllm_reader.py"),
     "sglang": Engine("sglang", READERS / "sglang_reader.py"),
-    "mlx": Engine("mlx", READERS / "mlx_reader.py"),
-    # the reader's driver program, compiled by the recipe against libllama
+    "mlx": Engine("mlx", READERS / "mlx_reader.py", logits=True),
+    # the reader's driver programs, compiled by the recipe against libllama
     "llama.cpp": Engine(
-        "llama.cpp", READERS / "llamacpp_reader.py", sources=(READERS / "llamacpp_graph.py",)
+        "llama.cpp",
+        READERS / "llamacpp_reader.py",
+        sources=(READERS / "llamacpp_graph.py",),
+        logits=True,
+    ),
+    "lmdeploy": Engine("lmdeploy", READERS / "lmdeploy_reader.py"),
+    "keras-hub": Engine("keras-hub", READERS / "kerashub_reader.py"),
+    "easydel": Engine("easydel", READERS / "easydel_reader.py"),
+    "maxtext": Engine("maxtext", READERS / "maxtext_reader.py"),
+    "ctranslate2": Engine(
+        "ctranslate2", READERS / "ctranslate2_reader.py", timeout_s=300.0, logits=True
+    ),
+    "onnxruntime-genai": Engine(
+        "onnxruntime-genai", READERS / "ortgenai_reader.py", timeout_s=300.0, logits=True
     ),
 }
 
@@ -153,6 +171,7 @@ class EngineResult:
     cause: str | None = None
     seconds: float | None = None
     windows: list[dict[str, Any]] = field(default_factory=list)
+    switching: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """The result as the JSON object ``posenc rope --engines --json`` prints."""
@@ -167,6 +186,7 @@ class EngineResult:
             "layout": self.layout,
             "cause": self.cause,
             "note": self.note,
+            "switching": self.switching,
             "windows": self.windows,
         }
 
@@ -269,14 +289,19 @@ def mrope_positions(positions: Sequence[int]) -> list[list[int]]:
             [int(p) // 4 for p in positions]]  # fmt: skip
 
 
-def windows(readings: Sequence[Reading]) -> list[dict[str, Any]]:
+def windows(
+    readings: Sequence[Reading], config: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The windows to evaluate the config's RoPEs at.
 
     Each window is ``{"seq_len": N, "positions": [...]}``, plus ``"layer_type"`` for a
     config with one RoPE per layer type and ``"layer"``, the first layer of the RoPE (a
     reader that builds the model reads that layer's attention); an M-RoPE gets each
     window twice, at text positions (all axes equal) and at :func:`mrope_positions`
-    (``"position_ids"``).
+    (``"position_ids"``). A ``config`` with layers that transformers leaves without RoPE
+    (:func:`~posenc.integration.analysis.rope_reading.nope_layers`: SmolLM3's
+    ``no_rope_layers``, Cohere 2's full-attention layers) adds one window at the first
+    of them, marked ``"nope": true``: there the engine must not rotate.
     """
     many = len(readings) > 1 or any(r.layer_type for r in readings)
     out = []
@@ -289,6 +314,17 @@ def windows(readings: Sequence[Reading]) -> list[dict[str, Any]]:
             out.append(w)
             if r.mrope:
                 out.append({**w, "position_ids": mrope_positions(w["positions"])})
+    nope = nope_layers(config) if config is not None else None
+    if nope and nope["layers"] and out:
+        layer = int(nope["layers"][0])
+        # the RoPE the layer would have (its layer type's, else the only one): its pairs
+        of_type = [r for r in readings if r.layers and layer in r.layers] or list(readings)
+        first = next(w for w in out if w.get("layer_type") == of_type[0].layer_type)
+        seq_len = int(first["seq_len"])
+        w = {"seq_len": seq_len, "positions": _points(seq_len), "layer": layer, "nope": True}
+        if many:
+            w["layer_type"] = of_type[0].layer_type
+        out.append(w)
     return out
 
 
@@ -309,10 +345,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _call(
+def call_reader(
     python: Path, engine: Engine, request: Mapping[str, Any], timeout_s: float
 ) -> tuple[str, Any]:
-    """Run the reader: ``("ok", its JSON)`` or ``("error", what went wrong)``."""
+    """Run ``engine``'s reader with ``python`` on one request (or a batch): ``("ok", its
+    JSON)`` or ``("error", what went wrong)`` (it cannot start, dies, prints no JSON
+    object, or takes longer than ``timeout_s``: killed with its children)."""
     try:
         proc = subprocess.Popen(
             [str(python), str(engine.reader)],
@@ -400,10 +438,10 @@ def run_engine(
     engine = ENGINES[name]
     if not python.exists():
         return _not_installed(name, python)
-    asked = windows(readings)
+    asked = windows(readings, _config_dict(config))
     request: dict[str, Any] = {"config": _config_dict(config), "windows": asked}
     started = time.monotonic()
-    status, answer = _call(python, engine, request, engine.timeout_s)
+    status, answer = call_reader(python, engine, request, engine.timeout_s)
     seconds = time.monotonic() - started
     if status != "ok":
         return EngineResult(name, status, python=str(python), note=str(answer), seconds=seconds)
@@ -455,12 +493,15 @@ def run_cases(
     if not python.exists():
         return [_not_installed(name, python) for _ in configs]
     batch: list[dict[str, Any]] = [
-        {"config": _config_dict(loaded.config), "windows": windows(readings)}
+        {
+            "config": _config_dict(loaded.config),
+            "windows": windows(readings, _config_dict(loaded.config)),
+        }
         for loaded, readings in all_readings
     ]
     started = time.monotonic()
     timeout = engine.timeout_s + seconds_per_config * len(configs)
-    status, answer = _call(python, engine, {"batch": batch}, timeout)
+    status, answer = call_reader(python, engine, {"batch": batch}, timeout)
     seconds = (time.monotonic() - started) / max(len(configs), 1)
     if status == "ok" and not (isinstance(answer.get("batch"), list)
                                and len(answer["batch"]) == len(configs)):  # fmt: skip
@@ -509,7 +550,8 @@ def _judge(
     verdicts: list[tuple[dict[str, Any], Reading, Verdict, float]] = []
     for a, got in zip(asked, answer["windows"], strict=True):
         # what was asked (layer type, positions) is the request's, the tables the reader's
-        w = {**got, **{k: a[k] for k in ("layer_type", "position_ids", "layer") if k in a}}
+        w = {**got, **{k: a[k] for k in ("layer_type", "position_ids", "layer", "nope")
+                       if k in a}}  # fmt: skip
         if [int(p) for p in got["positions"]] != a["positions"]:
             raise ValueError(f"a window answered at other positions than asked: {got['positions']}")
         lt = w.get("layer_type")
@@ -519,6 +561,17 @@ def _judge(
             else:
                 raise ValueError(f"a window of layer type {lt!r}; the config's: {list(by_type)}")
         reading = by_type[lt]
+        if w.get("nope"):
+            v = _judge_nope(name, w, reading, config, answer.get("fallback"))
+            verdicts.append((w, reading, v, v.largest or 0.0))
+            continue
+        if w.get("rotates") is False:
+            layer = w.get("layer", 0)
+            v = Verdict(f"layer {layer}", lt, False,
+                        f"{name} does not rotate layer {layer}; transformers does",
+                        cause=f"{name} reads layer {layer} as a layer without RoPE")  # fmt: skip
+            verdicts.append((w, reading, v, 1.0))
+            continue
         positions = np.asarray(w["positions"], dtype=np.int64)
         # JSON carries no dtype: the reader says which its engine computed in (MLX: float32),
         # and the values are judged with that dtype's tolerance
@@ -547,6 +600,7 @@ def _judge(
     per_window = [
         {"seq_len": w["seq_len"], "positions": w["positions"], "mode": w.get("mode"),
          "layer_type": w.get("layer_type"), "position_ids": w.get("position_ids"),
+         "layer": w.get("layer"), "nope": bool(w.get("nope")), "rotates": w.get("rotates"),
          "same": v.agree or _float32_only(v), "summary": v.summary}
         for w, _, v, _ in verdicts
     ]  # fmt: skip
@@ -564,6 +618,8 @@ def _judge(
     scaling: dict[str, Any] = {}
     scaling_tol = _scaling_rtol(rounding or float(np.finfo(dtype).eps) / 2)
     for w, reading, _, _ in verdicts:
+        if w.get("nope") or w.get("rotates") is False:
+            continue  # no table: no scale multiplied into one
         ref = float(reading.spec.frequencies(seq_len=int(w["seq_len"])).attention_scaling)
         theirs = w.get("attention_scaling", answer.get("attention_scaling"))
         scaling = {"engine": theirs, "reference": ref}
@@ -584,9 +640,11 @@ def _judge(
             different = True
             notes.append(f"softmax scale: {name} {theirs_softmax:.6g}, transformers "
                          f"{ref_softmax:.6g} ({softmax_source})")  # fmt: skip
+    switching = answer.get("switching")
     return EngineResult(
         name,
         "different" if different else "same",
+        switching=str(switching) if switching else None,
         version=answer.get("version"),
         source=answer.get("source"),
         max_abs_diff=max_diff,
@@ -597,6 +655,45 @@ def _judge(
         cause=cause,
         windows=per_window,
     )
+
+
+def _judge_nope(
+    name: str,
+    w: Mapping[str, Any],
+    reading: Reading,
+    config: Mapping[str, Any],
+    fallback: str | None = None,
+) -> Verdict:
+    """A layer transformers leaves without RoPE: the engine must not rotate it.
+
+    ``rotates`` is the reader's word; without it, the tables say: a layer that does not
+    rotate holds cos = 1 and sin = 0 at every position (exactly: no angle is computed).
+    A reader that read the model as another model's file (``fallback``: the engine has
+    none of its own) and cannot say ``rotates`` has not seen the model's layers: the
+    window is not judged, and says so.
+    """
+    layer = int(w.get("layer", 0))
+    nope = nope_layers(config) or {}
+    source = nope.get("from", "the config")
+    rotates = w.get("rotates")
+    if rotates is None and fallback:
+        return Verdict(f"layer {layer}", reading.layer_type, True,
+                       f"layer {layer} (without RoPE in transformers) not judged: the reader "
+                       f"read the model as {fallback}")  # fmt: skip
+    largest = 0.0
+    if rotates is None:
+        cos = np.asarray(w["cos"], dtype=np.float64)
+        sin = np.asarray(w["sin"], dtype=np.float64)
+        largest = float(max(np.max(np.abs(cos - 1.0), initial=0.0),
+                            np.max(np.abs(sin), initial=0.0)))  # fmt: skip
+        rotates = largest > 0.0
+    if rotates:
+        return Verdict(f"layer {layer}", reading.layer_type, False,
+                       f"{name} rotates layer {layer}, which transformers leaves without RoPE "
+                       f"({source})", cause=f"{name} misses the NoPE layers ({source})",
+                       largest=largest or 1.0)  # fmt: skip
+    return Verdict(f"layer {layer}", reading.layer_type, True,
+                   f"layer {layer} without RoPE, as transformers ({source})")  # fmt: skip
 
 
 def _max_abs_diff(w: Mapping[str, Any], reading: Reading) -> float:
@@ -618,15 +715,17 @@ def _max_abs_diff(w: Mapping[str, Any], reading: Reading) -> float:
 
 def table(results: Sequence[EngineResult]) -> list[str]:
     """The compact table ``posenc rope --engines`` prints, one line per engine and detail."""
-    lines = [f"{'engine':9}  {'verdict':13}  {'max |diff|':10}  {'scaling (engine / ref)':22}  "
-             "version"]  # fmt: skip
+    width = max([9, *(len(r.engine) for r in results)])
+    head = f"{'verdict':13}  {'max |diff|':10}  {'scaling (engine / ref)':22}  version"
+    lines = [f"{'engine':{width}}  {head}"]
     for r in results:
         diff = "-" if r.max_abs_diff is None else f"{r.max_abs_diff:.3g}"
         sc = r.attention_scaling
         scaling = "-"
         if sc.get("engine") is not None:
             scaling = f"{sc['engine']:.6g} / {sc['reference']:.6g}"
-        lines.append(f"{r.engine:9}  {r.verdict:13}  {diff:10}  {scaling:22}  {r.version or '-'}")
+        row = f"{r.verdict:13}  {diff:10}  {scaling:22}  {r.version or '-'}"
+        lines.append(f"{r.engine:{width}}  {row}")
         if r.first_difference:
             f = r.first_difference
             lt = f" [{f['layer_type']}]" if f.get("layer_type") else ""
@@ -641,6 +740,8 @@ def table(results: Sequence[EngineResult]) -> list[str]:
                 lines.append(f"  seq_len {w['seq_len']}{lt}: {w['summary']}")
         if r.cause:
             lines.append(f"  likely cause: {r.cause}")
+        if r.switching:
+            lines.append(f"  switches: {r.switching}")
         if r.note:
             lines.append(f"  note: {r.note}")
     return lines

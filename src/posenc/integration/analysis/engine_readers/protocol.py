@@ -16,7 +16,9 @@ A window asks for the tables of one sequence:
 - ``layer`` (optional): the index of the first layer with this RoPE (a reader that
   builds the whole model reads that layer's attention);
 - ``position_ids`` (optional, M-RoPE): three lists (temporal, height, width) as long
-  as ``positions``, the multi-axis position of each asked row.
+  as ``positions``, the multi-axis position of each asked row;
+- ``nope`` (optional): ``true`` for a layer transformers leaves without RoPE (SmolLM3's
+  ``no_rope_layers``, Cohere 2's full-attention layers): there the engine must not rotate.
 
 The answer to one request is ``{"version", "source", "module", "layout", "rotary_dim",
 "dtype", "attention_scaling", "softmax_scale", "windows": [{"seq_len", "positions",
@@ -31,7 +33,20 @@ The answer to one request is ``{"version", "source", "module", "layout", "rotary
 - ``attention_scaling``: the scale multiplied into cos and sin; ``softmax_scale``: the
   factor the engine's attention multiplies q.k by, where the reader can tell (else null);
 - ``note``: what the reader did that the engine's own code did not (a restated step,
-  a key read the way a model file reads it).
+  a key read the way a model file reads it);
+- ``rotates`` (per window, optional): whether the engine rotates q and k in the asked
+  layer; a layer it does not rotate answers rows of cos 1 and sin 0;
+- ``switching`` (optional): for LongRoPE and dynamic NTK, when the engine switches
+  factors or base ("per forward pass, from the sequence length", "once, from
+  max_model_len"), read from its code, naming the file and function;
+- ``fallback`` (optional): the model file the reader read the config as, when the engine
+  has none of its own restated in the reader.
+
+A request ``{"logits": {"checkpoint": DIR, "tokens": [...], "rows": [...]}}`` asks for
+the engine's next-token logits: DIR holds a tiny checkpoint as transformers saves it
+(:mod:`posenc.integration.analysis.engine_logits`); the reader converts it with the
+engine's own converter, runs one prefill of ``tokens`` and answers ``{"version",
+"converter", "runtime", "dtype", "mode", "rows", "logits": [[...] per row], "note"}``.
 
 A request whose reading raises is answered ``{"refused": "ExcType: message", "where":
 "file:line in function"}``: the engine's own error. :func:`serve` does the framing.

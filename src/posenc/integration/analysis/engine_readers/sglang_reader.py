@@ -20,8 +20,9 @@ arguments the model file for the config's ``model_type`` passes it; those argume
 are restated from the model file's attention ``__init__`` (the model files need
 SGLang's tensor-parallel runtime to be built), and the note names the file:
 
-- ``llama`` (and ``phi3``, ``Phi3ForCausalLM`` being ``models/llama.py``'s, and any
-  ``model_type`` without its own entry here, as ``models/llama.py`` reads it):
+- ``llama`` (and ``phi3``, ``Phi3ForCausalLM`` being ``models/llama.py``'s; any
+  ``model_type`` without its own entry here is read as ``models/llama.py`` reads it,
+  and the answer's ``fallback`` (``"models/llama.py"``) and note say so):
   ``rope_parameters`` (else ``rope_theta`` / ``rope_scaling``), the top-level
   ``original_max_position_embeddings`` copied into the scaling, ``head_dim`` or
   ``hidden_size // num_attention_heads``, ``partial_rotary_factor``,
@@ -46,7 +47,29 @@ SGLang's tensor-parallel runtime to be built), and the note names the file:
   softmax scale ``qk_head_dim ** -0.5`` times ``yarn_get_mscale(factor,
   mscale_all_dim) ** 2`` (``configs/model_config.py``, ``compute_mla_mscale_scaling``);
 - ``stablelm`` (``models/stablelm.py``): ``rope_pct`` or ``partial_rotary_factor``,
-  ``rope_parameters["rope_theta"]``, no scaling.
+  ``rope_parameters["rope_theta"]``, no scaling;
+- ``gpt_oss`` (``models/gpt_oss.py``, ``GptOssAttention``): the whole
+  ``rope_parameters`` as the scaling (``get_rope``'s YaRN reads ``truncate``);
+- ``cohere`` / ``cohere2`` (``models/commandr.py``, ``CohereAttention``):
+  ``hidden_size // num_attention_heads``, GPT-J (interleaved) pairs; its ``forward``
+  rotates a Cohere 2 layer only where ``layer_types`` says ``sliding_attention``;
+- ``qwen3_5`` (``models/qwen3_5.py``, ``Qwen3_5AttentionDecoderLayer``):
+  ``get_rope_config``, the config's top-level ``partial_rotary_factor``; the config is
+  SGLang's own ``configs/qwen3_5.py`` class (``_CONFIG_REGISTRY``; imported without the
+  ``sglang.srt.configs`` package's ``__init__``), whose ``layers_block_type`` (from
+  ``full_attention_interval``) says which layers have attention with RoPE.
+
+An architecture no SGLang model file lists in its ``EntryClass`` (read from the files,
+as ``models/registry.py`` collects them) runs on SGLang's Transformers backend
+(``models/transformers.py``; ``model_loader/utils.py``, ``get_model_architecture``):
+transformers' own rotary module and attention layers, read by building the model on the
+meta device, its ``rotary_emb`` class again on the CPU, applied by the modeling file's
+``apply_rotary_pos_emb``; each layer's ``use_rope`` (SmolLM3's ``no_rope_layers``) says
+whether it rotates.
+
+Each window's answer says whether the asked ``layer`` rotates (``rotates``; cos 1 and
+sin 0 where it does not), and the answer's ``switching`` says when a LongRoPE or
+dynamic NTK module changes its tables (null for any other RoPE).
 
 The module is built in float32 (``get_rope``'s ``dtype``, the config's
 ``torch_dtype`` as ``--dtype float32`` serves it; on CPU SGLang casts its
@@ -70,6 +93,7 @@ The protocol (request, batch, answer) is :mod:`~posenc.analysis.engine_readers.p
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.metadata
 import json
 import math
@@ -87,6 +111,19 @@ _QWEN2 = ("qwen2", "qwen2_vl", "qwen2_5_vl")
 _QWEN3 = ("qwen3", "qwen3_vl", "qwen3_vl_text")
 _GEMMA3 = ("gemma3_text", "gemma3")
 _DEEPSEEK = ("deepseek_v3", "deepseek_v2")
+_COHERE = ("cohere", "cohere2")
+_QWEN3_5 = ("qwen3_5", "qwen3_5_text")
+#: model types whose SGLang model file is restated here (the others are read as
+#: ``models/llama.py`` reads them, and the answer's ``fallback`` says so)
+_RESTATED = (*_QWEN2, *_QWEN3, *_GEMMA3, *_DEEPSEEK, *_COHERE, *_QWEN3_5, "llama", "phi3",
+             "stablelm", "gpt_oss")  # fmt: skip
+#: SGLang's own config classes (``utils/hf_transformers/common.py``: ``_CONFIG_REGISTRY``)
+#: the hf parser reloads these model types with: module of ``sglang.srt.configs``, class
+_SGLANG_CONFIGS = {"qwen3_5": ("qwen3_5", "Qwen3_5Config"),
+                   "qwen3_5_moe": ("qwen3_5", "Qwen3_5MoeConfig"),
+                   "qwen3_next": ("qwen3_next", "Qwen3NextConfig")}  # fmt: skip
+#: The model file the answer's ``fallback`` names when the reader reads a model as another's.
+FALLBACK = "models/llama.py"
 
 
 def _hf_config(config: dict[str, Any]) -> tuple[Any, Any]:
@@ -98,6 +135,10 @@ def _hf_config(config: dict[str, Any]) -> tuple[Any, Any]:
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(config, f)
         hf = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        if hf.model_type in _SGLANG_CONFIGS:
+            # HfModelConfigParser.parse: a model_type in _CONFIG_REGISTRY is reloaded with
+            # SGLang's own class
+            hf = _sglang_config_class(hf.model_type).from_pretrained(folder)
     text = getattr(hf, "text_config", None) or hf
     if text is not hf:
         # HfModelConfigParser.parse: the text config's keys the top level lacks
@@ -105,6 +146,57 @@ def _hf_config(config: dict[str, Any]) -> tuple[Any, Any]:
             if not hasattr(hf, key) and value is not None:
                 setattr(hf, key, value)
     return hf, text
+
+
+def _sglang_config_class(model_type: str) -> Any:
+    """SGLang's config class for ``model_type`` (``sglang/srt/configs/``), imported without
+    the package's ``__init__`` (which imports every config, some through torchvision, whose
+    PyPI build needs CUDA): the package is registered as a bare namespace first."""
+    import importlib
+    import types
+
+    import sglang
+
+    name = "sglang.srt.configs"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(os.path.dirname(sglang.__file__), "srt", "configs")]
+        sys.modules[name] = package
+    module, cls = _SGLANG_CONFIGS[model_type]
+    return getattr(importlib.import_module(f"{name}.{module}"), cls)
+
+
+@functools.cache
+def _sglang_architectures() -> dict[str, str]:
+    """The architectures SGLang implements, each with its model file.
+
+    ``models/registry.py`` (``import_model_classes``) imports every module of
+    ``sglang.srt.models`` and collects the names in its ``EntryClass``; importing them all
+    here reaches torchvision, so the names are read from each file's ``EntryClass``
+    assignment (restated, without importing the files).
+    """
+    import ast
+
+    import sglang
+
+    folder = os.path.join(os.path.dirname(sglang.__file__), "srt", "models")
+    found: dict[str, str] = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            source = f.read()
+        if "EntryClass" not in source:
+            continue
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "EntryClass" for t in node.targets
+            ):
+                values = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+                for v in values:
+                    if isinstance(v, ast.Name):
+                        found.setdefault(v.id, f"models/{name}")
+    return found
 
 
 def _get_rope_config(config: Any) -> tuple[Any, Any]:
@@ -194,6 +286,48 @@ def _build(hf: Any, text: Any, layer_type: str | None) -> tuple[Any, float | Non
         return rope, softmax, ("get_rope_wrapper arguments restated from models/deepseek_v2.py "
                                "(DeepseekV2AttentionMLA); softmax scale as "
                                "configs/model_config.py compute_mla_mscale_scaling")  # fmt: skip
+    if model_type == "gpt_oss":
+        # models/gpt_oss.py GptOssDecoderLayer.__init__: rope_parameters["rope_theta"] and
+        # the whole rope_parameters as the scaling (factory.py get_rope's YaRN takes its
+        # truncate, default True), head_dim (else hidden / heads), NeoX pairs
+        theta, scaling = text.rope_parameters["rope_theta"], copy.deepcopy(text.rope_parameters)
+        head_dim = int(getattr(text, "head_dim", text.hidden_size // text.num_attention_heads))
+        rope = get_rope(head_dim, rotary_dim=head_dim,
+                        max_position=getattr(text, "max_position_embeddings", 8192),
+                        base=theta, rope_scaling=scaling, dtype=dtype)  # fmt: skip
+        truncate = scaling.get("truncate", True) if scaling else None
+        return rope, head_dim**-0.5, ("get_rope arguments restated from models/gpt_oss.py "
+                                      f"(GptOssAttention; YaRN truncate {truncate})")  # fmt: skip
+    if model_type in _COHERE:
+        # models/commandr.py CohereAttention.__init__: hidden / heads (the config's head_dim
+        # unread), model_max_length or max_position_embeddings, the whole rope_parameters
+        # as the scaling, GPT-J (interleaved) pairs
+        head_dim = text.hidden_size // text.num_attention_heads
+        max_pos = getattr(text, "model_max_length", None) or getattr(
+            text, "max_position_embeddings", 8192
+        )
+        rope = get_rope(head_dim, rotary_dim=head_dim, max_position=max_pos,
+                        base=text.rope_parameters["rope_theta"],
+                        rope_scaling=copy.deepcopy(text.rope_parameters), is_neox_style=False,
+                        dtype=dtype)  # fmt: skip
+        return rope, head_dim**-0.5, ("get_rope arguments restated from models/commandr.py "
+                                      "(CohereAttention; Cohere2ForCausalLM's too)")  # fmt: skip
+    if model_type in _QWEN3_5:
+        # models/qwen3_5.py Qwen3_5AttentionDecoderLayer.__init__: get_rope_config, a
+        # scaling without a type dropped, partial_rotary_factor from the config's top level
+        # (SGLang's Qwen3_5TextConfig, a Qwen3NextConfig: default 0.25)
+        theta, scaling = _get_rope_config(text)
+        if scaling and not ("rope_type" in scaling or "type" in scaling):
+            scaling = None
+        head_dim = int(getattr(text, "head_dim", None)
+                       or text.hidden_size // text.num_attention_heads)  # fmt: skip
+        rope = get_rope(head_size=head_dim, rotary_dim=head_dim,
+                        max_position=getattr(text, "max_position_embeddings", 8192),
+                        rope_scaling=copy.deepcopy(scaling), base=theta,
+                        partial_rotary_factor=getattr(text, "partial_rotary_factor", 1.0),
+                        is_neox_style=True, dtype=dtype)  # fmt: skip
+        return rope, head_dim**-0.5, ("get_rope arguments restated from models/qwen3_5.py "
+                                      "(Qwen3_5AttentionDecoderLayer)")  # fmt: skip
     if model_type == "stablelm":
         head_dim = text.hidden_size // text.num_attention_heads
         pct = getattr(text, "rope_pct", getattr(text, "partial_rotary_factor", 1))
@@ -218,11 +352,46 @@ def _build(hf: Any, text: Any, layer_type: str | None) -> tuple[Any, float | Non
                     is_neox_style=getattr(text, "rope_is_neox_style", True),
                     dtype=dtype)  # fmt: skip
     note = "get_rope arguments restated from models/llama.py (LlamaAttention)"
-    if model_type not in ("llama", "phi3"):
-        note += (
-            f"; SGLang's model for {model_type!r} not restated: read as models/llama.py reads it"
-        )
     return rope, head_dim**-0.5, note
+
+
+def _rotates(hf: Any, text: Any) -> Any:
+    """``rotates(layer)``: whether the model file's attention applies its RoPE in ``layer``."""
+    model_type = str(getattr(hf, "model_type", "") or "")
+    if model_type in _COHERE:
+        # models/commandr.py CohereAttention: sliding_window_size is the config's
+        # sliding_window on a Cohere2Config's sliding_attention layers, else -1, and
+        # forward rotates when the config is a CohereConfig (v1) or sliding_window_size > 0
+        from transformers import Cohere2Config, CohereConfig
+
+        config: Any = text
+
+        def cohere(layer: int) -> bool:
+            size: Any = -1
+            v2 = isinstance(config, Cohere2Config)
+            if v2 and config.layer_types[layer] == "sliding_attention":
+                size = config.sliding_window
+            return isinstance(config, CohereConfig) or size > 0
+
+        return cohere
+    if model_type in _QWEN3_5:
+        # models/qwen3_5.py Qwen3_5ForCausalLM.__init__: layer idx is
+        # ALL_DECODER_LAYER_TYPES[config.layers_block_type[idx]]; only the "attention" one
+        # (Qwen3_5AttentionDecoderLayer) has a rotary_emb. layers_block_type
+        # (configs/qwen3_next.py) follows full_attention_interval, not layer_types
+        def qwen3_5(layer: int) -> bool:
+            try:
+                kinds = text.layers_block_type
+            except AttributeError as exc:  # SGLang's own property fails: its refusal
+                raise AttributeError(
+                    f"{exc} (configs/qwen3_next.py: Qwen3NextConfig.layers_block_type, which "
+                    "models/qwen3_5.py Qwen3_5ForCausalLM.__init__ reads for each layer; "
+                    "it follows full_attention_interval, not layer_types)"
+                ) from exc
+            return kinds[layer] == "attention"
+
+        return qwen3_5
+    return lambda layer: True
 
 
 def _amx() -> bool:
@@ -322,6 +491,145 @@ def _gemma3_model_rope(text: Any, layer_type: str | None) -> tuple[Any, float | 
     )
 
 
+class _TransformersRope:
+    """transformers' own RoPE, as SGLang's Transformers backend runs it.
+
+    ``model_loader/utils.py`` ``get_model_architecture``: an architecture no SGLang model
+    file implements (and whose transformers class is backend compatible) is run by
+    ``models/transformers.py`` (``TransformersForCausalLM``), which builds the model with
+    ``AutoModel.from_config`` and replaces its linear layers and attention kernel, not its
+    rotary embedding: the model's ``rotary_emb`` computes cos/sin from SGLang's positions
+    (``_run_hf_backbone``: ``position_ids``) and each attention layer of the transformers
+    modeling file applies them (``apply_rotary_pos_emb``) or not (SmolLM3's and Llama 4's
+    ``use_rope``). The model is built on the meta device to find those classes and
+    attributes; its rotary class is built again on the CPU and applied to unit vectors.
+    """
+
+    def __init__(self, config: Any, text: Any, dtype: Any) -> None:
+        import torch
+        from transformers import AutoModel
+
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+        rotary = getattr(decoder, "rotary_emb", None)
+        if rotary is None:
+            raise ValueError(f"{type(decoder).__name__} has no rotary_emb: not read here")
+        self.cls = type(rotary)
+        self.module = self.cls(config=text)
+        layers = list(getattr(decoder, "layers", []) or [])
+        self.use_rope = [bool(getattr(getattr(layer, "self_attn", None), "use_rope", True))
+                         for layer in layers]  # fmt: skip
+        self.attention = [type(getattr(layer, "self_attn", None)).__name__ for layer in layers]
+        self.apply = sys.modules[self.cls.__module__].apply_rotary_pos_emb
+        self.head_size = _head_dim(text)
+        self.dtype = dtype
+        probe = torch.zeros(1, 1, 1, self.head_size, dtype=dtype)
+        probe[..., 0] = 1.0
+        cos, sin = self.module(probe, torch.ones(1, 1, dtype=torch.long))
+        self.rotary_dim = int(cos.shape[-1])
+        out = self.apply(probe, probe.clone(), cos, sin)[0].reshape(-1).float()
+        if abs(float(out[self.rotary_dim // 2])) > 0:
+            self.is_neox_style = True
+        elif abs(float(out[1])) > 0:
+            self.is_neox_style = False
+        else:
+            raise ValueError(f"{self.cls.__name__}: the layout of its pairs is not read here")
+
+    def rotates(self, layer: int) -> bool:
+        """The attention's ``use_rope`` of ``layer`` (True where the class has none)."""
+        return self.use_rope[layer] if layer < len(self.use_rope) else True
+
+    def named_buffers(self) -> Any:
+        """The tables' dtype, as a buffer (the tables are computed per call)."""
+        import torch
+
+        return [("cos_sin_cache", torch.empty(0, dtype=self.dtype))]
+
+    def __call__(self, positions: Any, q: Any, k: Any) -> tuple[Any, Any]:
+        import torch
+
+        n = q.shape[0]
+        q4 = q.reshape(1, n, -1, self.head_size).transpose(1, 2).to(self.dtype)
+        k4 = k.reshape(1, n, -1, self.head_size).transpose(1, 2).to(self.dtype)
+        with torch.no_grad():
+            cos, sin = self.module(q4, positions.reshape(1, -1))
+            q_out, k_out = self.apply(q4, k4, cos, sin)
+        return q_out.transpose(1, 2).reshape(n, -1), k_out.transpose(1, 2).reshape(n, -1)
+
+
+def _backend(hf: Any) -> tuple[str | None, str | None]:
+    """``(architecture, SGLang model file)``, or ``(architecture, None)`` where SGLang runs
+    it with its Transformers backend (``model_loader/utils.py``:
+    ``get_model_architecture``, ``resolve_transformers_arch``, restated)."""
+    import transformers
+
+    archs = list(getattr(hf, "architectures", None) or [])
+    native = _sglang_architectures()
+    for arch in archs:
+        if arch in native:
+            return arch, native[arch]
+    if not archs:
+        return None, FALLBACK
+    cls = getattr(transformers, archs[0], None)
+    if cls is None:
+        raise ValueError(f"Cannot find model module. '{archs[0]}' is not a registered model "
+                         "in the Transformers library (model_loader/utils.py: "
+                         "resolve_transformers_arch)")  # fmt: skip
+    if hasattr(cls, "is_backend_compatible") and not cls.is_backend_compatible():
+        raise ValueError(f"{archs[0]} has no SGlang implementation and the Transformers "
+                         "implementation is not compatible with SGLang (model_loader/utils.py: "
+                         "resolve_transformers_arch)")  # fmt: skip
+    return archs[0], None
+
+
+def _rope_types(text: Any) -> set[str]:
+    """The ``rope_type`` of every RoPE the text config holds (flat or per layer type)."""
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if not isinstance(params, dict):
+        return set()
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return {str(v.get("rope_type", v.get("type", "default"))) for v in params.values()}
+    return {str(params.get("rope_type", params.get("type", "default")))}
+
+
+def _switching(rope: Any, text: Any) -> str | None:
+    """When the module switches its tables (LongRoPE, dynamic NTK), read from SGLang's code;
+    ``None`` for any other RoPE."""
+    kinds = _rope_types(text)
+    if not kinds & {"longrope", "dynamic"}:
+        return None
+    if isinstance(rope, _TransformersRope):
+        rule = []
+        if "dynamic" in kinds:
+            rule.append("dynamic NTK: per forward pass, from max(position_ids) + 1 against "
+                        "max_position_embeddings (transformers' modeling_rope_utils.py: "
+                        "dynamic_rope_update)")  # fmt: skip
+        if "longrope" in kinds:
+            rule.append("LongRoPE: per forward pass, long factors when max(position_ids) + 1 > "
+                        "original_max_position_embeddings (transformers' "
+                        "modeling_rope_utils.py: longrope_frequency_update)")  # fmt: skip
+        return "; ".join(rule) + " (SGLang's Transformers backend runs transformers' RoPE)"
+    name = _name(rope)
+    if name == "Phi3LongRoPEScaledRotaryEmbedding":
+        return (
+            "per forward pass, from the positions: long factors for every token of the "
+            "batch when any position > original_max_position_embeddings "
+            f"({rope.original_max_position_embeddings}), i.e. from a prefill of "
+            f"{rope.original_max_position_embeddings + 2} tokens, else short factors "
+            "(layers/rotary_embedding/rope_variant.py: Phi3LongRoPEScaledRotaryEmbedding.forward)"
+        )
+    if name == "DynamicNTKScalingRotaryEmbedding":
+        return (
+            "never: one table of max_position_embeddings * factor rows computed at "
+            "initialisation, its base raised once for that length (base * (factor * max_len / "
+            "max_position_embeddings - (factor - 1)) ** (d / (d - 2))), whatever the "
+            "sequence's length (layers/rotary_embedding/rope_variant.py: "
+            "DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache)"
+        )
+    return f"{name}: one table computed at initialisation (no switching in its code)"
+
+
 def _mla_mscale_scaling(scaling: dict[str, Any], base: float) -> float:
     """``compute_mla_mscale_scaling`` (``configs/model_config.py``), restated around
     SGLang's own ``yarn_get_mscale`` (``layers/rotary_embedding/yarn.py``; the one in
@@ -339,7 +647,10 @@ def _mla_mscale_scaling(scaling: dict[str, Any], base: float) -> float:
 
 def _name(rope: Any, qualified: bool = False) -> str:
     """The SGLang class of ``rope`` (Gemma 3's model-level module for its wrapper)."""
-    cls = type(rope.module) if isinstance(rope, _Gemma3Rope) else type(rope)
+    if isinstance(rope, _TransformersRope):
+        cls = rope.cls
+    else:
+        cls = type(rope.module) if isinstance(rope, _Gemma3Rope) else type(rope)
     return f"{cls.__module__}.{cls.__name__}" if qualified else cls.__name__
 
 
@@ -347,6 +658,8 @@ def _method(rope: Any) -> str:
     """The name of the forward ``BaseFusedOp`` dispatched ``rope``'s call to."""
     if isinstance(rope, _Gemma3Rope):
         return "Gemma3Attention.forward_native"
+    if isinstance(rope, _TransformersRope):
+        return "the transformers modeling file's apply_rotary_pos_emb"
     chosen = getattr(rope, "_forward_method", None)
     if chosen is None:
         return "forward (a plain torch module)"
@@ -433,23 +746,62 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     hf, text = _hf_config(config)
     notes = ["config read by transformers.AutoConfig as SGLang's hf parser reads it "
              "(HfModelConfigParser.parse restated)"]  # fmt: skip
+    if hf.model_type in _SGLANG_CONFIGS:
+        module, cls = _SGLANG_CONFIGS[hf.model_type]
+        notes.append(f"model_type {hf.model_type!r} reloaded with SGLang's own config class "
+                     f"(configs/{module}.py {cls}, as _CONFIG_REGISTRY maps it)")  # fmt: skip
+    arch, file = _backend(hf)
+    model_type = str(getattr(hf, "model_type", "") or "")
+    fallback = None
+    if file is None:
+        notes.append(f"{arch} has no SGLang model file (models/*.py EntryClass, as "
+                     "models/registry.py import_model_classes collects them): SGLang runs it "
+                     "with its Transformers backend (models/transformers.py "
+                     "TransformersForCausalLM); transformers' own rotary module and attention "
+                     "layers read, transformers "
+                     f"{importlib.metadata.version('transformers')}")  # fmt: skip
+    elif model_type not in _RESTATED:
+        fallback = FALLBACK
+        where = f"SGLang runs {arch} with {file}" if arch else "no architecture in the config"
+        notes.append(f"SGLang's model for {model_type!r} not restated ({where}): read as "
+                     f"{FALLBACK} reads it")  # fmt: skip
+    rotates = _rotates(hf, text)
     built: dict[Any, tuple[Any, float | None, str]] = {}
     windows = []
     for w in request["windows"]:
         lt = w.get("layer_type")
         if lt not in built:
-            built[lt] = _build(hf, text, lt)
+            if file is None:
+                rope = _TransformersRope(hf, text, torch.float32)
+                built[lt] = (rope, rope.head_size**-0.5, f"{_name(rope, True)}, "
+                             "applied by its modeling file's apply_rotary_pos_emb")  # fmt: skip
+                rotates = rope.rotates
+            else:
+                built[lt] = _build(hf, text, lt)
             if built[lt][2] not in notes:
                 notes.append(built[lt][2])
         rope = built[lt][0]
-        c, s, mode = _tables(rope, w)
+        layer = int(w.get("layer") or 0)
+        turns = bool(rotates(layer))
+        if turns:
+            c, s, mode = _tables(rope, w)
+        else:
+            pairs = int(rope.rotary_dim) // 2
+            c = [[1.0] * pairs for _ in w["positions"]]
+            s = [[0.0] * pairs for _ in w["positions"]]
+            mode = f"layer {layer} not rotated (its attention's forward skips rotary_emb)"
+            if isinstance(rope, _TransformersRope):
+                mode = (f"layer {layer} not rotated (transformers' "
+                        f"{rope.attention[layer]}.use_rope is false)")  # fmt: skip
         windows.append({"seq_len": int(w["seq_len"]), "positions": [int(p) for p in w["positions"]],
                         "layer_type": lt, "position_ids": w.get("position_ids"),
+                        "layer": w.get("layer"), "rotates": turns,
                         "cos": c, "sin": s, "mode": mode})  # fmt: skip
     first = built[next(iter(built))]
     rope0 = first[0]
-    c0, s0 = windows[0]["cos"][0][0], windows[0]["sin"][0][0]
-    return {
+    rotated = [w for w in windows if w["rotates"]] or windows
+    c0, s0 = rotated[0]["cos"][0][0], rotated[0]["sin"][0][0]
+    result = {
         "version": f"sglang {importlib.metadata.version('sglang')}, "
         f"torch {torch.__version__}, transformers {importlib.metadata.version('transformers')}",
         # the rotary modules and get_rope run; what the model files pass to get_rope is
@@ -463,9 +815,13 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         "dtype": _cache_dtype(rope0),
         "attention_scaling": math.hypot(c0, s0),
         "softmax_scale": first[1],
+        "switching": _switching(rope0, text),
         "windows": windows,
         "note": "; ".join(notes),
     }
+    if fallback:
+        result["fallback"] = fallback
+    return result
 
 
 if __name__ == "__main__":

@@ -24,18 +24,43 @@ inside ``set_current_vllm_config`` (that ``VllmConfig``), with the arguments the
 the ``model_type`` passes it (restated here, as the model's attention ``__init__`` does
 it; the note names the file):
 
-- ``models/llama.py`` (and any ``model_type`` without a case below): ``head_dim`` (else
-  ``hidden_size // num_attention_heads``), ``max_position_embeddings``, the text
-  config's ``rope_parameters``, neox style; Qwen2/Qwen2-VL/Qwen3-VL's text models pass
-  the same, M-RoPE coming from ``mrope_section`` / ``mrope_interleaved`` in
-  ``rope_parameters``;
+- ``models/llama.py``: ``head_dim`` (else ``hidden_size // num_attention_heads``),
+  ``max_position_embeddings``, the text config's ``rope_parameters``, neox style;
+  Qwen2/Qwen2-VL/Qwen3-VL's text models pass the same, M-RoPE coming from
+  ``mrope_section`` / ``mrope_interleaved`` in ``rope_parameters``. A ``model_type``
+  without a case here is read the same way, and the answer's ``fallback``
+  (``"models/llama.py"``) and note say so, naming the file vLLM's registry maps its
+  architecture to;
 - ``models/gemma3.py``: ``rope_parameters[layer_type]`` (the window's ``layer_type``,
   else the asked layer's ``layer_types`` entry, else the first), softmax scale
   ``query_pre_attn_scalar ** -0.5``;
 - ``models/deepseek_v2.py`` (``deepseek_v2`` / ``deepseek_v3``): ``qk_rope_head_dim``,
   GPT-J (interleaved) style, a non-default ``rope_type`` renamed ``deepseek_yarn`` (or
   ``deepseek_llama_scaling`` when ``attention_factor == 1``), and for ``deepseek_yarn``
-  the softmax scale ``qk_head_dim ** -0.5 * yarn_get_mscale(factor, mscale_all_dim) ** 2``.
+  the softmax scale ``qk_head_dim ** -0.5 * yarn_get_mscale(factor, mscale_all_dim) ** 2``;
+- ``models/gpt_oss.py`` (``OAIAttention``): a YaRN made of six keys of
+  ``rope_parameters``, ``truncate`` defaulting to true, tables in float32;
+- ``models/commandr.py`` (``CohereAttention``; ``Cohere2ForCausalLM`` is its
+  ``CohereForCausalLM``): GPT-J (interleaved) pairs, ``model_max_length`` or
+  ``max_position_embeddings``; its ``forward`` rotates a Cohere 2 layer only where
+  ``layer_types`` says ``sliding_attention``;
+- ``models/qwen3_5.py`` (``Qwen3_5DecoderLayer``, whose full-attention layers are
+  ``models/qwen3_next.py``'s ``Qwen3NextAttention``): the text config's
+  ``rope_parameters`` (``partial_rotary_factor``, M-RoPE), no RoPE in the
+  ``linear_attention`` (Gated DeltaNet) layers.
+
+An architecture vLLM's registry (``models/registry.py``) gives to its Transformers
+modeling backend (``models/transformers/``, e.g. ``SmolLM3ForCausalLM``) runs
+transformers' own rotary module and attention layers: the reader builds the model on
+the meta device to find them, builds its ``rotary_emb`` class on the CPU and applies
+it with the modeling file's ``apply_rotary_pos_emb`` (the layout read from one
+rotation), each layer's ``use_rope`` saying whether it rotates (SmolLM3's
+``no_rope_layers``); a dynamic or LongRoPE table is read from a prefill of ``seq_len``
+tokens, as transformers' ``dynamic_rope_update`` follows it.
+
+Each window's answer says whether the asked ``layer`` rotates (``rotates``; cos 1 and
+sin 0 where it does not), and the answer's ``switching`` says when a LongRoPE or
+dynamic NTK module changes its tables (null for any other RoPE).
 
 The module's dtype is the model dtype (vLLM builds its layers under that default dtype);
 its ``cos_sin_cache`` is computed in float32 and cast to it. The tables come from the
@@ -82,7 +107,16 @@ MODEL_FILES = {
     "phi3": "models/phi3.py (models/llama.py's attention)",
     "stablelm": "models/stablelm.py",
     "mistral": "models/llama.py",
+    "gpt_oss": "models/gpt_oss.py (OAIAttention)",
+    "cohere": "models/commandr.py (CohereAttention)",
+    "cohere2": "models/commandr.py (CohereAttention: Cohere2ForCausalLM is CohereForCausalLM)",
+    "qwen3_5": "models/qwen3_5.py (Qwen3_5DecoderLayer: models/qwen3_next.py Qwen3NextAttention)",
+    "qwen3_5_text": "models/qwen3_5.py (Qwen3_5DecoderLayer: models/qwen3_next.py "
+    "Qwen3NextAttention)",
 }
+
+#: The model file the answer's ``fallback`` names when the reader reads a model as another's.
+FALLBACK = "models/llama.py"
 
 _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
@@ -111,7 +145,10 @@ def _config(raw: dict[str, Any]) -> tuple[Any, Any, Any, str]:
         return _resolve_auto_dtype(config.model_type, declared, is_pooling_model=False)
 
     def why(exc: BaseException) -> str:
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+        lines = str(exc).strip().splitlines() or [""]
+        # pydantic's ValidationError: its first line counts the errors, the next says which
+        detail = next((x.strip() for x in lines if x.strip().startswith("Value error")), "")
+        return f"{type(exc).__name__}: {(detail or lines[0])[:200]}"
 
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "config.json"), "w") as f:
@@ -148,7 +185,9 @@ def _layer_type(text: Any, window: dict[str, Any]) -> str | None:
 def _build(
     text: Any, model_type: str, layer_type: str | None, dtype: Any, vllm_config: Any
 ) -> dict[str, Any]:
-    """``get_rope`` called with what the model file passes it; its softmax scale."""
+    """``get_rope`` called with what the model file passes it; its softmax scale, and
+    ``rotates(layer)``: whether the model file's attention applies it in that layer."""
+    import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
     from vllm.transformers_utils.config import is_rope_parameters_nested
@@ -164,6 +203,12 @@ def _build(
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     softmax_scale = float(head_dim) ** -0.5
     neox = True
+    max_position = text.max_position_embeddings
+    extra: dict[str, Any] = {}
+
+    def rotates(layer: int) -> bool:
+        return True
+
     if model_type in ("gemma3", "gemma3_text"):
         softmax_scale = float(text.query_pre_attn_scalar) ** -0.5  # Gemma3Attention.scaling
     if model_type in ("deepseek_v2", "deepseek_v3"):
@@ -182,15 +227,60 @@ def _build(
                 m = yarn_get_mscale(params["factor"], float(params.get("mscale_all_dim", False)))
                 softmax_scale *= m * m
         notes.append(f"rope_type {params['rope_type'] if params else None!r} (DeepseekV2 MLA)")
+    if model_type == "gpt_oss":
+        # models/gpt_oss.py OAIAttention.__init__: a YaRN built from six keys of
+        # rope_parameters (truncate defaulting to True; vllm #28244), in float32 whatever the
+        # model dtype, NeoX pairs (rope_is_neox_style); every layer applies it (forward)
+        rp = text.rope_parameters
+        params = {"rope_theta": rp["rope_theta"], "rope_type": "yarn", "factor": rp["factor"],
+                  "original_max_position_embeddings": rp["original_max_position_embeddings"],
+                  "beta_fast": rp["beta_fast"], "beta_slow": rp["beta_slow"],
+                  "truncate": rp.get("truncate", True)}  # fmt: skip
+        head_dim = text.head_dim
+        dtype = torch.float32
+        notes.append(f"OAIAttention's YaRN: truncate {params['truncate']}, float32")
+    if model_type in ("cohere", "cohere2"):
+        # models/commandr.py CohereAttention.__init__: head_dim (else hidden / heads),
+        # model_max_length or max_position_embeddings, GPT-J (interleaved) pairs;
+        # CohereAttention.forward applies it when the config is a CohereConfig (v1) or the
+        # layer's layer_types entry is "sliding_attention" (Cohere 2: none on full layers)
+        from transformers import CohereConfig
+
+        max_position = getattr(text, "model_max_length", None) or getattr(
+            text, "max_position_embeddings", 8192
+        )
+        neox = False
+        v1 = isinstance(text, CohereConfig)
+
+        def rotates(layer: int) -> bool:
+            return v1 or text.layer_types[layer] == "sliding_attention"
+
+        notes.append("CohereAttention.forward rotates "
+                     + ("every layer (CohereConfig)" if v1 else "the sliding_attention layers "
+                        "only (layer_types)"))  # fmt: skip
+    if model_type in ("qwen3_5", "qwen3_5_text"):
+        # models/qwen3_5.py Qwen3_5DecoderLayer: a full_attention layer is a
+        # models/qwen3_next.py Qwen3NextAttention (get_rope with the text config's
+        # rope_parameters, mrope_positions_factor from models/qwen3_vl.py
+        # mrope_positions_factor: 1 without video pruning); a linear_attention layer is a
+        # Gated DeltaNet, without RoPE
+        extra["mrope_positions_factor"] = 1
+
+        def rotates(layer: int) -> bool:
+            return text.layer_types[layer] == "full_attention"
+
+        notes.append("Qwen3_5DecoderLayer: RoPE in the full_attention layers only")
     with set_current_vllm_config(vllm_config):
         rope = get_rope(
             head_dim,
-            max_position=text.max_position_embeddings,
+            max_position=max_position,
             is_neox_style=neox,
             rope_parameters=params,
             dtype=dtype,
+            **extra,
         )
-    return {"rope": rope, "head": head_dim, "softmax_scale": softmax_scale, "notes": notes}
+    return {"rope": rope, "head": head_dim, "softmax_scale": softmax_scale, "notes": notes,
+            "rotates": rotates}  # fmt: skip
 
 
 def _cache(rope: Any) -> Any:
@@ -240,6 +330,175 @@ def _tables(rope: Any, head: int, window: dict[str, Any]) -> tuple[Any, Any, str
     return c.tolist(), s.tolist(), "forward_native on unit vectors at " + mode
 
 
+class _TransformersRope:
+    """transformers' own RoPE, as vLLM's Transformers modeling backend runs it.
+
+    ``models/transformers/base.py`` (``Base.__init__``, ``_create_model``) builds the model
+    with ``AutoModel.from_config`` and replaces its linear layers, norms and attention
+    kernel with vLLM's (``recursive_replace``, ``fusers/``), not its rotary embedding: the
+    model's ``rotary_emb`` computes cos/sin from vLLM's positions (``Base.forward``:
+    ``position_ids=positions``) and each attention layer of the transformers modeling file
+    applies them (its ``apply_rotary_pos_emb``) or not (SmolLM3's and Llama 4's
+    ``use_rope``). Here the model is built on the meta device to find those classes and
+    attributes; its rotary class is built again on the CPU and applied to unit vectors.
+    """
+
+    def __init__(self, config: Any, text: Any, dtype: Any, vllm_config: Any) -> None:
+        import torch
+        from transformers import AutoModel
+
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+        rotary = getattr(decoder, "rotary_emb", None)
+        if rotary is None:
+            raise ValueError(f"{type(decoder).__name__} has no rotary_emb: not read here")
+        self.cls = type(rotary)
+        self.module = self.cls(config=text)
+        # Base.__init__: disable_noop_dynamic_rope relabels a dynamic rope_type "default"
+        # where max_model_len <= max_position_embeddings (it could never rescale there)
+        self.noop: bool | None = None
+        if vllm_config.model_config is not None:
+            from vllm.model_executor.models.transformers.utils import (
+                disable_noop_dynamic_rope,
+                dynamic_rope_update_is_noop,
+            )
+
+            disable_noop_dynamic_rope(self.module, vllm_config)
+            self.noop = dynamic_rope_update_is_noop(vllm_config)
+            self.max_model_len = vllm_config.model_config.max_model_len
+        # the tables of a RoPE that follows the sequence's length are read from a prefill
+        # of seq_len tokens (positions 0 .. seq_len - 1), as the answer sets it per window
+        self.seq_len: int | None = None
+        layers = list(getattr(decoder, "layers", []) or [])
+        self.use_rope = [bool(getattr(getattr(layer, "self_attn", None), "use_rope", True))
+                         for layer in layers]  # fmt: skip
+        self.attention = [type(getattr(layer, "self_attn", None)).__name__ for layer in layers]
+        self.modeling = sys.modules[self.cls.__module__]
+        self.apply = self.modeling.apply_rotary_pos_emb
+        self.head_size = int(getattr(text, "head_dim", None)
+                             or text.hidden_size // text.num_attention_heads)  # fmt: skip
+        self.dtype = dtype
+        self.cos_sin_cache = torch.empty(0, dtype=dtype)  # the dtype the tables come in
+        self.attention_scaling = float(getattr(self.module, "attention_scaling", 1.0))
+        # the layout, from one rotation of the first channel at position 1
+        probe = torch.zeros(1, 1, 1, self.head_size, dtype=dtype)
+        probe[..., 0] = 1.0
+        cos, sin = self.module(probe, torch.ones(1, 1, dtype=torch.long))
+        self.rotary_dim = int(cos.shape[-1])
+        out = self.apply(probe, probe.clone(), cos, sin)[0]
+        out = out.reshape(-1).float()
+        if abs(float(out[self.rotary_dim // 2])) > 0:
+            self.is_neox_style = True
+        elif abs(float(out[1])) > 0:
+            self.is_neox_style = False
+        else:
+            raise ValueError(f"{self.cls.__name__}: the layout of its pairs is not read here")
+
+    def rotates(self, layer: int) -> bool:
+        """The attention's ``use_rope`` of ``layer`` (True where the class has none)."""
+        return self.use_rope[layer] if layer < len(self.use_rope) else True
+
+    def forward_native(self, positions: Any, q: Any, k: Any) -> tuple[Any, Any]:
+        """q and k ``[tokens, head]`` rotated as the transformers attention rotates them."""
+        import torch
+
+        n = q.shape[0]
+        q4 = q.reshape(1, n, -1, self.head_size).transpose(1, 2).to(self.dtype)
+        k4 = k.reshape(1, n, -1, self.head_size).transpose(1, 2).to(self.dtype)
+        with torch.no_grad():
+            if self.seq_len:  # one prefill: the module sees every position, rows picked
+                cos, sin = self.module(q4, torch.arange(self.seq_len).reshape(1, -1))
+                cos, sin = cos[:, positions.reshape(-1)], sin[:, positions.reshape(-1)]
+            else:
+                cos, sin = self.module(q4, positions.reshape(1, -1))
+            q_out, k_out = self.apply(q4, k4, cos, sin)
+        return q_out.transpose(1, 2).reshape(n, -1), k_out.transpose(1, 2).reshape(n, -1)
+
+
+def _rope_types(text: Any) -> set[str]:
+    """The ``rope_type`` of every RoPE the text config holds (flat or per layer type)."""
+    params = getattr(text, "rope_parameters", None) or {}
+    if not isinstance(params, dict):
+        return set()
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return {str(v.get("rope_type", "default")) for v in params.values()}
+    return {str(params.get("rope_type", params.get("type", "default")))}
+
+
+def _switching(rope: Any, text: Any, vllm_config: Any) -> str | None:
+    """When the module switches its tables (LongRoPE, dynamic NTK), read from vLLM's code;
+    ``None`` for any other RoPE."""
+    kinds = _rope_types(text)
+    if not kinds & {"longrope", "dynamic"}:
+        return None
+    if isinstance(rope, _TransformersRope):
+        rule = []
+        if "dynamic" in kinds and rope.noop:
+            rule.append(
+                "dynamic NTK: never: vLLM relabels the module's rope_type 'default' since "
+                f"max_model_len {rope.max_model_len} <= max_position_embeddings "
+                "(models/transformers/utils.py: disable_noop_dynamic_rope)"
+            )
+        elif "dynamic" in kinds:
+            rule.append(
+                "dynamic NTK: per forward pass, from max(position_ids) + 1 against "
+                "max_position_embeddings (transformers' modeling_rope_utils.py: "
+                "dynamic_rope_update; vLLM keeps it since max_model_len "
+                f"{getattr(rope, 'max_model_len', None)} > max_position_embeddings: "
+                "models/transformers/utils.py dynamic_rope_update_is_noop)"
+            )
+        if "longrope" in kinds:
+            rule.append(
+                "LongRoPE: per forward pass, long factors when max(position_ids) + 1 > "
+                "original_max_position_embeddings (transformers' modeling_rope_utils.py: "
+                "dynamic_rope_update -> longrope_frequency_update)"
+            )
+        return "; ".join(rule) + " (the Transformers modeling backend runs transformers' RoPE)"
+    name = type(rope).__name__
+    if name == "Phi3LongRoPEScaledRotaryEmbedding":
+        limit = vllm_config.model_config.max_model_len if vllm_config.model_config else None
+        return (
+            "once at initialisation, from max_model_len: long factors for every length when "
+            "max_model_len > original_max_position_embeddings, else short factors for every "
+            "length (rotary_embedding/phi3_long_rope_scaled_rope.py: "
+            "Phi3LongRoPEScaledRotaryEmbedding.__init__); max_model_len defaults to "
+            "original_max_position_embeddings for LongRoPE (config/model.py: "
+            f"_get_and_verify_max_len); here max_model_len {limit}, "
+            f"original_max_position_embeddings {rope.original_max_position_embeddings}: "
+            f"{'long' if rope.use_long_rope else 'short'} factors"
+        )
+    if name == "DynamicNTKScalingRotaryEmbedding":
+        return (
+            "never: one table of max_position_embeddings rows computed at initialisation, "
+            "its base scaled once by (factor * max_position_embeddings / "
+            "max_trained_positions - (factor - 1)) ** (d / (d - 2)), which is 1 when "
+            "max_trained_positions is max_position_embeddings (get_rope's default), "
+            "whatever the sequence's length (rotary_embedding/dynamic_ntk_scaling_rope.py: "
+            "DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache)"
+        )
+    if name == "DynamicNTKAlphaRotaryEmbedding":
+        return (
+            "never: one table computed at initialisation with base * alpha ** (d / (d - 2)) "
+            "(rotary_embedding/dynamic_ntk_alpha_rope.py: "
+            "DynamicNTKAlphaRotaryEmbedding._compute_cos_sin_cache)"
+        )
+    return f"{name}: one table computed at initialisation (no switching in its code)"
+
+
+def _architecture(config: Any, raw: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The config's architecture vLLM's registry knows, and the module it maps it to
+    (``models/registry.py``: ``_VLLM_MODELS``, ``_TRANSFORMERS_SUPPORTED_MODELS``)."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for arch in list(getattr(config, "architectures", None) or raw.get("architectures") or []):
+        found = ModelRegistry.models.get(arch)
+        if found is not None:
+            module = str(getattr(found, "module_name", "") or "")
+            return arch, f"{module}:{getattr(found, 'class_name', '')}"
+    return None, None
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """Build the answer to one request: the tables vLLM's model applies."""
     import torch
@@ -250,11 +509,24 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     text = config.get_text_config()
     model_type = str(getattr(text, "model_type", "") or raw.get("model_type", ""))
     outer = str(raw.get("model_type", ""))
+    arch, target = _architecture(config, raw)
+    module_name, _, class_name = (target or "").partition(":")
+    backend = module_name.endswith("models.transformers")
+    fallback = None
     file = MODEL_FILES.get(outer) or MODEL_FILES.get(model_type)
-    if file is None:
-        file = "models/llama.py"
-        notes.append(f"model_type {outer!r} has no case here: built as models/llama.py does")
-    notes.append(f"get_rope as {file} calls it")
+    if backend:
+        file = f"models/transformers/ ({class_name}, the Transformers modeling backend)"
+        notes.append(f"{arch} is vLLM's Transformers modeling backend's (models/registry.py: "
+                     "_TRANSFORMERS_SUPPORTED_MODELS): transformers' own rotary module and "
+                     "attention layers, read from the environment's transformers "
+                     f"{importlib.metadata.version('transformers')}")  # fmt: skip
+    elif file is None:
+        file = fallback = FALLBACK
+        where = f"vLLM runs {arch} with {target}" if arch else "no architecture vLLM registers"
+        notes.append(f"model_type {outer!r} has no case here ({where}): read as "
+                     f"{FALLBACK} reads it")  # fmt: skip
+    else:
+        notes.append(f"get_rope as {file} calls it")
     if "rope_parameters" in raw and "rope_scaling" not in raw:
         notes.append("the config has rope_parameters (transformers v5's key)")
     built: dict[str | None, dict[str, Any]] = {}
@@ -262,47 +534,79 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     for w in request["windows"]:
         layer_type = _layer_type(text, w)
         if layer_type not in built:
-            built[layer_type] = _build(text, model_type, layer_type, dtype, vllm_config)
+            if backend:
+                rope = _TransformersRope(config, text, dtype, vllm_config)
+                built[layer_type] = {"rope": rope, "head": rope.head_size,
+                                     "softmax_scale": float(rope.head_size) ** -0.5,
+                                     "notes": [], "rotates": rope.rotates}  # fmt: skip
+            else:
+                built[layer_type] = _build(text, model_type, layer_type, dtype, vllm_config)
         b = built[layer_type]
-        c, s, mode = _tables(b["rope"], b["head"], w)
+        layer = int(w.get("layer") or 0)
+        rotates = bool(b["rotates"](layer))
+        if rotates:
+            if isinstance(b["rope"], _TransformersRope):
+                follows = _rope_types(text) & {"dynamic", "longrope"}
+                b["rope"].seq_len = int(w["seq_len"]) if follows else None
+            c, s, mode = _tables(b["rope"], b["head"], w)
+            if isinstance(b["rope"], _TransformersRope) and b["rope"].seq_len:
+                mode += f" (one prefill of {b['rope'].seq_len} tokens, rows picked)"
+        else:
+            pairs = int(b["rope"].rotary_dim) // 2
+            c = [[1.0] * pairs for _ in w["positions"]]
+            s = [[0.0] * pairs for _ in w["positions"]]
+            mode = f"layer {layer} not rotated (its attention's forward skips rotary_emb)"
+            if isinstance(b["rope"], _TransformersRope):
+                mode = (f"layer {layer} not rotated (transformers' "
+                        f"{b['rope'].attention[layer]}.use_rope is false)")  # fmt: skip
         windows.append({"seq_len": int(w["seq_len"]), "positions": [int(p) for p in w["positions"]],
                         "layer_type": w.get("layer_type"), "position_ids": w.get("position_ids"),
-                        "cos": c, "sin": s, "mode": mode,
-                        "module": type(b["rope"]).__name__})  # fmt: skip
+                        "layer": w.get("layer"), "rotates": rotates, "cos": c, "sin": s,
+                        "mode": mode, "module": type(b["rope"]).__name__})  # fmt: skip
     first = built[next(iter(built))]
     for b in built.values():
         notes.extend(n for n in b["notes"] if n not in notes)
     rope0 = first["rope"]
+    rotated = [w for w in windows if w["rotates"]] or windows
     # the scale multiplied into the tables, from the module's float32 cache (before
     # the cast to the model dtype): |(cos, sin)| of its first row's first pair
-    try:
-        cache = rope0._compute_cos_sin_cache().float()
-        c0, s0 = float(cache[0, 0]), float(cache[0, cache.shape[-1] // 2])
-    except TypeError:  # LongRoPE's takes (length, factors, mscale): read the table's row
-        c0, s0 = windows[0]["cos"][0][0], windows[0]["sin"][0][0]
-        if getattr(rope0, "use_long_rope", None) is not None:
-            c0, s0 = (rope0.long_mscale if rope0.use_long_rope else rope0.short_mscale), 0.0
-            limit = vllm_config.model_config.max_model_len if vllm_config.model_config else None
-            notes.append(f"LongRoPE use_long_rope={rope0.use_long_rope} (vLLM's max_model_len "
-                         f"{limit}, use_long_rope when > original_max_position_embeddings "
-                         f"{rope0.original_max_position_embeddings}): one factor set for "
-                         "every length")  # fmt: skip
-    return {
+    if isinstance(rope0, _TransformersRope):
+        c0, s0 = rope0.attention_scaling, 0.0
+        module = f"{rope0.cls.__module__}: {rope0.cls.__name__}"
+    else:
+        module = f"vllm.model_executor.layers.rotary_embedding: {type(rope0).__name__}"
+        try:
+            cache = rope0._compute_cos_sin_cache().float()
+            c0, s0 = float(cache[0, 0]), float(cache[0, cache.shape[-1] // 2])
+        except TypeError:  # LongRoPE's takes (length, factors, mscale): read the table's row
+            c0, s0 = rotated[0]["cos"][0][0], rotated[0]["sin"][0][0]
+            if getattr(rope0, "use_long_rope", None) is not None:
+                c0, s0 = (rope0.long_mscale if rope0.use_long_rope else rope0.short_mscale), 0.0
+                limit = vllm_config.model_config.max_model_len if vllm_config.model_config else None
+                notes.append(f"LongRoPE use_long_rope={rope0.use_long_rope} (vLLM's max_model_len "
+                             f"{limit}, use_long_rope when > original_max_position_embeddings "
+                             f"{rope0.original_max_position_embeddings}): one factor set for "
+                             "every length")  # fmt: skip
+    result = {
         "version": f"vllm {importlib.metadata.version('vllm')}, torch {torch.__version__}",
         # vLLM's config reading, get_rope and its modules run; the few lines of each model
         # file that pick get_rope's arguments are restated (a model needs its whole engine)
         "source": "installed: ModelConfig (get_config, patch_rope_parameters), get_rope and "
         "its rotary modules run; each model file's get_rope arguments restated from vllm "
         f"{importlib.metadata.version('vllm')}",
-        "module": f"vllm.model_executor.layers.rotary_embedding: {type(rope0).__name__}",
+        "module": module,
         "layout": "half" if getattr(rope0, "is_neox_style", True) else "interleaved",
         "rotary_dim": int(rope0.rotary_dim),
         "dtype": _DTYPES.get(str(_cache(rope0).dtype), str(_cache(rope0).dtype)),
         "attention_scaling": (c0 * c0 + s0 * s0) ** 0.5,
         "softmax_scale": first["softmax_scale"],
+        "switching": _switching(rope0, text, vllm_config),
         "windows": windows,
         "note": "; ".join(notes),
     }
+    if fallback:
+        result["fallback"] = fallback
+    return result
 
 
 if __name__ == "__main__":
