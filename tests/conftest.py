@@ -31,6 +31,7 @@ if os.environ.get("CI") == "true":
 INSTALLS = {
     "torch": 'pip install -e ".[test]"',
     "transformers": 'pip install -e ".[test]"',
+    "sentencepiece": 'pip install -e ".[test]"',
     "diffusers": 'pip install -e ".[test]"',
     "positional_encodings": 'pip install -e ".[test]"',
     "x_transformers": 'pip install -e ".[test]"',

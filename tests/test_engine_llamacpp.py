@@ -19,7 +19,7 @@ import pytest
 
 import background
 from conftest import built_engine
-from posenc.integration.analysis import engines
+from posenc.integration.analysis import engine_cases, engines
 
 #: A small llama config (head_dim 128); rope_theta 500000, where ggml's float32 powers of
 #: theta_scale stay within HF's float32 rounding (see "default, base 10000").
@@ -44,6 +44,12 @@ QWEN3_VL_TEXT = {"model_type": "qwen3_vl_text", "hidden_size": 512, "num_attenti
                  "max_position_embeddings": 32768, "rope_theta": 5e6,
                  "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20],
                                   "mrope_interleaved": True}}  # fmt: skip
+
+
+def _case(name: str) -> dict:
+    """A cross-engine case's whole config (engine_cases.CASES)."""
+    return engine_cases.CASES[name].data()
+
 
 #: name: (config changes over BASE, or a whole config; verdict; seq_lens of the windows that
 #: differ; why, from llama.cpp's source).
@@ -180,11 +186,67 @@ CASES: dict[str, tuple[dict, str, list[int], str]] = {
         {**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 20000.0,
          "sliding_window_pattern": 3},
         "different", [8192], "llama-model.cpp load_swa_pattern"),
+    # --- the cross-engine cases (engine_cases.CASES), whole configs ---
+    # ggml.c ggml_rope_yarn_corr_dims floors and ceils the correction range always
+    # (GptOssModel writes no truncate and libllama has none): GPT-OSS's truncate false
+    # keeps it unrounded, so the ramp's pairs turn at other frequencies
+    "gpt-oss yarn truncate": (_case("gpt-oss yarn truncate"), "different", [4096, 131072],
+                              "ggml.c ggml_rope_yarn_corr_dims"),
+    # ... and with truncate true (the rounded range) the same arguments agree
+    "gpt-oss yarn truncate true": (
+        {**_case("gpt-oss yarn truncate"),
+         "rope_scaling": {**_case("gpt-oss yarn truncate")["rope_scaling"], "truncate": True}},
+        "same", [], "ggml.c ggml_rope_yarn_corr_dims"),
+    # conversion/base.py TextModel.__init__ reads rope_parameters as it reads rope_scaling:
+    # the same rounded range
+    "v5 gpt-oss yarn truncate": (_case("v5 gpt-oss yarn truncate"), "different",
+                                 [4096, 131072], "ggml.c ggml_rope_yarn_corr_dims"),
+    # DeepseekV2Model writes 0.1 * mscale_all_dim as yarn_log_multiplier; llama-context.cpp
+    # takes mscale = mscale_all_dim (equal here): unscaled tables, mscale^2 in kq_scale
+    "deepseek-v2 mscale 0.707": (_case("deepseek-v2 mscale 0.707"), "same", [],
+                                 "models/deepseek2.cpp, llama-context.cpp"),
+    "v5 deepseek mscale": (_case("v5 deepseek mscale"), "same", [],
+                           "conversion/base.py TextModel.__init__ (rope_parameters)"),
+    # models/smollm3.cpp: n_no_rope_layer_step = 4 (load_arch_hparams, not read from the
+    # GGUF), use_rope = (il + 1) % 4 != 0: no ROPE node in layer 3, as no_rope_layers says
+    "smollm3 no_rope_layers": (_case("smollm3 no_rope_layers"), "same", [],
+                               "models/smollm3.cpp"),
+    "v5 smollm3 no_rope_layers": (_case("v5 smollm3 no_rope_layers"), "same", [],
+                                  "models/smollm3.cpp"),
+    # ... and SmolLM3Model writes no no_rope_layers: another mask is not read, layer 2
+    # (NoPE in transformers) is rotated
+    "smollm3 no_rope_layers [1, 1, 0, 1]": (
+        {**_case("smollm3 no_rope_layers"), "no_rope_layers": [1, 1, 0, 1]}, "different",
+        [65536], "models/smollm3.cpp n_no_rope_layer_step"),
+    # Cohere2Model.set_gguf_parameters indexes hparams["rotary_pct"], which the case's
+    # config (and transformers' Cohere2Config) has not
+    "cohere2 nope": (_case("cohere2 nope"), "refused", [],
+                     "conversion/command_r.py Cohere2Model.set_gguf_parameters"),
+    "v5 cohere2 nope": (_case("v5 cohere2 nope"), "refused", [],
+                        "conversion/command_r.py Cohere2Model.set_gguf_parameters"),
+    # with rotary_pct: models/cohere2.cpp calls ggml_rope_ext on SWA layers only
+    # (load_swa_pattern(ml, 4): layer 3 is full attention, no ROPE node)
+    "cohere2 nope, rotary_pct, tied": (
+        {**_case("cohere2 nope"), "rotary_pct": 1.0, "tie_word_embeddings": True}, "same", [],
+        "models/cohere2.cpp"),
+    # untied, the converter cannot map lm_head.weight (Cohere2 ties its embeddings): no
+    # tiny checkpoint, the step (and which layers rotate) is restated
+    "cohere2 nope, rotary_pct": ({**_case("cohere2 nope"), "rotary_pct": 1.0}, "same", [],
+                                 "models/cohere2.cpp (restated)"),
+    # Phi3MiniModel reads rope_parameters through TextModel.__init__: the factors and
+    # rope.scaling.attn_factor as in the rope_scaling layout
+    "v5 longrope": (_case("v5 longrope"), "same", [], "conversion/phi.py Phi3MiniModel"),
+    # conversion/qwen.py (the MTP mixin's __init__): no mtp_num_hidden_layers in the config
+    # and no mtp.* tensors: assert opt_num_mtp_layers != 0 (convert_hf_to_gguf.py without
+    # --no-mtp)
+    "mrope interleaved partial": (_case("mrope interleaved partial"), "refused", [],
+                                  "conversion/qwen.py __init__"),
 }  # fmt: skip
 
 
 def _config(changes: dict) -> dict:
-    data = changes if "text_config" in changes else {**BASE, **changes}
+    whole = "text_config" in changes or "architectures" in changes
+    data = changes if whole else {**BASE, **changes}
     return {k: v for k, v in data.items() if v is not None}
 
 
@@ -207,12 +269,12 @@ def results(python):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_llamacpp_reading(results, case):
-    _, verdict, differing, _ = CASES[case]
+    _, verdict, differing, why = CASES[case]
     result = results[case]
     assert result.verdict == verdict, (result.note, result.first_difference)
     if verdict == "refused":
         # the converter's own error, and where in its code it was raised
-        assert "conversion/base.py" in result.note
+        assert why.split()[0] in result.note
         return
     assert result.version.startswith("llama.cpp b11312 (0c1e57098)")
     assert result.source.startswith(RESTATED if case in NO_TINY_CHECKPOINT else RAN)
@@ -221,7 +283,8 @@ def test_llamacpp_reading(results, case):
 
 #: Cases libllama cannot be run on (no tiny checkpoint: transformers refuses the config):
 #: their key-to-argument step is restated.
-NO_TINY_CHECKPOINT = {"longrope (phi3) with rope_type only", "longrope (llama)"}
+NO_TINY_CHECKPOINT = {"longrope (phi3) with rope_type only", "longrope (llama)",
+                      "cohere2 nope, rotary_pct"}  # fmt: skip
 RAN = "converter, libllama (loader, context, graph) and ggml run"
 RESTATED = "converter and ggml run; key-to-argument step restated"
 
@@ -233,6 +296,77 @@ def test_restated_step_agrees_with_libllama(results, case):
     # libllama's graph gave the arguments; the restated step (the fallback) gave the same
     note = results[case].note
     assert "the restated step (rope_arguments) gives the same arguments" in note, note
+
+
+def test_every_window_says_whether_llamacpp_rotates(results):
+    # a layer rotates where libllama's graph has a ROPE node in it (else the restated
+    # models/<arch>.cpp rule); only the nope windows of these configs do not
+    for case, (_, verdict, _, _) in CASES.items():
+        if verdict == "refused":
+            continue
+        windows = results[case].windows
+        if case == "smollm3 no_rope_layers [1, 1, 0, 1]":
+            # models/smollm3.cpp's fixed step 4 rotates layer 2, transformers' NoPE layer
+            assert [w["rotates"] for w in windows] == [True, True]
+            continue
+        assert [w["rotates"] for w in windows] == [not w["nope"] for w in windows], case
+
+
+def test_nope_layers_read_from_libllama_s_graph(results):
+    smol = results["smollm3 no_rope_layers"].windows[-1]
+    assert smol["nope"] and smol["layer"] == 3 and smol["rotates"] is False
+    assert "libllama's graph has no ROPE node in layer 3 (ROPE nodes in layers [0, 1, 2])" \
+        in smol["mode"]  # fmt: skip
+    cohere = results["cohere2 nope, rotary_pct, tied"].windows[-1]
+    assert cohere["rotates"] is False and "no ROPE node in layer 3" in cohere["mode"]
+    # without libllama (no tiny checkpoint): the restated models/cohere2.cpp rule
+    restated = results["cohere2 nope, rotary_pct"].windows[-1]
+    assert restated["rotates"] is False
+    assert "restated: models/cohere2.cpp: ggml_rope_ext on the sliding-window layers only" \
+        in restated["mode"]  # fmt: skip
+
+
+def test_switching(results):
+    # llama-model.cpp llama_model::get_rope_factors: long factors when n_ctx_seq >
+    # n_ctx_orig_yarn, from the context size
+    assert results["longrope (phi3)"].switching.startswith("once per context, from its size")
+    assert "llama_model::get_rope_factors" in results["v5 longrope"].switching
+    # TextModel.set_gguf_parameters writes no factors for llama: nothing to switch
+    assert results["longrope (llama)"].switching.startswith(
+        "never: LlamaModel wrote no LongRoPE factors"
+    )
+    # no dynamic NTK in llama.cpp
+    assert results["dynamic"].switching.startswith("never: llama.cpp has no dynamic NTK")
+    assert results["default"].switching is None and results["yarn"].switching is None
+
+
+_WITHOUT_RESTATED_ARCH = """
+import json, sys
+sys.path.insert(0, {readers!r})
+import llamacpp_reader as r
+del r.ROPE_TYPES["smollm3"]  # as for an architecture the reader does not restate
+request = json.loads(sys.argv[1])
+answer = r.answer(request)
+print(json.dumps({{"source": answer["source"], "note": answer["note"],
+                   "rotates": [w["rotates"] for w in answer["windows"]]}}))
+"""
+
+
+def test_restated_step_missing_is_not_fatal_where_libllama_ran(python):
+    # rope_arguments raises NotImplementedError for an architecture it does not restate;
+    # libllama's graph gives the arguments, so the config is read, and the note says so
+    config = CASES["smollm3 no_rope_layers"][0]
+    request = {"config": config, "windows": [
+        {"seq_len": 4096, "positions": [0, 1, 4095], "layer": 0},
+        {"seq_len": 4096, "positions": [0, 1, 4095], "layer": 3, "nope": True}]}  # fmt: skip
+    script = _WITHOUT_RESTATED_ARCH.format(readers=str(engines.READERS))
+    out = subprocess.run([str(python), "-c", script, json.dumps(request)], capture_output=True,
+                         text=True, check=True, timeout=300, env=engines.child_env())  # fmt: skip
+    got = json.loads(out.stdout)
+    assert got["source"].startswith(RAN)
+    assert "the restated step is not available (llama_model_rope_type for architecture " \
+        "'smollm3' is not restated in this reader)" in got["note"]  # fmt: skip
+    assert got["rotates"] == [True, False]
 
 
 def test_yarn_scale_is_ggml_s_own(results):

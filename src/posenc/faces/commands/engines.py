@@ -58,6 +58,32 @@ def _build(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _logits(args: argparse.Namespace) -> int:
+    import json
+
+    from posenc.integration.analysis import engine_logits
+    from posenc.integration.analysis.engines import ENGINES, parse_engines
+
+    names = parse_engines(args.names, option="NAMES")
+    without = [n for n in names if not ENGINES[n].logits]
+    if without and args.names.strip() != "all":
+        raise ValueError(f"NAMES: {', '.join(without)} cannot load a checkpoint here "
+                         f"(the engines that can: "
+                         f"{', '.join(n for n, e in ENGINES.items() if e.logits)})")  # fmt: skip
+    cases = None
+    if args.cases:
+        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    results = []
+    for name in (n for n in names if ENGINES[n].logits):
+        results.extend(engine_logits.run_logits(name, cases))
+    if args.json:
+        print(json.dumps([r.as_json() for r in results], indent=1))
+    else:
+        print("\n".join(engine_logits.table(results)))
+    bad = {"error", "not installed"}
+    return 1 if any(r.verdict in bad for r in results) else 0
+
+
 def _clean(args: argparse.Namespace) -> int:
     from posenc.integration.analysis import engine_cache
     from posenc.integration.analysis.engines import ENGINES
@@ -112,6 +138,31 @@ def add(sub: Any) -> None:
         "--force", action="store_true", help="build again even where the cache holds the pins"
     )
     build.set_defaults(run=_build)
+    from posenc.integration.analysis.engine_logits import LOGIT_CASES
+
+    logits = engines_sub.add_parser(
+        "logits",
+        help="end to end: each engine's next-token logits on tiny models against transformers'",
+        description="For each tiny random-weight model (one per rope type, an original "
+        "context of 64 tokens), save it as transformers saves a checkpoint, convert it with "
+        "the engine's own converter (llama.cpp's convert_hf_to_gguf.py, CTranslate2's "
+        "TransformersConverter, ONNX Runtime GenAI's model builder; MLX reads it), run one "
+        "prompt of 192 tokens and compare the logits at rows before and past the original "
+        "context with transformers' in float64. 'same' is within float32's rounding "
+        "through the model (a bound from the matrix products' lengths). Exit 1 when an "
+        "engine is missing or its reader fails.",
+    )
+    logits.add_argument(
+        "names",
+        metavar="NAMES",
+        help="a comma list of the engines that load checkpoints "
+        f"({', '.join(n for n, e in ENGINES.items() if e.logits)}), or all",
+    )
+    logits.add_argument(
+        "--cases", default=None, help=f"a comma list of {', '.join(LOGIT_CASES)} (default: all)"
+    )
+    logits.add_argument("--json", action="store_true", help="print the results as JSON")
+    logits.set_defaults(run=_logits)
     clean = engines_sub.add_parser(
         "clean",
         help="remove older builds from the user cache",

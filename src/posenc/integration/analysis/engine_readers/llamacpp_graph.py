@@ -129,17 +129,27 @@ def _checkpoint(config: dict[str, Any], model_dir: Path) -> None:
 
 def full_gguf(config: dict[str, Any], workdir: Path) -> Path:
     """The converter's full conversion of a tiny checkpoint of ``config`` (stand-in vocab)."""
-    import gguf
-    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
-
     model_dir = workdir / "checkpoint"
     model_dir.mkdir(parents=True, exist_ok=True)
     config = {**config, **stand_ins(config)}
     (model_dir / "config.json").write_text(json.dumps(config))
     _checkpoint(config, model_dir)
+    return convert_checkpoint(model_dir, workdir / "full.gguf")
+
+
+def convert_checkpoint(model_dir: Path, out: Path) -> Path:
+    """The converter's full conversion of the checkpoint in ``model_dir`` to ``out``, float32.
+
+    The model class is the one ``convert_hf_to_gguf.py`` picks (``get_model_class`` of the
+    config's architecture); its tensors and metadata are written as ``write()`` writes
+    them, but its ``set_vocab`` is replaced by a stand-in SentencePiece-style vocabulary
+    of ``vocab_size`` tokens (token ids map to themselves).
+    """
+    import gguf
+    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
+
     hparams = ModelBase.load_hparams(model_dir, False)
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT))
-    out = workdir / "full.gguf"
     model = cls(model_dir, gguf.LlamaFileType.ALL_F32, out, hparams=hparams)
     model.prepare_tensors()
     ModelBase.prepare_metadata(model, vocab_only=False)  # the class's set_vocab is skipped
@@ -272,6 +282,117 @@ int main(int argc, char ** argv) {
 }
 """
 
+#: The logits driver: ``llama-logits MODEL.gguf ROW...`` reads token ids on stdin, decodes
+#: them as one batch (positions 0..n-1, one sequence) in a context of exactly that many
+#: tokens with float32 K and V caches and flash attention off, and prints the logits of
+#: the asked rows as JSON.
+LOGITS_SOURCE = r"""
+#include "llama.h"
+#include "ggml.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+static void on_log(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MODEL.gguf ROW... < TOKENS\n", argv[0]);
+        return 2;
+    }
+    int cap = 1024, n = 0, t;
+    llama_token * tokens = malloc(sizeof(llama_token) * cap);
+    while (scanf("%d", &t) == 1) {
+        if (n == cap) {
+            cap *= 2;
+            tokens = realloc(tokens, sizeof(llama_token) * cap);
+        }
+        tokens[n++] = t;
+    }
+    if (n == 0) {
+        fprintf(stderr, "error: no tokens on stdin\n");
+        return 2;
+    }
+    llama_log_set(on_log, NULL);
+    llama_backend_init();
+    struct llama_model * model = llama_model_load_from_file(argv[1], llama_model_default_params());
+    if (!model) {
+        fprintf(stderr, "error: llama_model_load_from_file failed\n");
+        return 1;
+    }
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) n;
+    cp.n_batch = (uint32_t) n;
+    cp.n_ubatch = (uint32_t) n;
+    cp.n_seq_max = 1;
+    cp.n_threads = 1;
+    cp.n_threads_batch = 1;
+    cp.type_k = GGML_TYPE_F32;
+    cp.type_v = GGML_TYPE_F32;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    struct llama_context * ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        fprintf(stderr, "error: llama_init_from_model failed\n");
+        return 1;
+    }
+    struct llama_batch batch = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        batch.token[i] = tokens[i];
+        batch.pos[i] = i;
+        batch.n_seq_id[i] = 1;
+        batch.seq_id[i][0] = 0;
+        batch.logits[i] = 0;
+    }
+    for (int a = 2; a < argc; a++) {
+        batch.logits[atoi(argv[a])] = 1;
+    }
+    batch.n_tokens = n;
+    int rc = llama_decode(ctx, batch);
+    if (rc != 0) {
+        fprintf(stderr, "error: llama_decode returned %d\n", rc);
+        return 1;
+    }
+    int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    printf("{\"n_ctx\": %d, \"logits\": [", (int) llama_n_ctx(ctx));
+    for (int a = 2; a < argc; a++) {
+        const float * row = llama_get_logits_ith(ctx, atoi(argv[a]));
+        printf("%s[", a > 2 ? ", " : "");
+        for (int v = 0; v < n_vocab; v++) {
+            printf("%s%.9g", v ? ", " : "", row[v]);
+        }
+        printf("]");
+    }
+    printf("]}\n");
+    llama_batch_free(batch);
+    llama_free(ctx);
+    llama_model_free(model);
+    free(tokens);
+    return 0;
+}
+"""
+#: Where the build puts the logits driver.
+LOGITS_DRIVER = ENV / "ggml" / "llama-logits"
+
+
+def run_logits(path: Path, tokens: list[int], rows: list[int]) -> list[list[float]]:
+    """The logits libllama computes for ``tokens`` at ``rows`` (``llama-logits``).
+
+    Raises:
+        RuntimeError: libllama refused the file or aborted (its last message).
+    """
+    proc = subprocess.run([str(LOGITS_DRIVER), str(path), *map(str, rows)],
+                          input=" ".join(map(str, tokens)), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)  # fmt: skip
+    if proc.returncode != 0 or not proc.stdout.strip():
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise RuntimeError(f"libllama: {(lines[-1] if lines else f'exit {proc.returncode}')[:300]}")
+    return list(json.loads(proc.stdout)["logits"])
+
+
 if __name__ == "__main__":
-    # the build script writes the driver's source with: python llamacpp_graph.py > driver.c
-    sys.stdout.write(DRIVER_SOURCE)
+    # the build script writes the drivers' sources with: python llamacpp_graph.py [logits]
+    sys.stdout.write(LOGITS_SOURCE if sys.argv[1:] == ["logits"] else DRIVER_SOURCE)

@@ -38,6 +38,15 @@ llama.cpp reads an HF config in three steps, and the reader runs them:
    being the scale ggml multiplies in (YaRN's ``attn_factor`` times its own ``1 + 0.1
    ln(1 / freq_scale)``).
 
+Whether a layer rotates (each window's ``rotates``) is libllama's graph's word: a layer
+with no ``ROPE`` node where the graph ran is not rotated (``models/smollm3.cpp``'s fixed
+``n_no_rope_layer_step`` 4, ``models/cohere2.cpp``'s full-attention layers) and gets
+rows of cos 1 and sin 0; where libllama did not run, :func:`restated_rotates` restates
+those two rules. Where the restated step lacks the architecture (``rope_arguments``
+raises ``NotImplementedError``) but libllama ran, the graph alone gives the arguments
+and the note says so. ``switching`` (:func:`switching`) is LongRoPE's choice of factors
+by the context size, or "never" for a LongRoPE or dynamic config with nothing to switch.
+
 llama.cpp has no dynamic NTK: ``seq_len`` changes nothing but LongRoPE's choice of
 factors, which llama.cpp makes from the context size (``n_ctx_seq >
 n_ctx_orig_yarn``), not from the tokens seen; the reader states a context of
@@ -171,15 +180,23 @@ def convert(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
 # fallback where libllama cannot run, and the check of what it gives where it does.
 
 #: ``llama_model_rope_type``: the rope mode of each llama.cpp architecture read here.
+#: (llama-model.cpp, llama-cpp-python 0.3.36's vendored llama.cpp; GGUF names from
+#: llama-arch.cpp LLM_ARCH_NAMES: gpt-oss is LLM_ARCH_OPENAI_MOE.)
 ROPE_TYPES = {
     "llama": NORM, "deepseek2": NORM, "granite": NORM, "olmo": NORM, "mistral3": NORM,
     "qwen2": NEOX, "qwen3": NEOX, "qwen2moe": NEOX, "qwen3moe": NEOX, "phi2": NEOX,
     "phi3": NEOX, "stablelm": NEOX, "gemma": NEOX, "gemma2": NEOX, "gemma3": NEOX,
     "gptneox": NEOX, "olmo2": NEOX, "qwen2vl": MROPE, "qwen3vl": IMROPE,
     "qwen3vlmoe": IMROPE,
+    "smollm3": NORM, "cohere2": NORM, "command-r": NORM, "deepseek": NORM, "llama4": NORM,
+    "granitemoe": NORM, "internlm2": NORM, "minicpm": NORM,
+    "gpt-oss": NEOX, "phimoe": NEOX, "minicpm3": NEOX, "olmoe": NEOX, "exaone": NEOX,
+    "exaone4": NEOX, "gemma3n": NEOX, "qwen3next": NEOX, "starcoder2": NEOX,
+    "qwen35": IMROPE, "qwen35moe": IMROPE,
 }  # fmt: skip
 #: Architectures whose ``load_arch_hparams`` reads ``rope.freq_base_swa``.
-READS_FREQ_BASE_SWA = {"gemma2", "gemma3", "gemma3n", "cohere2", "exaone4", "afmoe"}
+READS_FREQ_BASE_SWA = {"gemma2", "gemma3", "gemma3n", "cohere2", "cohere2moe", "exaone4",
+                       "exaone-moe", "afmoe", "gpt-oss", "llama4"}  # fmt: skip
 #: Architectures whose ``load_arch_hparams`` reads ``rope.dimension_sections``.
 READS_SECTIONS = {"qwen2vl", "qwen3vl", "qwen3vlmoe", "glm4", "glm4moe", "ernie4_5"}
 #: Architectures whose ``load_arch_hparams`` reads the YaRN keys themselves.
@@ -189,7 +206,13 @@ READS_YARN_LOG_MUL = {"deepseek2", "deepseek32"}
 
 
 #: ``load_swa_pattern``'s default period per architecture (when no pattern key is written).
-SWA_PERIODS = {"gemma3": 6, "gemma2": 2}
+SWA_PERIODS = {"gemma3": 6, "gemma2": 2, "cohere2": 4, "gpt-oss": 2}
+#: Architectures whose ``load_arch_hparams`` starts the SWA layers' base and scale from the
+#: full layers' (``rope_freq_base_train_swa = rope_freq_base_train``, the same for the
+#: scale: models/gemma2.cpp, cohere2.cpp, openai-moe.cpp, ...); elsewhere the defaults of
+#: llama-hparams.h (base 10000, scale 1).
+SWA_INHERITS = {"gemma2", "cohere2", "cohere2moe", "gpt-oss", "exaone4", "exaone-moe",
+                "afmoe", "llama4"}  # fmt: skip
 
 
 def is_swa_layer(
@@ -258,13 +281,15 @@ def rope_arguments(
     if factor is None:
         factor = key("rope.scale_linear", 0.0)
     freq_scale = 1.0 if factor == 0 else _f32(1.0 / _f32(factor))
+    freq_scale_swa = freq_scale if arch in SWA_INHERITS else 1.0  # hparams', not the context's
     rope_attn_factor = _f32(key("rope.scaling.attn_factor", 1.0))
     n_head = int(first(key("attention.head_count")))
     head_k = int(key("attention.key_length", int(key("embedding_length")) // n_head))
     n_rot = int(key("rope.dimension_count", head_k))
     # load_arch_hparams
-    freq_base_swa = _f32(key("rope.freq_base_swa", 10000.0)) if arch in READS_FREQ_BASE_SWA \
-        else 10000.0  # fmt: skip
+    swa_default = freq_base if arch in SWA_INHERITS else 10000.0
+    freq_base_swa = _f32(key("rope.freq_base_swa", swa_default)) \
+        if arch in READS_FREQ_BASE_SWA else swa_default  # fmt: skip
     sections = [0, 0, 0, 0]
     if arch in READS_SECTIONS and key("rope.dimension_sections") is not None:
         sections = [int(s) for s in key("rope.dimension_sections")][:4]
@@ -318,7 +343,7 @@ def rope_arguments(
         "mode": mode,
         "n_ctx_orig": n_ctx_orig,
         "freq_base": freq_base_swa if swa else freq_base,
-        "freq_scale": 1.0 if swa else freq_scale,
+        "freq_scale": freq_scale_swa if swa else freq_scale,
         "ext_factor": ext_factor,
         "attn_factor": attn_factor,
         "beta_fast": beta_fast,
@@ -541,8 +566,42 @@ def _disagreements(graph_args: dict[str, Any], restated: dict[str, Any]) -> list
     return out
 
 
+def logits(request: dict[str, Any]) -> dict[str, Any]:
+    """The ``"logits"`` request: the converter turns the checkpoint into a float32 GGUF
+    (``llamacpp_graph.convert_checkpoint``: the class ``convert_hf_to_gguf.py`` picks,
+    with a stand-in vocabulary) and libllama decodes the prompt as one batch
+    (``llama-logits``: float32 K/V caches, no flash attention, a context of the prompt's
+    length, which is also the context LongRoPE's choice of factors reads)."""
+    import llamacpp_graph
+
+    ask = request["logits"]
+    if not llamacpp_graph.LOGITS_DRIVER.exists():
+        raise FileNotFoundError(f"{llamacpp_graph.LOGITS_DRIVER}: rebuild the environment "
+                                "(posenc engines build llama.cpp --force)")  # fmt: skip
+    rows = [int(r) for r in ask["rows"]]
+    tokens = [int(t) for t in ask["tokens"]]
+    _converter()
+    with tempfile.TemporaryDirectory(prefix="llamacpp-logits-") as tmp:
+        path = llamacpp_graph.convert_checkpoint(Path(ask["checkpoint"]), Path(tmp) / "model.gguf")
+        values = llamacpp_graph.run_logits(path, tokens, rows)
+    return {
+        "version": _version(),
+        "converter": "convert_hf_to_gguf.py: get_model_class(...).prepare_tensors and "
+        "prepare_metadata, float32 (stand-in vocabulary)",
+        "runtime": f"libllama {build_info().get('commit', '?')}: llama_decode on the CPU",
+        "dtype": "float32",
+        "mode": f"one batch of {len(tokens)} tokens in a context of {len(tokens)} (float32 "
+        "K/V caches, flash attention off)",
+        "rows": rows,
+        "logits": values,
+        "note": "",
+    }
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """Build the answer to one request: the converter's keys, libllama's args, ggml's tables."""
+    if "logits" in request:
+        return logits(request)
     contexts = {int(w["seq_len"]) for w in request["windows"]}
     with tempfile.TemporaryDirectory(prefix="llamacpp-reader-") as tmp:
         conv = convert(dict(request["config"]), Path(tmp))
@@ -552,13 +611,19 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     notes.append(f"converter {conv['module']}.{conv['class']} ({conv['hf_arch']}) wrote "
                  f"{_written(conv)}")  # fmt: skip
     windows, used, checks = [], [], []
+    missing = ""  # why the restated step is not available, where it is not
     for w in request["windows"]:
         layer_type = w.get("layer_type")
         layer = None if w.get("layer") is None else int(w["layer"])
         seq_len = int(w["seq_len"])
         swa, swa_how = is_swa_layer(arch, conv["keys"], layer, layer_type)
-        restated = rope_arguments(arch, conv["keys"], conv["tensors"], seq_len, swa)
+        restated: dict[str, Any] | None
+        try:
+            restated = rope_arguments(arch, conv["keys"], conv["tensors"], seq_len, swa)
+        except NotImplementedError as exc:
+            restated, missing = None, str(exc)
         node = None
+        nodes: list[dict[str, Any]] | None = None
         graph_layer = layer
         if graph_layer is None and layer_type is None:
             graph_layer = 0
@@ -568,48 +633,75 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
             if isinstance(types, list) and layer_type in types:
                 graph_layer = types.index(layer_type)
         if graph is not None and graph_layer is not None:
-            node = llamacpp_graph_node(graph[seq_len]["nodes"], graph_layer)
+            nodes = graph[seq_len]["nodes"]
+            node = llamacpp_graph_node(nodes, graph_layer)
             if node is not None and graph[seq_len]["n_ctx"] != seq_len:
                 notes.append(f"libllama's context for the window of {seq_len} tokens: "
                              f"{graph[seq_len]['n_ctx']} (the same side of n_ctx_orig_yarn; "
                              "the context size decides nothing else in its rope)")  # fmt: skip
+        rotates, how = True, ""
+        args: dict[str, Any] | None
         if node is not None:
             args = _from_node(node, conv["tensors"])
             where = f"libllama's graph node {node['node']}"
-            for d in _disagreements(args, restated):
-                checks.append(f"{where}: restated {d}")
+            if restated is not None:
+                for d in _disagreements(args, restated):
+                    checks.append(f"{where}: restated {d}")
+        elif nodes is not None:
+            # libllama ran the graph: no ROPE node in this layer, it does not rotate it
+            args, where, rotates = None, "libllama's graph", False
+            how = (f"libllama's graph has no ROPE node in layer {graph_layer} (ROPE nodes in "
+                   f"layers {_node_layers(nodes) or 'none'})")  # fmt: skip
         else:
+            if restated is None:
+                raise NotImplementedError(f"{missing}, and libllama did not run "
+                                          f"({why_not or 'no layer to read'})")  # fmt: skip
             args = restated
             where = "the restated step"
             if layer_type is not None and swa != (layer_type == "sliding_attention"):
                 notes.append(f"llama.cpp reads layer {layer} ({layer_type}) as "
                              f"{'sliding' if swa else 'full'} attention: {swa_how}")  # fmt: skip
+            rotates, how = restated_rotates(arch, layer, swa)
+            if not rotates:
+                how = f"restated: {how}"
         positions = [int(p) for p in w["positions"]]
         ids = w.get("position_ids")
-        mode_note = ""
-        if ids is not None and args["mode"] not in (MROPE, IMROPE):
-            mode_note = ("; at the token index (llama.cpp's graph for this architecture takes "
-                         "one position per token)")  # fmt: skip
-            ids = None
-        c, s, op = ggml_rope(args, positions, ids)
-        shown = {k: args[k] for k in _COMPARED if k != "mode"}
-        shown["freq_factors"] = args["freq_factors_name"]
-        mode = (f"{op} at the asked positions, one token each, in a context of {seq_len} "
-                f"tokens; arguments from {where}: {json.dumps(shown)}{mode_note}")  # fmt: skip
+        if args is not None and rotates:
+            mode_note = ""
+            if ids is not None and args["mode"] not in (MROPE, IMROPE):
+                mode_note = ("; at the token index (llama.cpp's graph for this architecture "
+                             "takes one position per token)")  # fmt: skip
+                ids = None
+            c, s, op = ggml_rope(args, positions, ids)
+            shown = {k: args[k] for k in _COMPARED if k != "mode"}
+            shown["freq_factors"] = args["freq_factors_name"]
+            mode = (f"{op} at the asked positions, one token each, in a context of {seq_len} "
+                    f"tokens; arguments from {where}: {json.dumps(shown)}{mode_note}")  # fmt: skip
+        else:
+            pairs = _pair_count(conv, restated, nodes)
+            c = [[1.0] * pairs for _ in positions]
+            s = [[0.0] * pairs for _ in positions]
+            op = "none"
+            mode = (f"no rotation in layer {graph_layer}: {how}; cos 1 and sin 0 rows of "
+                    f"{pairs} pairs")  # fmt: skip
         windows.append({"seq_len": seq_len, "positions": positions, "cos": c, "sin": s,
-                        "mode": mode, "layer_type": layer_type,
+                        "mode": mode, "layer_type": layer_type, "rotates": rotates,
                         "position_ids": w.get("position_ids")})  # fmt: skip
-        used.append((args, op, restated))
-    args0, op0, restated0 = used[0]
-    ran = graph is not None and all(a is not r for a, _, r in used)
+        used.append((args if rotates else None, op, restated, where))
+    rotating = [u for u in used if u[0] is not None]
+    args0, op0, _, _ = rotating[0] if rotating else used[0]
+    restated0 = next((r for _, _, r, _ in used if r is not None), None)
+    ran = graph is not None and all(where != "the restated step" for _, _, _, where in used)
+    mode0 = int(args0["mode"]) if args0 is not None else _graph_mode(graph, restated0)
     # the layout of the checkpoint's channels: a class that permutes q_proj/k_proj rows
     # (LlamaModel.permute) turns HF's half-split pairs into the adjacent pairs NORM rotates
-    layout = "interleaved" if args0["mode"] == NORM and not conv["permutes_qk"] else "half"
-    if args0["mode"] == NORM and conv["permutes_qk"]:
+    layout = "interleaved" if mode0 == NORM and not conv["permutes_qk"] else "half"
+    if mode0 == NORM and conv["permutes_qk"]:
         notes.append(f"layout: ggml's NORMAL mode rotates adjacent channels of q/k rows "
                      f"that {conv['class']}.modify_tensors permuted (LlamaModel.permute), "
                      "so the checkpoint's channels pair as (k, k + r/2): half")  # fmt: skip
-    if any(a["freq_factors_name"] and "factors_" in a["freq_factors_name"] for a, _, _ in used):
+    if any(a and a["freq_factors_name"] and "factors_" in a["freq_factors_name"]
+           for a, _, _, _ in used):  # fmt: skip
         notes.append("LongRoPE factors as llama_model::get_rope_factors picks them, by the "
                      "context size (n_ctx_seq > n_ctx_orig_yarn): a context of seq_len "
                      "tokens")  # fmt: skip
@@ -627,7 +719,10 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
                      "random checkpoint of the config (its transformers class), converted "
                      "by the converter with a stand-in vocabulary"
                      + (f" and stand-ins {swapped}" if swapped else ""))  # fmt: skip
-        if checks:
+        if restated0 is None:
+            notes.append(f"the restated step is not available ({missing}): libllama's "
+                         "graph alone gives the arguments")  # fmt: skip
+        elif checks:
             notes.append("the restated step disagrees: " + "; ".join(checks))
         else:
             notes.append("the restated step (rope_arguments) gives the same arguments")
@@ -639,7 +734,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
                      "(load_hparams, load_arch_hparams, llama_model_rope_type, the "
                      "context's yarn_attn_factor, the graph's per-layer base, scale and "
                      "factors)")  # fmt: skip
-    softmax_scale = restated0["softmax_scale"]
+    softmax_scale = restated0["softmax_scale"] if restated0 is not None else None
     if ran and softmax_scale is not None:
         # DeepSeek's YaRN magnitude is in kq_scale: the graph's first attention scale
         graph_scale = float(graph[int(request["windows"][0]["seq_len"])]["softmax_scale"])
@@ -647,19 +742,95 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
             notes.append(f"the restated kq_scale {softmax_scale:.9g} disagrees with "
                          f"libllama's graph ({graph_scale:.9g})")  # fmt: skip
         softmax_scale = graph_scale
-    c0, s0 = windows[0]["cos"][0][0], windows[0]["sin"][0][0]
+    shown_windows = [w for w in windows if w["rotates"]] or windows
+    c0, s0 = shown_windows[0]["cos"][0][0], shown_windows[0]["sin"][0][0]
+    rotary_dim = int(args0["n_dims"]) if args0 is not None \
+        else 2 * _pair_count(conv, restated0, None)  # fmt: skip
     return {
         "version": _version(),
         "source": source,
         "module": op0,
         "layout": layout,
-        "rotary_dim": int(args0["n_dims"]),
+        "rotary_dim": rotary_dim,
         "dtype": "float32",
         "attention_scaling": (c0 * c0 + s0 * s0) ** 0.5,
         "softmax_scale": softmax_scale,
+        "switching": switching(conv),
         "windows": windows,
         "note": "; ".join(notes),
     }
+
+
+def _node_layers(nodes: list[dict[str, Any]]) -> list[int]:
+    """The layers libllama's graph has ROPE nodes in (from the names: ``Qcur-3``)."""
+    out = set()
+    for node in nodes:
+        tail = str(node["node"]).rsplit("-", 1)[-1]
+        if tail.isdecimal():
+            out.add(int(tail))
+    return sorted(out)
+
+
+def _pair_count(
+    conv: dict[str, Any], restated: dict[str, Any] | None, nodes: list[dict[str, Any]] | None
+) -> int:
+    """The RoPE's pair count: the restated n_rot, else a graph node's, else the keys'."""
+    if restated is not None:
+        return int(restated["n_dims"]) // 2
+    if nodes:
+        return int(nodes[0]["n_dims"]) // 2
+    arch, keys = conv["arch"], conv["keys"]
+    n_rot = keys.get(f"{arch}.rope.dimension_count") or keys.get(f"{arch}.attention.key_length")
+    return int(n_rot or 0) // 2
+
+
+def _graph_mode(graph: Any, restated: dict[str, Any] | None) -> int:
+    """The rope mode when no window rotates: libllama's ``llama_model_rope_type``."""
+    if graph:
+        return int(next(iter(graph.values()))["rope_type"])
+    return int(restated["mode"]) if restated is not None else NEOX
+
+
+def restated_rotates(arch: str, layer: int | None, swa: bool) -> tuple[bool, str]:
+    """RESTATED: whether llama.cpp's graph rotates layer ``layer`` (where libllama did not
+    run), for the architectures whose graph leaves layers without RoPE."""
+    if arch == "smollm3" and layer is not None:
+        how = "models/smollm3.cpp: n_no_rope_layer_step = 4, use_rope = (il + 1) % 4 != 0"
+        return (layer + 1) % 4 != 0, how
+    if arch == "cohere2":
+        return swa, "models/cohere2.cpp: ggml_rope_ext on the sliding-window layers only"
+    return True, ""
+
+
+def _rope_type(config: dict[str, Any]) -> str | None:
+    """The config's rope type (rope_scaling, else rope_parameters; text_config's if any)."""
+    part = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for name in ("rope_scaling", "rope_parameters"):
+        value = part.get(name) if isinstance(part, dict) else None
+        if isinstance(value, dict):
+            kind = value.get("rope_type") or value.get("type")
+            if kind is not None:
+                return str(kind)
+    return None
+
+
+def switching(conv: dict[str, Any]) -> str | None:
+    """llama.cpp's switching rule for a LongRoPE or dynamic NTK config (else ``None``)."""
+    kind = _rope_type(conv["config"])
+    if "rope_factors_long.weight" in conv["tensors"]:
+        return ("once per context, from its size: the long factors when n_ctx_seq > "
+                "n_ctx_orig_yarn, else the short ones, whatever the tokens seen "
+                "(llama-model.cpp: llama_model::get_rope_factors, called by the graph of "
+                "every layer)")  # fmt: skip
+    if kind in ("longrope", "su"):
+        return (f"never: {conv['class']} wrote no LongRoPE factors, so none is applied at "
+                "any context (llama-model.cpp: llama_model::get_rope_factors finds no "
+                "rope_long / rope_short)")  # fmt: skip
+    if kind == "dynamic":
+        return ("never: llama.cpp has no dynamic NTK; the base is rope.freq_base at every "
+                "length (llama-model.cpp: load_hparams; the converter writes no dynamic "
+                "scaling: conversion/base.py TextModel.set_gguf_parameters)")  # fmt: skip
+    return None
 
 
 def llamacpp_graph_node(nodes: list[dict[str, Any]], layer: int) -> dict[str, Any] | None:

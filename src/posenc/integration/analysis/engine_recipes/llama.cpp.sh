@@ -43,6 +43,11 @@ cp -a "$work"/build/bin/libggml*.so* "$work"/build/bin/libllama.so* "$dest/ggml/
 "${CC:-cc}" -O2 -o "$dest/ggml/llama-rope-args" "$work/llama-rope-args.c" \
     -I"$src/include" -I"$src/ggml/include" -L"$dest/ggml" \
     -Wl,--no-as-needed -lllama -lggml -lggml-cpu -lggml-base -Wl,-rpath,'$ORIGIN'
+"$py" "$here/../engine_readers/llamacpp_graph.py" logits \
+    > "$work/llama-logits.c"
+"${CC:-cc}" -O2 -o "$dest/ggml/llama-logits" "$work/llama-logits.c" \
+    -I"$src/include" -I"$src/ggml/include" -L"$dest/ggml" \
+    -Wl,--no-as-needed -lllama -lggml -lggml-cpu -lggml-base -Wl,-rpath,'$ORIGIN'
 cp -a "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$dest/llama.cpp/"
 commit=$(cat "$sdist/.git/modules/vendor/llama.cpp/HEAD" 2>/dev/null | cut -c1-9 || true)
 # the sdist's submodule is a shallow clone: it holds the commit, not llama.cpp's build
