@@ -267,10 +267,14 @@ def test_golden_arrays(yarn_golden):
     _, golden, _ = yarn_golden
     with np.load(golden) as g:
         assert set(g.files) == {"inv_freq", "positions", "cos", "sin", "cos_interleaved",
-                                "sin_interleaved", "attention_scaling"}  # fmt: skip
+                                "sin_interleaved", "attention_scaling",
+                                "softmax_scale"}  # fmt: skip
         positions, inv, cos, sin = g["positions"], g["inv_freq"], g["cos"], g["sin"]
         ci, si = g["cos_interleaved"], g["sin_interleaved"]
         scale = float(g["attention_scaling"])
+        softmax = float(g["softmax_scale"])
+    # transformers' Qwen2 attention: head_dim ** -0.5 (YaRN's factor is in the tables)
+    assert softmax == pytest.approx(64**-0.5, rel=1e-15)  # 1024 // 16
     assert positions.dtype == np.int64 and np.array_equal(positions, np.arange(0, 131072, 1024))
     assert inv.dtype == cos.dtype == np.float64 and cos.shape == (128, 64)
     assert scale == pytest.approx(0.1 * math.log(4.0) + 1, rel=1e-15)

@@ -73,6 +73,7 @@ from posenc.integration.analysis.rope_reading import (
     read,
     rewrite_mrope_type,
     show,
+    softmax_scale,
 )
 
 #: Names of the arrays of a golden file (each prefixed ``<layer_type>/`` for per-type RoPE).
@@ -471,15 +472,28 @@ def _width() -> int:
 # Golden tables.
 
 
+def _softmax_scale(loaded: Loaded) -> float | None:
+    """transformers' factor on ``q . k`` for the config (``None`` without transformers, or
+    where it cannot build the model): what a port's attention must multiply by."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None or not isinstance(loaded.config, Mapping):
+        return None
+    return softmax_scale(loaded.config)[0]
+
+
 def write_golden(
-    readings: list[Reading], out: str | Path, positions: npt.NDArray[np.int64]
+    readings: list[Reading],
+    out: str | Path,
+    positions: npt.NDArray[np.int64],
+    softmax_scale: float | None = None,
 ) -> dict[str, Any]:
     """Write posenc's exact tables to ``out`` (``.npz``), atomically; return a summary.
 
     The arrays are those of :func:`~posenc.integration.analysis.rope_compare.golden_tables`
     (per RoPE, names prefixed ``<layer_type>/`` for per-type RoPE: ``inv_freq``,
-    ``positions``, ``cos``, ``sin``, ``cos_interleaved``, ``sin_interleaved`` and
-    ``attention_scaling``).
+    ``positions``, ``cos``, ``sin``, ``cos_interleaved``, ``sin_interleaved``,
+    ``attention_scaling`` and, when given, ``softmax_scale``).
 
     Raises:
         ValueError: ``out`` does not end in ``.npz``, or the tables are too large.
@@ -488,7 +502,7 @@ def write_golden(
     path = Path(out)
     if path.suffix.lower() != ".npz":
         raise ValueError(f"--golden must end in .npz; got {str(out)!r}")
-    arrays = golden_tables(readings, positions)
+    arrays = golden_tables(readings, positions, softmax_scale)
     with atomic_write(path) as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]
     return {
@@ -569,7 +583,7 @@ def run(
     status = 0
     if golden is not None:
         assert pos is not None
-        doc["golden"] = write_golden(readings, golden, pos)
+        doc["golden"] = write_golden(readings, golden, pos, _softmax_scale(loaded))
     verdicts: list[Verdict] = []
     if compare_file is not None:
         theirs = _load_theirs(Path(compare_file))
@@ -603,6 +617,7 @@ def run(
             print("M-RoPE: the tables are for text positions (all three axes equal)", file=out)
         print(
             f"wrote {g['file']}: {len(g['arrays'])} arrays ({', '.join(ARRAYS)}, attention_scaling"
+            f"{', softmax_scale' if any(a.endswith('softmax_scale') for a in g['arrays']) else ''}"
             f"{' per layer type' if doc['per_layer_type'] else ''}), {p['count']} positions "
             f"{p['first']}..{p['last']}, float64",
             file=out,

@@ -73,7 +73,9 @@ def _seq_len(positions: npt.NDArray[np.int64]) -> int:
 
 
 def golden_tables(
-    readings: list[Reading], positions: npt.NDArray[np.int64]
+    readings: list[Reading],
+    positions: npt.NDArray[np.int64],
+    softmax_scale: float | None = None,
 ) -> dict[str, npt.NDArray[Any]]:
     """posenc's exact tables of every RoPE in ``readings`` at ``positions``, by array name.
 
@@ -81,7 +83,9 @@ def golden_tables(
     (float64, at ``seq_len = max(positions) + 1``), ``positions`` (int64), ``cos``,
     ``sin`` (float64, ``(len(positions), rotary_dim)``, half layout, times the
     attention scaling), ``cos_interleaved``, ``sin_interleaved`` and
-    ``attention_scaling`` (a float64 scalar).
+    ``attention_scaling`` (a float64 scalar); and ``softmax_scale``, the factor the
+    attention multiplies ``q . k`` by, when given (``posenc rope --golden`` gives
+    transformers' own, :func:`~posenc.integration.analysis.rope_reading.softmax_scale`).
 
     Raises:
         ValueError: the tables are too large.
@@ -114,6 +118,8 @@ def golden_tables(
             f"{pre}cos_interleaved": ci, f"{pre}sin_interleaved": si,
             f"{pre}attention_scaling": np.float64(freqs.attention_scaling),
         })  # fmt: skip
+        if softmax_scale is not None:
+            arrays[f"{pre}softmax_scale"] = np.float64(softmax_scale)
     return arrays
 
 
