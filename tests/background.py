@@ -158,7 +158,10 @@ def _maxima() -> list[str]:
 
 #: the engine tests' batches: every case of a module in one child process of the engine
 for _engine_module in ("test_engine_vllm.py", "test_engine_sglang.py",
-                       "test_engine_llamacpp.py", "test_rope_engines.py"):  # fmt: skip
+                       "test_engine_llamacpp.py", "test_rope_engines.py",
+                       "test_engine_kerashub.py", "test_engine_maxtext.py",
+                       "test_engine_easydel.py", "test_engine_ctranslate2.py",
+                       "test_engine_ortgenai.py", "test_engine_lmdeploy.py"):  # fmt: skip
     register_call(f"batch-{Path(_engine_module).stem}", _engine_module, "batch")
 
 
