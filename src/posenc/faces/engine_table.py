@@ -37,8 +37,9 @@ def measure(
     names: Sequence[str] | None = None, overrides: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Run every engine of ``names`` (default: all) on every case; the table's document."""
-    from posenc.integration.analysis import engines
+    from posenc.integration.analysis import engine_logits, engines
     from posenc.integration.analysis.engine_cases import CASES
+    from posenc.integration.analysis.engine_logits import LOGIT_CASES
 
     names = list(engines.ENGINES) if names is None else list(names)
     configs = [case.data() for case in CASES.values()]
@@ -57,6 +58,12 @@ def measure(
             results[case][engine] = doc
             versions[engine] = versions.get(engine) or result.version
         seconds[engine] = round(time.monotonic() - started, 1)
+    logits: dict[str, list[dict[str, Any]]] = {}
+    for engine in (n for n in names if engines.ENGINES[n].logits):
+        started = time.monotonic()
+        python = engines.engine_python(engine, overrides)
+        logits[engine] = [r.as_json() for r in engine_logits.run_logits(engine, python=python)]
+        seconds[f"{engine} logits"] = round(time.monotonic() - started, 1)
     return {
         "engines": names,
         "versions": versions,
@@ -66,6 +73,8 @@ def measure(
             {"name": c.name, "what": c.what, "config": c.config, "results": results[c.name]}
             for c in CASES.values()
         ],
+        "logits": logits,
+        "logit_cases": [{"name": c.name, "what": c.what} for c in LOGIT_CASES.values()],
     }
 
 
@@ -114,6 +123,26 @@ def _why(result: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _short(text: str, limit: int) -> str:
+    """``text`` cut at a clause boundary within ``limit`` characters (the report's budget)."""
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind("; ", 0, limit), text.rfind(", ", 0, limit))
+    return (text[:cut] if cut > limit // 2 else text[: limit - 1]) + " ..."
+
+
+def _brief(result: Mapping[str, Any]) -> str:
+    """What differs, in a phrase: the likely cause, else the first window that differs,
+    else what the engine said."""
+    if result.get("verdict") == "different":
+        if result.get("cause"):
+            return str(result["cause"])
+        for w in result.get("windows") or []:
+            if not w.get("same"):
+                return str(w.get("summary") or "")
+    return _why(result)
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
     """The guide's table: one row per case, one column per engine."""
     names = list(doc["engines"])
@@ -126,7 +155,56 @@ def markdown(doc: Mapping[str, Any]) -> str:
     versions = ", ".join(str(v) for v in doc["versions"].values() if v)
     rows.append("")
     rows.append(f"Measured with {versions}, on {doc['machine']}.")
+    switching = switching_rules(doc)
+    if switching:
+        rows += ["", "When each engine switches LongRoPE's factor sets and dynamic NTK's base "
+                 "(from its answer, read from its code):", ""]  # fmt: skip
+        rows += [f"- **{n}**: {'; '.join(rules)}" for n, rules in switching.items()]
+    logits = doc.get("logits") or {}
+    if logits:
+        names = list(logits)
+        rows += ["", "End to end: next-token logits of tiny random-weight models, converted by "
+                 "each engine's converter and run by its runtime, against transformers' in "
+                 "float64 (`posenc engines logits`; *same* within float32's rounding "
+                 "through the model; where they differ, the largest difference):", ""]  # fmt: skip
+        rows += ["| model | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for case in doc.get("logit_cases", []):
+            cells = []
+            for n in names:
+                r = _logits_of(logits, n, case["name"])
+                v = str(r.get("verdict", "-"))
+                shown = _MARK.get(v, v)
+                if v == "different" and r.get("max_abs_diff") is not None:
+                    shown += f" ({r['max_abs_diff']:.2g})"
+                cells.append(shown)
+            rows.append(f"| {case['name']} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+#: The keys of a case's config the report shows (what a RoPE reads; the guide and
+#: ``rope-engines.json`` have the whole config).
+_SHOWN = ("model_type", "rope", "max_position", "head_dim", "hidden_size", "attention_heads",
+          "partial", "layer_types", "sliding", "mrope", "text_config", "qk_")  # fmt: skip
+
+
+def _rope_keys(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _rope_keys(v) if isinstance(v, Mapping) and k == "text_config" else v
+            for k, v in config.items() if any(part in k for part in _SHOWN)}  # fmt: skip
+
+
+def _logits_of(logits: Mapping[str, Any], engine: str, case: str) -> dict[str, Any]:
+    return dict(next((x for x in logits.get(engine, []) if x["case"] == case), {}))
+
+
+def switching_rules(doc: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each engine's switching rules (LongRoPE, dynamic NTK), as its answers state them."""
+    out: dict[str, list[str]] = {}
+    for case in doc["cases"]:
+        for n, r in case["results"].items():
+            rule = r.get("switching")
+            if rule and rule not in out.setdefault(n, []):
+                out[n].append(str(rule))
+    return {n: rules for n, rules in out.items() if rules}
 
 
 def html(doc: Mapping[str, Any] | None) -> str:
@@ -134,6 +212,10 @@ def html(doc: Mapping[str, Any] | None) -> str:
     if not doc:
         return ""
     esc = _html.escape
+
+    def text(t: str) -> str:  # element content: quotes need no escape (the page's budget)
+        return _html.escape(t, quote=False)
+
     names = list(doc["engines"])
     out = [
         "<h3>Does every engine read the config the same way?</h3>",
@@ -147,13 +229,13 @@ def html(doc: Mapping[str, Any] | None) -> str:
         + "</tr>",
     ]
     for case in doc["cases"]:
+        # the why of each cell is in the chosen config's details below (the page's budget)
         cells = "".join(
-            f'<td class="v-{esc(_cell(case["results"].get(n, {})).replace(" ", "-"))}" '
-            f'title="{esc(_why(case["results"].get(n, {})))}">'
+            f'<td class="v-{esc(_cell(case["results"].get(n, {})).replace(" ", "-"))}">'
             f"{esc(_cell(case['results'].get(n, {})))}</td>"
             for n in names
         )
-        out.append(f'<tr><td title="{esc(case["what"])}">{esc(case["name"])}</td>{cells}</tr>')
+        out.append(f"<tr><td>{esc(case['name'])}</td>{cells}</tr>")
     out.append("</table>")
     options = "".join(
         f'<option value="{i}">{esc(c["name"])}: {esc(c["what"])}</option>'
@@ -162,24 +244,47 @@ def html(doc: Mapping[str, Any] | None) -> str:
     out.append(f'<p><label>config <select id="engine-case">{options}</select></label></p>')
     for i, case in enumerate(doc["cases"]):
         rows = []
+        agree = [n for n in names if _cell(case["results"].get(n, {})) == "same"]
+        if agree:
+            rows.append(f"<tr><td>{esc(', '.join(agree))}</td><td>same</td>"
+                        "<td>agree with transformers</td></tr>")  # fmt: skip
         for n in names:
             r = case["results"].get(n, {})
-            rows.append(
-                f"<tr><td>{esc(n)}</td><td>{esc(_cell(r))}</td>"
-                f"<td>{esc(_why(r) or 'agrees with transformers')}</td></tr>"
-            )
-        config = json.dumps(case["config"], indent=1)
+            if _cell(r) != "same":
+                rows.append(f"<tr><td>{esc(n)}</td><td>{esc(_cell(r))}</td>"
+                            f"<td>{text(_short(_brief(r), 100))}</td></tr>")  # fmt: skip
+        config = json.dumps(_rope_keys(case["config"]), separators=(", ", ": "))
         hidden = "" if i == 0 else " hidden"
         out.append(
             f'<div class="engine-case" data-case="{i}"{hidden}>'
             f'<table class="numbers">{"".join(rows)}</table>'
-            f"<details><summary>config.json</summary><pre>{esc(config)}</pre></details></div>"
+            f"<details><summary>config.json (its RoPE keys)</summary><pre>{text(config)}</pre>"
+            "</details></div>"
         )
     out.append(
         "<script>document.getElementById('engine-case').addEventListener('change',e=>{"
         "document.querySelectorAll('.engine-case').forEach(d=>{"
         "d.hidden=d.dataset.case!==e.target.value})})</script>"
     )
+    logits = doc.get("logits") or {}
+    if logits:
+        lnames = list(logits)
+        out.append("<p>And end to end: each engine's converter turns a tiny random-weight "
+                   "model into its own format, its runtime runs one prompt of 192 tokens "
+                   "(an original context of 64), and its next-token logits are compared "
+                   "with transformers' in float64:</p>")  # fmt: skip
+        out.append('<table class="numbers engines"><tr><th>model</th>'
+                   + "".join(f"<th>{esc(n)}</th>" for n in lnames) + "</tr>")  # fmt: skip
+        for case in doc.get("logit_cases", []):
+            cells = ""
+            for n in lnames:
+                r = _logits_of(logits, n, case["name"])
+                v = str(r.get("verdict", "-"))
+                cells += (f'<td class="v-{esc(v.replace(" ", "-"))}" '
+                          f'title="{esc(_short(str(r.get("note") or ""), 160))}">'
+                          f"{esc(v)}</td>")  # fmt: skip
+            out.append(f'<tr><td title="{esc(case["what"])}">{esc(case["name"])}</td>{cells}</tr>')
+        out.append("</table>")
     versions = ", ".join(str(v) for v in doc["versions"].values() if v)
     out.append(f'<p class="lead">Measured with {esc(versions)}; rerun with '
                "<code>posenc rope CONFIG --engines all</code> after "

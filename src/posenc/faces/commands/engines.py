@@ -106,8 +106,9 @@ def add(sub: Any) -> None:
     engines = sub.add_parser(
         "engines",
         help="list, build or clean the engines `posenc rope --engines` runs",
-        description="The engines `posenc rope --engines` runs (vLLM, SGLang, MLX, llama.cpp "
-        "on the CPU), each in a virtual environment of its own, built from the recipe and "
+        description="The engines `posenc rope --engines` runs (vLLM, SGLang, MLX, llama.cpp, "
+        "lmdeploy, KerasHub, EasyDeL, MaxText, ONNX Runtime GenAI, CTranslate2, all on the "
+        "CPU), each in a virtual environment of its own, built from the recipe and "
         f"pins that ship with posenc into {where}; one directory per engine and pins, so a "
         "change of pins builds anew and an unchanged one is reused by every checkout and "
         "install. Without a subcommand: list them.",
