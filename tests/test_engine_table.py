@@ -90,6 +90,30 @@ def test_the_bundled_table_covers_every_case_and_engine():
     assert engine_table.html(None) == ""
 
 
+def test_the_bundled_logits_agree_with_the_tables():
+    """Every engine that loads a checkpoint ran every tiny model; where its logits differ,
+    its tables differ on the case of that rope type too (they name the cause), and where
+    its tables agree, its logits do not differ."""
+    from posenc.integration.analysis.engine_logits import LOGIT_CASES
+
+    doc = engine_table.bundled()
+    assert doc is not None
+    with_logits = [n for n, e in engines.ENGINES.items() if e.logits]
+    assert sorted(doc["logits"]) == sorted(with_logits)
+    tables = {c["name"]: c["results"] for c in doc["cases"]}
+    for name in with_logits:
+        verdicts = {r["case"]: r["verdict"] for r in doc["logits"][name]}
+        assert list(verdicts) == list(LOGIT_CASES), name
+        assert set(verdicts.values()) <= {"same", "different", "refused"}, name
+        for case, verdict in verdicts.items():
+            table = tables[case][name]["verdict"]  # the cross-engine case of that rope type
+            if verdict == "different":
+                assert table == "different", (name, case)
+            if table == "same":
+                assert verdict != "different", (name, case)
+    assert "| model |" in engine_table.markdown(doc)
+
+
 def test_the_patching_guide_shows_the_bundled_table():
     from pathlib import Path
 
