@@ -160,6 +160,11 @@ def markdown(doc: Mapping[str, Any]) -> str:
         rows += ["", "When each engine switches LongRoPE's factor sets and dynamic NTK's base "
                  "(from its answer, read from its code):", ""]  # fmt: skip
         rows += [f"- **{n}**: {'; '.join(rules)}" for n, rules in switching.items()]
+        silent = [n for n in names if n not in switching]
+        if silent:
+            rows.append(f"- {', '.join(silent)}: no LongRoPE or dynamic NTK config of the "
+                        "table reaches a rotary module that switches (refused, or read "
+                        "without the scaling)")  # fmt: skip
     logits = doc.get("logits") or {}
     if logits:
         names = list(logits)
