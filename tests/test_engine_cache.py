@@ -196,13 +196,15 @@ def test_the_command(tmp_path: Path, cache: Path, monkeypatch, capsys) -> None:
     assert main(["engines"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"cache: {cache}\n")
-    assert f"  fake       not built  {engine_cache.directory(engine)}" in out
+    width = max(map(len, ENGINES))  # the names' column: as wide as the longest name
+    assert f"  {'fake':<{width}}  not built  {engine_cache.directory(engine)}" in out
     assert main(["engines", "build", "fake"]) == 0
     assert "  fake: built in " in capsys.readouterr().out and runs(tmp_path) == 1
     assert main(["engines", "build", "fake"]) == 0
     assert "  fake: already built, " in capsys.readouterr().out and runs(tmp_path) == 1
     assert main(["engines", "list"]) == 0
-    assert f"  fake       built      {engine_cache.directory(engine)}" in capsys.readouterr().out
+    listed = f"  {'fake':<{width}}  built      {engine_cache.directory(engine)}"
+    assert listed in capsys.readouterr().out
     engine.pins.write_text("fake==2\n")
     assert main(["engines", "build", "fake"]) == 0 and runs(tmp_path) == 2
     capsys.readouterr()
