@@ -169,15 +169,26 @@ def test_engine_logits(name):
             assert r.per_row[0]["same"]
 
 
-def test_the_cli_prints_the_table(capsys, tmp_path, monkeypatch):
+def test_the_cli(capsys, tmp_path, monkeypatch):
     from posenc.faces.cli import main
 
     _stand_in(tmp_path, monkeypatch, None)
     monkeypatch.setattr(engines, "engine_python", lambda name, overrides=None: Path(sys.executable))
-    status = main(["engines", "logits", "stand-in", "--cases", "default"])
-    out = capsys.readouterr().out
-    assert status == 0, out
-    assert "stand-in" in out and "default" in out and "same" in out
     assert main(["engines", "logits", "stand-in", "--cases", "default", "--json"]) == 0
     doc: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    assert doc[0]["engine"] == "stand-in" and doc[0]["case"] == "default"
     assert doc[0]["verdict"] == "same" and doc[0]["tolerance"] > 0
+    # an engine that loads no checkpoint is named, with those that do
+    assert main(["engines", "logits", "vllm"]) == 2
+    assert "vllm cannot load a checkpoint here" in capsys.readouterr().err
+
+
+def test_the_table():
+    same = el.LogitsResult("mlx", "default", "same", max_abs_diff=6e-6, tolerance=5.8e-4)
+    off = el.LogitsResult("llama.cpp", "dynamic", "different", max_abs_diff=3.53,
+                          tolerance=6.1e-4, note="first row past the tolerance: 63")  # fmt: skip
+    lines = el.table([same, off])
+    assert lines[0].split() == ["engine", "case", "verdict", "max", "|diff|", "tolerance"]
+    assert lines[1].split() == ["mlx", "default", "same", "6e-06", "0.00058"]
+    assert lines[2].split() == ["llama.cpp", "dynamic", "different", "3.53", "0.00061"]
+    assert lines[3] == "  note: first row past the tolerance: 63"
