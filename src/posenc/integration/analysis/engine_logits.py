@@ -1,15 +1,17 @@
 """End-to-end logits: a tiny random-weight model of a config, run by transformers and by an engine.
 
 The tables of :mod:`~posenc.integration.analysis.engines` say what an engine's RoPE code
-computes; this module checks what its users see. :func:`write_checkpoint` saves a tiny
-model of the config (its RoPE settings, head size and layer types kept, everything else
-shrunk, weights random from a seed) as transformers saves one (``config.json``,
-``model.safetensors`` in float32) with a small SentencePiece tokenizer (``tokenizer.model``,
-a Llama tokenizer), so that an engine's own converter (llama.cpp's ``convert_hf_to_gguf.py``,
-CTranslate2's ``TransformersConverter``, ONNX Runtime GenAI's model builder) takes it as it
-takes a released model. The engine's reader converts it, runs one prompt and answers the
+computes; this module checks what its users see. :data:`LOGIT_CASES` are tiny models, one
+per rope type (2 layers, head size 64, an original context of :data:`CONTEXT` tokens);
+:func:`write_checkpoint` saves one with random weights from a seed as transformers saves a
+checkpoint (``config.json`` in the layout given, ``model.safetensors`` in float32) with a
+small SentencePiece tokenizer (``tokenizer.model``, a Llama tokenizer), so that an engine's
+own converter (llama.cpp's ``convert_hf_to_gguf.py``, CTranslate2's
+``TransformersConverter``, ONNX Runtime GenAI's model builder) takes it as it takes a
+released model. The engine's reader converts it, runs one prompt and answers the
 next-token logits at the asked rows (the protocol's ``"logits"`` request,
-:mod:`~posenc.integration.analysis.engine_readers.protocol`).
+:mod:`~posenc.integration.analysis.engine_readers.protocol`); :func:`run_logits` judges
+them against transformers' in float64 (:func:`tolerance`).
 """
 
 from __future__ import annotations
