@@ -174,10 +174,7 @@ def batch() -> dict[str, engines.EngineResult]:
 @pytest.fixture(scope="module")
 def results() -> dict[str, engines.EngineResult]:
     built_engine("keras-hub")
-    name = "batch-test_engine_kerashub"
-    if name in background.COMMANDS:  # tests/background.py runs it beside the suite
-        return background.result(name)  # type: ignore[return-value]
-    return batch()
+    return background.result("batch-test_engine_kerashub")  # type: ignore[return-value]
 
 
 def test_every_table_case_has_an_expectation() -> None:
