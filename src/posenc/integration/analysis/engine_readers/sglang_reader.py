@@ -102,6 +102,8 @@ import sys
 import tempfile
 from typing import Any
 
+from hf_backend import TransformersRope
+
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 #: The largest prefill evaluated in one call (elements of the unit-vector input).
@@ -491,7 +493,7 @@ def _gemma3_model_rope(text: Any, layer_type: str | None) -> tuple[Any, float | 
     )
 
 
-class _TransformersRope:
+class _TransformersRope(TransformersRope):
     """transformers' own RoPE, as SGLang's Transformers backend runs it.
 
     ``model_loader/utils.py`` ``get_model_architecture``: an architecture no SGLang model
@@ -506,39 +508,7 @@ class _TransformersRope:
     """
 
     def __init__(self, config: Any, text: Any, dtype: Any) -> None:
-        import torch
-        from transformers import AutoModel
-
-        with torch.device("meta"):
-            model = AutoModel.from_config(config)
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-        rotary = getattr(decoder, "rotary_emb", None)
-        if rotary is None:
-            raise ValueError(f"{type(decoder).__name__} has no rotary_emb: not read here")
-        self.cls = type(rotary)
-        self.module = self.cls(config=text)
-        layers = list(getattr(decoder, "layers", []) or [])
-        self.use_rope = [bool(getattr(getattr(layer, "self_attn", None), "use_rope", True))
-                         for layer in layers]  # fmt: skip
-        self.attention = [type(getattr(layer, "self_attn", None)).__name__ for layer in layers]
-        self.apply = sys.modules[self.cls.__module__].apply_rotary_pos_emb
-        self.head_size = _head_dim(text)
-        self.dtype = dtype
-        probe = torch.zeros(1, 1, 1, self.head_size, dtype=dtype)
-        probe[..., 0] = 1.0
-        cos, sin = self.module(probe, torch.ones(1, 1, dtype=torch.long))
-        self.rotary_dim = int(cos.shape[-1])
-        out = self.apply(probe, probe.clone(), cos, sin)[0].reshape(-1).float()
-        if abs(float(out[self.rotary_dim // 2])) > 0:
-            self.is_neox_style = True
-        elif abs(float(out[1])) > 0:
-            self.is_neox_style = False
-        else:
-            raise ValueError(f"{self.cls.__name__}: the layout of its pairs is not read here")
-
-    def rotates(self, layer: int) -> bool:
-        """The attention's ``use_rope`` of ``layer`` (True where the class has none)."""
-        return self.use_rope[layer] if layer < len(self.use_rope) else True
+        super().__init__(config, text, dtype, _head_dim(text))
 
     def named_buffers(self) -> Any:
         """The tables' dtype, as a buffer (the tables are computed per call)."""

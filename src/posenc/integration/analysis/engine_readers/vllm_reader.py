@@ -85,6 +85,8 @@ import sys
 import tempfile
 from typing import Any
 
+from hf_backend import TransformersRope
+
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the config is a local file
@@ -330,7 +332,7 @@ def _tables(rope: Any, head: int, window: dict[str, Any]) -> tuple[Any, Any, str
     return c.tolist(), s.tolist(), "forward_native on unit vectors at " + mode
 
 
-class _TransformersRope:
+class _TransformersRope(TransformersRope):
     """transformers' own RoPE, as vLLM's Transformers modeling backend runs it.
 
     ``models/transformers/base.py`` (``Base.__init__``, ``_create_model``) builds the model
@@ -345,16 +347,9 @@ class _TransformersRope:
 
     def __init__(self, config: Any, text: Any, dtype: Any, vllm_config: Any) -> None:
         import torch
-        from transformers import AutoModel
 
-        with torch.device("meta"):
-            model = AutoModel.from_config(config)
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-        rotary = getattr(decoder, "rotary_emb", None)
-        if rotary is None:
-            raise ValueError(f"{type(decoder).__name__} has no rotary_emb: not read here")
-        self.cls = type(rotary)
-        self.module = self.cls(config=text)
+        head = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+        super().__init__(config, text, dtype, head)
         # Base.__init__: disable_noop_dynamic_rope relabels a dynamic rope_type "default"
         # where max_model_len <= max_position_embeddings (it could never rescale there)
         self.noop: bool | None = None
@@ -370,34 +365,8 @@ class _TransformersRope:
         # the tables of a RoPE that follows the sequence's length are read from a prefill
         # of seq_len tokens (positions 0 .. seq_len - 1), as the answer sets it per window
         self.seq_len: int | None = None
-        layers = list(getattr(decoder, "layers", []) or [])
-        self.use_rope = [bool(getattr(getattr(layer, "self_attn", None), "use_rope", True))
-                         for layer in layers]  # fmt: skip
-        self.attention = [type(getattr(layer, "self_attn", None)).__name__ for layer in layers]
-        self.modeling = sys.modules[self.cls.__module__]
-        self.apply = self.modeling.apply_rotary_pos_emb
-        self.head_size = int(getattr(text, "head_dim", None)
-                             or text.hidden_size // text.num_attention_heads)  # fmt: skip
-        self.dtype = dtype
         self.cos_sin_cache = torch.empty(0, dtype=dtype)  # the dtype the tables come in
         self.attention_scaling = float(getattr(self.module, "attention_scaling", 1.0))
-        # the layout, from one rotation of the first channel at position 1
-        probe = torch.zeros(1, 1, 1, self.head_size, dtype=dtype)
-        probe[..., 0] = 1.0
-        cos, sin = self.module(probe, torch.ones(1, 1, dtype=torch.long))
-        self.rotary_dim = int(cos.shape[-1])
-        out = self.apply(probe, probe.clone(), cos, sin)[0]
-        out = out.reshape(-1).float()
-        if abs(float(out[self.rotary_dim // 2])) > 0:
-            self.is_neox_style = True
-        elif abs(float(out[1])) > 0:
-            self.is_neox_style = False
-        else:
-            raise ValueError(f"{self.cls.__name__}: the layout of its pairs is not read here")
-
-    def rotates(self, layer: int) -> bool:
-        """The attention's ``use_rope`` of ``layer`` (True where the class has none)."""
-        return self.use_rope[layer] if layer < len(self.use_rope) else True
 
     def forward_native(self, positions: Any, q: Any, k: Any) -> tuple[Any, Any]:
         """q and k ``[tokens, head]`` rotated as the transformers attention rotates them."""
