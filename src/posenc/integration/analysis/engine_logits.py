@@ -333,17 +333,14 @@ def run_logits(
             requests.append({"logits": {"checkpoint": str(directory), "tokens": tokens,
                                         "rows": asked}})  # fmt: skip
         started = time.monotonic()
-        status, answer = engines.call_reader(
-            python, engine, {"batch": requests}, engine.timeout_s + seconds_per_case * len(chosen)
+        status, answers = engines.call_batch(
+            python, engine, requests, engine.timeout_s + seconds_per_case * len(chosen)
         )
         seconds = (time.monotonic() - started) / max(len(chosen), 1)
-    if status == "ok" and not (isinstance(answer.get("batch"), list)
-                               and len(answer["batch"]) == len(chosen)):  # fmt: skip
-        status, answer = "error", f"the reader answered no batch of {len(chosen)}"
     if status != "ok":
-        return [LogitsResult(name, c, "error", note=str(answer)) for c in chosen]
+        return [LogitsResult(name, c, "error", note=str(answers)) for c in chosen]
     out = []
-    for c, one, (ref, asked, config, length) in zip(chosen, answer["batch"], references,
+    for c, one, (ref, asked, config, length) in zip(chosen, answers, references,
                                                      strict=True):  # fmt: skip
         result = judge(name, c, one if isinstance(one, dict) else {}, ref, asked, config, length)
         result.seconds = seconds

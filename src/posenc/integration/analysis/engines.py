@@ -385,6 +385,19 @@ def call_reader(
     return "ok", answer
 
 
+def call_batch(
+    python: Path, engine: Engine, requests: Sequence[Mapping[str, Any]], timeout_s: float
+) -> tuple[str, Any]:
+    """Run the reader on ``requests`` in one child process: ``("ok", one answer per
+    request)``, or ``("error", what went wrong)`` (:func:`call_reader`'s failures, or a
+    reply that is not a batch of as many answers)."""
+    status, answer = call_reader(python, engine, {"batch": list(requests)}, timeout_s)
+    if status == "ok" and not (isinstance(answer.get("batch"), list)
+                               and len(answer["batch"]) == len(requests)):  # fmt: skip
+        return "error", f"the reader answered no batch of {len(requests)}"
+    return (status, answer["batch"]) if status == "ok" else (status, answer)
+
+
 def _config_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
@@ -501,16 +514,13 @@ def run_cases(
     ]
     started = time.monotonic()
     timeout = engine.timeout_s + seconds_per_config * len(configs)
-    status, answer = call_reader(python, engine, {"batch": batch}, timeout)
+    status, answers = call_batch(python, engine, batch, timeout)
     seconds = (time.monotonic() - started) / max(len(configs), 1)
-    if status == "ok" and not (isinstance(answer.get("batch"), list)
-                               and len(answer["batch"]) == len(configs)):  # fmt: skip
-        status, answer = "error", f"the reader answered no batch of {len(configs)}"
     if status != "ok":
-        return [EngineResult(name, status, python=str(python), note=str(answer))
+        return [EngineResult(name, status, python=str(python), note=str(answers))
                 for _ in configs]  # fmt: skip
     out = []
-    for (_, readings), one, request in zip(all_readings, answer["batch"], batch, strict=True):
+    for (_, readings), one, request in zip(all_readings, answers, batch, strict=True):
         result = _result(name, one, readings, python, request["windows"], request["config"])
         result.seconds = seconds
         out.append(result)
