@@ -102,7 +102,10 @@ import sys
 import tempfile
 from typing import Any
 
-from hf_backend import TransformersRope
+try:  # run as a script by the engine's Python: its sibling
+    from hf_backend import TransformersRope
+except ModuleNotFoundError:  # imported as part of posenc (its import checks)
+    from .hf_backend import TransformersRope
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 

@@ -85,7 +85,10 @@ import sys
 import tempfile
 from typing import Any
 
-from hf_backend import TransformersRope
+try:  # run as a script by the engine's Python: its sibling
+    from hf_backend import TransformersRope
+except ModuleNotFoundError:  # imported as part of posenc (its import checks)
+    from .hf_backend import TransformersRope
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
