@@ -98,9 +98,13 @@ def attention(
             added after ``cope``, ``bias`` and ``log_fgate`` in order.
         rotary: any :class:`posenc.rotary.rotation.Rotation` (a
             :class:`posenc.Rotary`, :class:`posenc.FoPE`,
-            :class:`posenc.rotary.rotation.RotaryTables`); rotates q at positions
-            ``k_len - q_len .. k_len - 1`` and k at ``0 .. k_len - 1`` (pass
-            keys already rotated, and no rotary, if your cache stores them rotated).
+            :class:`posenc.rotary.rotation.RotaryTables`), or a
+            :class:`posenc.rotary.rotation.PairRotation`, which treats q and k
+            each its own way (:class:`posenc.PoPE`'s polar channels,
+            :class:`posenc.DualChunkRotary`'s query per chunk distance);
+            rotates q at positions ``k_len - q_len .. k_len - 1`` and k at ``0 ..
+            k_len - 1`` (pass keys already rotated, and no rotary, if your cache
+            stores them rotated). The default scale is of the inputs' head_dim.
         causal: each query sees keys up to its own position only.
         scale: score scale; ``1 / sqrt(head_dim)`` by default (T5 uses 1.0).
         attention_mask: ``(batch, k_len)`` bool or int, 1 / True for keys to
@@ -159,7 +163,9 @@ def attention(
             ``chunk_size`` not an int >= 1, or with ``q_len > k_len``;
             ``log_fgate`` of another shape or device, or without ``causal``;
             ``cope`` without ``causal``, of another head_dim, or with a DAPE
-            bias; a term that reads the scores with ``backend="flex"``.
+            bias; a term that reads the scores with ``backend="flex"``, or with a
+            rotation that changes q's channels; a rotation with several query
+            variants with ``backend="flex"``.
 
     Examples:
         >>> import torch
@@ -193,8 +199,9 @@ def attention(
     docs = layout.documents(cu_seqlens, document_ids, b, lk, q.device)
     offset = lk - lq
     positions = None if docs is None else docs[1]
-    if rotary is not None:
-        q, k = layout.rotate(rotary, q, k, offset, positions)
+    pair = None if rotary is None else layout.rotate(rotary, q, k, offset, positions)
+    if pair is not None:
+        q, k = pair.q, pair.k
     if chunk_size is not None:
         # after the rotation: chunks confine the keys as documents do, but restart no position
         docs = layout.chunks(docs, layout.check_chunk_size(chunk_size, lq, lk), lk, q.device)
@@ -207,10 +214,18 @@ def attention(
     )  # fmt: skip
     forms = [t.score_form(ctx) for t in given]
     reads = any(f.read is not None for f in forms)
+    variants = pair is not None and pair.variants > 1
+    if reads and q.shape[-1] != d:
+        raise ValueError(
+            f"a term that reads the scores (cope, a DAPE bias) reads q's {d} channels; the "
+            f"rotation gives {q.shape[-1]}: use a rotation that keeps them"
+        )
     if backend == "auto":
         # the compiled loop on CPU, FlexAttention elsewhere; a term that reads the
-        # scores has no FlexAttention form: the blockwise path on every device
-        backend = "kernel" if q.device.type == "cpu" else "blockwise" if reads else "flex"
+        # scores, or several query variants, have no FlexAttention form: the blockwise
+        # path on every device
+        on_cpu = q.device.type == "cpu"
+        backend = "kernel" if on_cpu else "blockwise" if reads or variants else "flex"
     if reads:
         if backend == "flex":
             raise ValueError(
@@ -225,7 +240,7 @@ def attention(
             for t, f in zip(given, forms, strict=True)
         ]
     mask = layout.Mask(causal, key_mask, offset, ctx.docs)
-    plan, tensors = Plan.of(mask, scale, forms)
+    plan, tensors = Plan.of(mask, scale, forms, pair)
     if backend == "flex" and b * h * v.shape[-1] > 0:
         return flex.attend(q, k, v, plan, tensors).to(dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)

@@ -27,7 +27,7 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
+from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped, scores
 
 
 def attend(
@@ -76,8 +76,7 @@ def _block(
     """The output ``(B, H, n, v_dim)`` of a block of queries ``qb`` (B, H, n, D)."""
     hk = k.shape[1]
     k_pos = torch.arange(k.shape[2], device=k.device)
-    z = torch.matmul(grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
-    z = z * plan.scale
+    z = scores(plan, qb, k, q_pos, k_pos) * plan.scale
     seen = allowed(plan.mask, q_pos, k_pos)
     unseen = None if seen is None else ~seen
     s = z

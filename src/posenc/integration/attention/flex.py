@@ -36,9 +36,16 @@ def attend(
     change), while a tensor is an input whose value it does not guard on.
 
     Raises:
-        ValueError: a term without a FlexAttention form.
+        ValueError: a term without a FlexAttention form; several query variants
+            (FlexAttention scores one query per pair).
     """
     from torch.nn.attention.flex_attention import flex_attention
+
+    if plan.choose is not None:
+        raise ValueError(
+            f"backend='flex' scores one query per pair; this rotation gives {plan.variants} query "
+            "variants (use backend='auto' or 'blockwise')"
+        )
 
     b, h, lq, _ = q.shape
     lk = k.shape[2]

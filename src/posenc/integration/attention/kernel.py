@@ -72,6 +72,8 @@ def operands(
     plan: Plan, tensors: Sequence[torch.Tensor], batch: int, q_len: int
 ) -> Operands | None:
     """The call's terms, mask and documents as the loops read them; None where they cannot."""
+    if plan.choose is not None:
+        return None  # the loops score one query per pair
     tables: list[int] = []
     scaled: list[int] = []
     gate_at, knots, start = -1, None, 0

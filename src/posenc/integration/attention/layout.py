@@ -10,7 +10,8 @@ stick-breaking, PaTH and ring attention read one description of a call's layout:
   ``seq_idx``-style ids), each key position's document and position in it;
 - Llama 4's chunks (:func:`chunks`), cut within the documents;
 - the rotation of q and k at their positions (:func:`rotate`, any
-  :class:`posenc.rotary.rotation.Rotation`);
+  :class:`posenc.rotary.rotation.Rotation` or ``PairRotation``), and the scores of
+  a block, each pair by its query variant (:func:`scores`, :func:`score_grads`);
 - a block's mask (:func:`allowed`) and grouped-query heads (:func:`grouped`);
 - the :class:`Plan` the softmax engine's paths read: the mask, the scale and the
   score terms' forms.
@@ -26,7 +27,7 @@ import torch
 
 from posenc.core import checks
 from posenc.core.positions import document_positions, packed_document_ids, packed_positions
-from posenc.families.rotary.rotation import Rotation
+from posenc.families.rotary.rotation import Choose, RotatedPair, rotate_pair
 from posenc.families.terms import TermForm
 
 #: Scores per block of the torch paths (4 MiB of float32): a block is a run of
@@ -61,24 +62,36 @@ class Plan:
         scale: the score scale.
         forms: the terms' forms without their tensors, in order.
         sizes: how many of the call's tensors each form has.
+        variants: how many query variants q holds side by side (a
+            :class:`~posenc.rotary.rotation.RotatedPair`'s).
+        choose: with several, which one scores each pair; None with one.
     """
 
     mask: Mask
     scale: float
     forms: tuple[TermForm, ...] = ()
     sizes: tuple[int, ...] = ()
+    variants: int = 1
+    choose: Choose | None = None
 
     @classmethod
     def of(
-        cls, mask: Mask, scale: float, forms: Sequence[TermForm]
+        cls,
+        mask: Mask,
+        scale: float,
+        forms: Sequence[TermForm],
+        pair: RotatedPair | None = None,
     ) -> tuple[Plan, tuple[torch.Tensor, ...]]:
-        """The plan of ``forms`` and their tensors, flattened in order."""
+        """The plan of ``forms`` (and of a rotated pair's query variants) and the forms'
+        tensors, flattened in order."""
         tensors = tuple(t for f in forms for t in f.tensors)
         plan = cls(
             mask,
             scale,
             tuple(f.without_tensors() for f in forms),
             tuple(len(f.tensors) for f in forms),
+            1 if pair is None else pair.variants,
+            None if pair is None else pair.choose,
         )
         return plan, tensors
 
@@ -225,27 +238,67 @@ def chunks(
 
 def rotate(
     rotary: Any, q: torch.Tensor, k: torch.Tensor, offset: int, positions: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> RotatedPair:
     """q and k rotated at their key positions, or at ``positions`` ``(1 or batch, k_len)``.
 
-    Queries at ``offset ..`` of the keys' positions; with ``offset`` 0 one call
-    rotates both (one launch on CUDA).
+    Queries at ``offset ..`` of the keys' positions; with ``offset`` 0 a
+    :class:`~posenc.rotary.rotation.Rotation` rotates both in one call (one launch on
+    CUDA). ``rotary`` is a Rotation or a
+    :class:`~posenc.rotary.rotation.PairRotation`
+    (:func:`~posenc.rotary.rotation.rotate_pair`).
 
     Raises:
-        TypeError: ``rotary`` not a :class:`posenc.rotary.rotation.Rotation`.
+        TypeError: ``rotary`` neither.
+        ValueError: a rotated pair that is not q's and k's.
     """
-    if not isinstance(rotary, Rotation):
-        raise TypeError(
-            "rotary must have rotate(xs, positions) (posenc.rotary.rotation.Rotation: "
-            f"a posenc.Rotary, FoPE or RotaryTables); got {type(rotary).__name__}"
-        )
     where = torch.arange(k.shape[2], device=q.device) if positions is None else positions
-    if offset == 0:
-        q, k = rotary.rotate((q, k), where)
-    else:
-        (q,) = rotary.rotate((q,), where[..., offset:])
-        (k,) = rotary.rotate((k,), where)
-    return q, k
+    return rotate_pair(rotary, q, k, where if offset == 0 else where[..., offset:], where)
+
+
+def scores(
+    plan: Plan, qb: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> torch.Tensor:
+    """``q . k`` of a block of queries ``qb`` ``(B, H, n, variants * D)``, ``(B, H, n, m)``.
+
+    Unscaled and unmasked; each pair by the query variant ``plan.choose`` picks
+    (key positions ``q_pos`` ``(n,)`` and ``k_pos`` ``(m,)``).
+    """
+    hk = k.shape[1]
+    kt = k.unsqueeze(2).transpose(-1, -2)
+    if plan.choose is None:
+        return torch.matmul(grouped(qb, hk), kt).flatten(1, 2)
+    parts = qb.unflatten(-1, (plan.variants, -1))
+    which = plan.choose(q_pos, k_pos)[:, None]
+    s = torch.matmul(grouped(parts[..., 0, :], hk), kt).flatten(1, 2)
+    for n in range(1, plan.variants):
+        s = torch.where(
+            which == n, torch.matmul(grouped(parts[..., n, :], hk), kt).flatten(1, 2), s
+        )
+    return s
+
+
+def score_grads(
+    plan: Plan,
+    ds: torch.Tensor,
+    qb: torch.Tensor,
+    k: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of a block's :func:`scores` ``ds`` ``(B, H, n, m)`` as ``dq`` of the block
+    ``(B, H, n, variants * D)`` and ``dk`` ``(B, kv_heads, m, D)``, unscaled."""
+    hk = k.shape[1]
+    if plan.choose is None:
+        dq = torch.matmul(grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2)
+        return dq, torch.matmul(grouped(ds, hk).transpose(-1, -2), grouped(qb, hk)).sum(2)
+    parts = qb.unflatten(-1, (plan.variants, -1))
+    which = plan.choose(q_pos, k_pos)[:, None]
+    dqs, dk = [], torch.zeros_like(k)
+    for n in range(plan.variants):
+        own = grouped(torch.where(which == n, ds, torch.zeros_like(ds)), hk)
+        dqs.append(torch.matmul(own, k.unsqueeze(2)).flatten(1, 2))
+        dk += torch.matmul(own.transpose(-1, -2), grouped(parts[..., n, :], hk)).sum(2)
+    return torch.cat(dqs, -1), dk
 
 
 def grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:

@@ -26,7 +26,14 @@ from typing import Any
 import torch
 
 from posenc.integration.attention import kernel
-from posenc.integration.attention.layout import BLOCK_SCORES, Plan, allowed, grouped
+from posenc.integration.attention.layout import (
+    BLOCK_SCORES,
+    Plan,
+    allowed,
+    grouped,
+    score_grads,
+    scores,
+)
 
 
 def block_scores(
@@ -37,10 +44,8 @@ def block_scores(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
 ) -> torch.Tensor:
-    """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, D)."""
-    hk = k.shape[1]
-    s = torch.matmul(grouped(qb, hk), k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)
-    s = s * plan.scale
+    """Masked scores ``(B, H, n, k_len)`` of a block of queries ``qb`` (B, H, n, variants * D)."""
+    s = scores(plan, qb, k, q_pos, k_pos) * plan.scale
     for form, own in zip(plan.forms, plan.split(tensors), strict=True):
         if form.block is not None:
             s = s + form.block(own, q_pos, k_pos)
@@ -133,7 +138,7 @@ def backward_blockwise(
     b, h, lq, _ = q.shape
     hk, lk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q)
-    dk = torch.zeros((b, hk, lk, k.shape[-1]), dtype=q.dtype, device=q.device)
+    dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
     grads: list[torch.Tensor | None] = [None] * len(tensors)
     k_pos = torch.arange(lk, device=q.device)
@@ -148,12 +153,9 @@ def backward_blockwise(
             dv += torch.matmul(grouped(p, hk).transpose(-1, -2), grouped(dob, hk)).sum(2)
             dp = torch.matmul(grouped(dob, hk), v.unsqueeze(2).transpose(-1, -2))
             ds = p * (dp.flatten(1, 2) - delta[:, :, i0:i1, None])
-            dq[:, :, i0:i1] = (
-                torch.matmul(grouped(ds, hk), k.unsqueeze(2)).flatten(1, 2) * plan.scale
-            )
-            dk += (
-                torch.matmul(grouped(ds, hk).transpose(-1, -2), grouped(qb, hk)).sum(2) * plan.scale
-            )
+            dqb, dkb = score_grads(plan, ds, qb, k, q_pos, k_pos)
+            dq[:, :, i0:i1] = dqb * plan.scale
+            dk += dkb * plan.scale
         if any(wanted):
             _term_grads(plan, tensors, wanted, q_pos, k_pos, ds, grads)
     return (dq, dk, dv, *grads)
