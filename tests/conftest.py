@@ -36,6 +36,7 @@ INSTALLS = {
     "positional_encodings": 'pip install -e ".[test]"',
     "x_transformers": 'pip install -e ".[test]"',
     "rotary_embedding_torch": 'pip install -e ".[test]"',
+    "PoPE_pytorch": 'pip install -e ".[test]" (pope-pytorch)',
     "einops": 'pip install -e ".[test]" (x-transformers needs it)',
     "playwright": 'pip install -e ".[test]"',
     "triton": 'pip install -e ".[test]" (the fused rotary kernel, interpreted on CPU)',

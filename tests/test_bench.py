@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -14,7 +15,7 @@ import torch
 
 import posenc
 import posenc.families.absolute.sinusoidal
-from conftest import unavailable
+from conftest import missing_anchor, unavailable
 from posenc import bench
 
 FIELDS = {"case", "impl", "role", "note", "size", "status", "reason", "runs"}
@@ -192,12 +193,19 @@ def test_package_names_and_case_order():
         "rotary-float32-backward",
         "rotary-bfloat16",
         "rotary-bfloat16-backward",
+        "rope-mixed",
+        "rope-mixed-backward",
+        "pope",
+        "pope-backward",
         "attention-bias",
         "attention-bias-train",
         "decode",
         "decode-bfloat16",
     ]
-    families = (bench.sinusoidal, bench.rotary, bench.attention, bench.decode)
+    families = (
+        bench.sinusoidal, bench.rotary, bench.image_rotary, bench.polar, bench.attention,
+        bench.decode,
+    )  # fmt: skip
     assert [c.name for f in families for c in f.CASES] == list(bench.CASES)
 
 
@@ -302,6 +310,49 @@ def test_rotary_rows_compute_the_same_rotation():
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
     # and the rotation is not the identity
     assert not torch.allclose(out["posenc half"][0], out["q.clone(), k.clone()"][0])
+
+
+@pytest.mark.parametrize("name", ["rope-mixed", "rope-mixed-backward"])
+def test_rope_mixed_cases_run_every_row(name):
+    if importlib.util.find_spec("timm") is None:  # loaded without torchvision where absent
+        missing_anchor("timm", "is not installed")
+    tiny = {"batch": 1, "heads": 2, "grid": 3, "head_dim": 8}
+    rows = bench.run_case(bench.CASES[name], size=tiny, repeat=1)
+    assert [t.role for t in rows] == ["baseline", "ours", "peer", "ours"]
+    assert [t.status for t in rows] == ["ok"] * len(rows), [t.reason for t in rows]
+    impls = bench.image_rotary.impls(**tiny, backward=False)
+    shapes = {tuple(impl.make()()[0].shape) for impl in impls}
+    assert shapes == {(1, 2, 10, 8)}  # the class token and 3 x 3 patches, in every row
+
+
+@pytest.mark.parametrize("name", ["pope", "pope-backward"])
+def test_pope_cases_run_every_row(name):
+    if importlib.util.find_spec("PoPE_pytorch") is None:
+        missing_anchor("PoPE_pytorch", "is not installed")
+    tiny = {"batch": 1, "heads": 2, "seq": 12, "head_dim": 8}
+    rows = bench.run_case(bench.CASES[name], size=tiny, repeat=1)
+    assert [t.role for t in rows] == ["baseline", "ours", "peer", "peer", "ours"]
+    assert [t.status for t in rows] == ["ok"] * len(rows), [t.reason for t in rows]
+
+
+def test_pope_rows_compute_the_same_scores():
+    """The polar rows give the same scores ``q' . k'`` (their layouts differ) with the
+    same phase bias: the bench times equal work. Positions below 12, float32 angles in
+    the peers: each channel within ``(12 * 5 + 2 pi + 16) * 2**-24`` relative of exact
+    (tests/test_pope.py derives it), a score of 8 channel pairs of softplus values
+    ``mu`` within ``2 * 8 * mu**2 * 2 *`` that."""
+    tiny = {"batch": 1, "heads": 2, "seq": 12, "head_dim": 8}
+    rows = {i.name: i for i in bench.polar.impls(**tiny, backward=False)}
+    out = {name: rows[name].make()() for name in ("posenc PoPE", "pope-pytorch", "x-transformers")}
+    mu = float(torch.nn.functional.softplus(rows["q.clone(), k.clone()"].make()()[0]).max())
+    tol = 2 * 8 * max(mu, 1.0) ** 2 * 2 * (12 * 5 + 2 * math.pi + 16) * 2.0**-24
+    want = out["posenc PoPE"][0] @ out["posenc PoPE"][1].mT
+    for name in ("pope-pytorch", "x-transformers"):
+        q, k = out[name]
+        assert q.shape == (1, 2, 12, 16)
+        assert (q @ k.mT - want).abs().max() <= tol, name
+    plain = rows["q.clone(), k.clone()"].make()()
+    assert not torch.allclose(want, plain[0] @ plain[1].mT, atol=1e-2)
 
 
 TINY_ATTENTION = {"batch": 1, "heads": 2, "seq": 40, "head_dim": 16}

@@ -50,6 +50,8 @@ EXPECTED = {
     "shift_matrix",
     "sinusoidal",
     "FoPE",
+    "PoPE",
+    "DualChunkRotary",
     "v2pe_positions",
     "videorope_positions",
     "stick_breaking_attention",

@@ -39,7 +39,9 @@ def block_by_hand(block: Any, x: torch.Tensor, attend: Any) -> torch.Tensor:
 
 def test_every_per_layer_encoding_names_a_registered_module():
     used = {e.per_layer for e in REGISTRY.values() if e.per_layer is not None}
-    assert used == set(PER_LAYER) == {"forget-gate", "cope", "dape", "path", "path-fox"}
+    assert used == set(PER_LAYER) == {
+        "forget-gate", "cope", "dape", "path", "path-fox", "pope", "dual-chunk"
+    }  # fmt: skip
     for name, build in PER_LAYER.items():
         assert isinstance(build(CONFIG), PositionModule), name
     with pytest.raises(ValueError, match="per_layer must be one of"):
@@ -52,6 +54,8 @@ def test_saved_names_of_the_per_layer_modules_are_posencs_own():
         "fox": ["proj.bias", "proj.weight"],
         "cope": ["pos_emb"],
         "dape": ["mlp.0.bias", "mlp.0.weight", "mlp.2.bias", "mlp.2.weight"],
+        "pope": ["bias"],  # pope-pytorch's name
+        "dual-chunk": [],  # no parameters: the rotation's tables are derived
     }
     for encoding, names in named.items():
         state = LabModel(CONFIG, encoding).state_dict()
@@ -61,13 +65,15 @@ def test_saved_names_of_the_per_layer_modules_are_posencs_own():
         assert mine == names, encoding
 
 
-@pytest.mark.parametrize("encoding", ["fox", "cope", "dape"])
+@pytest.mark.parametrize("encoding", ["fox", "cope", "dape", "pope", "dual-chunk"])
 def test_a_layers_terms_are_its_attentions_own(encoding):
     # what posenc.attention is given for each, by its own keyword
     given = {
         "fox": lambda position, h: {"log_fgate": position(h)},
         "cope": lambda position, h: {"cope": position},
         "dape": lambda position, h: {"bias": position},
+        "pope": lambda position, h: {"rotary": position},
+        "dual-chunk": lambda position, h: {"rotary": position},
     }[encoding]
     model = perturbed_lab_model(CONFIG, encoding)
     x = model.embed(tokens())

@@ -154,3 +154,16 @@ def test_ring_attention_needs_a_process_group():
     q = torch.randn(1, 2, 8, 16)
     with pytest.raises(ValueError, match="group"):
         ring_attention(q, q, q)
+
+
+def test_ring_attention_refuses_query_variants(tmp_path):
+    """A rotation with a query per (query, key) pair (Dual Chunk Attention) is refused:
+    the ring's blocks score one query per pair."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rdv", rank=0, world_size=1)
+    try:
+        q = torch.randn(1, 2, 8, 16)
+        dca = posenc.DualChunkRotary(16, chunk_size=4, local_size=1)
+        with pytest.raises(ValueError, match="query variants"):
+            ring_attention(q, q, q, rotary=dca, causal=True)
+    finally:
+        dist.destroy_process_group()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.families.rotary.multiaxis import AxialRotary
+from posenc.families.rotary.multiaxis import AxialRotary, DINOv3Rope, LieRotary, RoPEMixed
 
 Q = torch.randn(1, 4, 12, 32, generator=torch.Generator().manual_seed(0))
 GRID_Q = Q.reshape(1, 4, 3, 4, 32)  # (batch, heads, H, W, head_dim)
@@ -55,6 +55,19 @@ MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
         lambda m: m(Q, Q),
     ),
     "AxialRotary": (lambda: AxialRotary(32, 2), lambda m: m(GRID_Q, GRID_Q, COORDS)),
+    "LieRotary": (
+        lambda: LieRotary(32, 2, kind="comrope-ld", block_size=4),
+        lambda m: m(Q, Q[:, :2], m.coords(3, 4)),
+    ),
+    "LieRotary-liere": (lambda: LieRotary(32, 2, block_size=8), lambda m: m(Q, Q, m.coords(3, 4))),
+    "RoPEMixed": (
+        lambda: RoPEMixed(32, 4, depth=2),
+        lambda m: m(Q, Q, m.coords(3, 4), block_index=1),
+    ),
+    "DINOv3Rope": (
+        lambda: DINOv3Rope(32, 4, rescale=2.0).eval(),
+        lambda m: m(Q, Q, m.coords(3, 4)),
+    ),
     "ALiBi": (lambda: posenc.ALiBi(4), _attend),
     "T5Bias": (lambda: posenc.T5Bias(4), _attend),
     "KERPLE": (lambda: posenc.KERPLE(4), _attend),
@@ -64,6 +77,16 @@ MODULES: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
     "FoPE": (
         lambda: posenc.FoPE(32, 2, max_position_embeddings=64),
         lambda m: m(Q, Q[:, :2], torch.arange(12) + 0.5),
+    ),
+    "DualChunkRotary": (
+        lambda: posenc.DualChunkRotary(
+            32, chunk_size=5, local_size=1, original_max_position_embeddings=4
+        ),
+        lambda m: posenc.attention(Q, Q, Q, rotary=m, causal=True),
+    ),
+    "PoPE": (
+        lambda: posenc.PoPE(16, heads=4, bias_uniform_init=True),
+        lambda m: posenc.attention(Q, Q[:, :2], Q[:, :2], rotary=m, causal=True),
     ),
     "ForgetGate": (lambda: posenc.ForgetGate(32, 4), lambda m: m(Q[0].transpose(0, 1))),
     "CoPE": (_cope, lambda m: posenc.attention(Q, Q, Q, cope=m, causal=True)),

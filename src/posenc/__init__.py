@@ -7,7 +7,8 @@ torch parts (:class:`SinusoidalEmbedding`, :class:`LearnedPositionalEmbedding`,
 :class:`ALiBi`, :class:`T5Bias`, :class:`KERPLE`, :class:`FIRE`, :class:`Sandwich`,
 :class:`NoPE`, the methods after 2023 (:class:`ForgetGate` for FoX's
 ``attention(log_fgate=)``, :func:`stick_breaking_attention`, :class:`CoPE`,
-:class:`DAPE`, :class:`FoPE`, :func:`path_attention`, :class:`PaTH` and its :class:`PaTHCache`),
+:class:`DAPE`, :class:`FoPE`, :class:`PoPE`, :class:`DualChunkRotary`,
+:func:`path_attention`, :class:`PaTH` and its :class:`PaTHCache`),
 :mod:`posenc.hf`) are imported on first use and need torch.
 """
 
@@ -51,6 +52,8 @@ _LAZY = {
     "SinusoidalEmbedding": "posenc.families.absolute.modules",
     "Rotary": "posenc.families.rotary.module",
     "FoPE": "posenc.families.rotary.fope",
+    "PoPE": "posenc.families.rotary.pope",
+    "DualChunkRotary": "posenc.families.rotary.dual_chunk",
     "apply_rotary": "posenc.families.rotary.apply",
     "ALiBi": "posenc.families.bias.modules",
     "CoPE": "posenc.families.contextual",
@@ -82,6 +85,7 @@ __all__ = [
     "ALiBi",
     "AttentionBias",
     "CoPE",
+    "DualChunkRotary",
     "FoPE",
     "ForgetGate",
     "GridSpec",
@@ -89,6 +93,7 @@ __all__ = [
     "NoPE",
     "PaTH",
     "PaTHCache",
+    "PoPE",
     "Rotary",
     "Sandwich",
     "Sinusoid",

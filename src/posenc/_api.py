@@ -46,7 +46,7 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "SinusoidalEmbedding",
             "LearnedPositionalEmbedding",
         ),
-        "Rotary embeddings": ("Rotary", "apply_rotary", "FoPE"),
+        "Rotary embeddings": ("Rotary", "apply_rotary", "FoPE", "PoPE", "DualChunkRotary"),
         "Attention biases": (*_BIAS_MODULES, *_BIAS_FUNCTIONS),
         "Attention with positions": (
             "attention",
@@ -97,7 +97,18 @@ PUBLIC: dict[str, dict[str, tuple[str, ...]]] = {
             "pixel_frequencies",
         ),
         "M-RoPE (Qwen2-VL)": ("mrope_cos_sin", "mrope_axes"),
+        "RIFLEx: longer videos from a video model's time axis": ("intrinsic_frequency", "riflex"),
         "xPos": ("xpos_rotate", "xpos_scale", "xpos_tables"),
+        "LieRE and ComRoPE: learned dense rotations": ("LieRotary", "lie_rotate"),
+        "RoPE-Mixed and DINOv3's RoPE for image patches": (
+            "RoPEMixed",
+            "mixed_frequencies",
+            "mixed_cos_sin",
+            "DINOv3Rope",
+            "dinov3_frequencies",
+            "dinov3_coords",
+            "dinov3_cos_sin",
+        ),
     },
     "posenc.rotary.rerotate": {
         "Moving cached keys to new positions": ("rerotate_keys", "rerotation_cos_sin"),

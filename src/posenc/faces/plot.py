@@ -523,7 +523,7 @@ def offsets(*, dim: int = 512, length: int = 50, preset: str = "vaswani", **_: A
     t = posenc.sinusoidal(length + 200, dim, preset=preset, dtype="float64")
     ks = np.arange(0, 200)
     dots = np.array([[t[p] @ t[p + k] for k in ks] for p in (0, length // 2, length - 1)])
-    fig, (left, right) = new_figure(9, 3.6, ncols=2)
+    fig, (left, right) = new_figure(8, 3.8, ncols=2)
     for row, p in zip(dots, (0, length // 2, length - 1), strict=True):
         left.plot(ks, row, lw=1, label=f"p = {p}")
     left.set_xlabel("offset k (positions)")
@@ -636,6 +636,51 @@ def rope_scaling(
     ax.set_ylabel("wavelength 2π/ωᵢ (positions, log)")
     ax.set_title(f"rotary schedules, factor {factor:g}, base {base:g}")
     ax.legend(fontsize=SMALL)
+    return fig
+
+
+def riflex(
+    *,
+    axis_dim: int = 16,
+    base: float = 256.0,
+    k: int = 4,
+    train_frames: int = 33,
+    test_frames: int = 66,
+    **_: Any,
+) -> Any:
+    """RIFLEx on a video model's time axis: the intrinsic component before and after.
+
+    Defaults: HunyuanVideo (16 time channels, base 256, trained on 33 latent frames, k = 4
+    as thu-ml/RIFLEx sets it), generating 66 (261 frames).
+    """
+    from posenc.families.rotary.multiaxis.intrinsic import riflex as lowered
+    from posenc.families.rotary.schedules import default
+
+    before = default(axis_dim, base, {}).inv_freq
+    after = lowered(default(axis_dim, base, {}), k, test_frames).inv_freq
+    fig, (left, right) = new_figure(8, 3.8, ncols=2)
+    t = np.linspace(0.0, test_frames * 1.15, 600)
+    for w, style, name in ((before, "-", "original"), (after, "--", "RIFLEx")):
+        period = 2 * np.pi / w[k - 1]
+        left.plot(t, np.cos(w[k - 1] * t), style, lw=1.2,
+                  label=f"{name}: ω = {w[k - 1]:.4g}, period {_num(period)}")  # fmt: skip
+    for frames, ls, name in ((train_frames, "--", "trained"), (test_frames, ":", "generated")):
+        left.axvline(frames, color="grey", ls=ls, lw=0.8, label=f"{name}: {frames} frames")
+    left.set_xlabel("latent frame t")
+    left.set_ylabel(f"cos(ω_{k} t)")
+    left.set_title(f"intrinsic component k = {k}", fontsize=10)
+    left.legend(fontsize=SMALL, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+    j = np.arange(1, len(before) + 1)
+    right.semilogy(j, 2 * np.pi / before, "o", ms=4, label="original")
+    right.semilogy([k], [2 * np.pi / after[k - 1]], "x", ms=8, mew=2, label="RIFLEx, k")
+    right.axhline(train_frames, color="grey", ls="--", lw=0.8, label="trained length")
+    right.axhline(test_frames, color="grey", ls=":", lw=0.8, label="generated length")
+    right.set_xlabel("component j (1-based)")
+    right.set_ylabel("period 2π/ω_j (latent frames, log)")
+    right.set_title("period of every time component", fontsize=10)
+    right.legend(fontsize=SMALL, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)
+    fig.suptitle(f"RIFLEx: ω_k = 0.9 · 2π / {test_frames} (time axis {axis_dim} channels, "
+                 f"base {base:g})")  # fmt: skip
     return fig
 
 
@@ -890,6 +935,7 @@ KINDS: dict[str, Callable[..., Any]] = {
     "bases": bases,
     "projections": projections,
     "rope-layouts": rope_layouts,
+    "riflex": riflex,
 }
 
 

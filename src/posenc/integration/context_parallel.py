@@ -585,7 +585,13 @@ def ring_attention(
     positions = shard_positions(seq_len, world, rank, layout, device=q.device)
     if rotary is not None:
         # the shard's global positions; one launch for q and k on CUDA
-        q, k = rotate(rotary, q, k, 0, positions[None])
+        pair = rotate(rotary, q, k, 0, positions[None])
+        if pair.choose is not None:
+            raise ValueError(
+                f"ring attention scores one query per pair; this rotation gives {pair.variants} "
+                "query variants (use posenc.attention on the whole sequence)"
+            )
+        q, k = pair.q, pair.k
     dtype = q.dtype
     if dtype in (torch.float16, torch.bfloat16):
         q, k, v = q.float(), k.float(), v.float()

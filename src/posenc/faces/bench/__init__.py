@@ -6,6 +6,8 @@
 - One module per family of cases, each listing its cases as ``CASES``:
   :mod:`~posenc.faces.bench.sinusoidal` (``sinusoidal-table``),
   :mod:`~posenc.faces.bench.rotary` (``rotary-*``),
+  :mod:`~posenc.faces.bench.image_rotary` (``rope-mixed``, ``rope-mixed-backward``),
+  :mod:`~posenc.faces.bench.polar` (``pope``, ``pope-backward``),
   :mod:`~posenc.faces.bench.attention` (``attention-bias``, ``attention-bias-train``) and
   :mod:`~posenc.faces.bench.decode` (``decode``, ``decode-bfloat16``).
 
@@ -18,7 +20,7 @@ module import time.
 
 from __future__ import annotations
 
-from posenc.faces.bench import attention, decode, rotary, sinusoidal
+from posenc.faces.bench import attention, decode, image_rotary, polar, rotary, sinusoidal
 from posenc.faces.bench.harness import (
     CASES as CASES,
 )
@@ -53,6 +55,13 @@ from posenc.faces.bench.harness import (
     to_json as to_json,
 )
 
-for _case in (*sinusoidal.CASES, *rotary.CASES, *attention.CASES, *decode.CASES):
+for _case in (
+    *sinusoidal.CASES,
+    *rotary.CASES,
+    *image_rotary.CASES,
+    *polar.CASES,
+    *attention.CASES,
+    *decode.CASES,
+):
     register(_case)
 del _case

@@ -293,6 +293,20 @@ def _path_fox(config: ModelConfig) -> PositionModule:
     return Householder(config.d_model, config.heads, forget_gate=True)
 
 
+def _dual_chunk(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import DualChunk
+
+    trained = config.trained_positions or config.max_positions
+    size = max(2, trained)
+    return DualChunk(config.head_dim, chunk_size=size, local_size=size // 4)
+
+
+def _pope(config: ModelConfig) -> PositionModule:
+    from posenc.faces.lab.layers import PolarPositions
+
+    return PolarPositions(config.head_dim, heads=config.heads)
+
+
 #: Every per-layer position module by name (read-only): ``PER_LAYER[name](config)``
 #: builds one layer's :class:`~posenc.lab.layers.PositionModule` for a model of
 #: :class:`~posenc.lab.model.ModelConfig` ``config``. A new per-layer method is one
@@ -303,6 +317,8 @@ PER_LAYER: Mapping[str, Callable[[ModelConfig], PositionModule]] = MappingProxyT
     "dape": _dape,
     "path": _path,
     "path-fox": _path_fox,
+    "dual-chunk": _dual_chunk,
+    "pope": _pope,
 })  # fmt: skip
 # the per-layer modules whose inputs only the path kernel takes
 _PATH = ("path", "path-fox")
@@ -511,6 +527,18 @@ _IN_ORDER = (
         "fope",
         "a Fourier series per RoPE frequency, the untrained ones dropped (Hua et al. 2024)",
         rotary="fope",
+    ),
+    Encoding(
+        "dual-chunk",
+        "RoPE within chunks of 3/4 of the trained length; queries rotated at fixed positions "
+        "for earlier chunks (Dual Chunk Attention, An et al. 2024)",
+        per_layer="dual-chunk",
+    ),
+    Encoding(
+        "pope",
+        "PoPE: magnitudes from the content, phases from the position, a learned phase "
+        "bias per head (Gopalakrishnan et al. 2025)",
+        per_layer="pope",
     ),
     Encoding(
         "path",

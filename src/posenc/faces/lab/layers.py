@@ -22,6 +22,8 @@ from torch import nn
 
 from posenc.families.bias.forget import ForgetGate, ForgetGateTerm
 from posenc.families.contextual import DAPE, CoPE
+from posenc.families.rotary.dual_chunk import DualChunkRotary
+from posenc.families.rotary.pope import PoPE
 from posenc.integration.path_layer import PaTHTransforms
 
 
@@ -73,6 +75,33 @@ class DAPETerm(DAPE, PositionModule):
     def attend_inputs(self, h: torch.Tensor) -> dict[str, Any]:
         """``terms``: this DAPE."""
         return {"terms": [self]}
+
+
+class DualChunk(DualChunkRotary, PositionModule):
+    """Dual Chunk Attention's rotation (An et al. 2024; Qwen2.5-1M), the layer's own.
+
+    :class:`posenc.DualChunkRotary` with ``chunk_size`` the trained length and
+    ``local_size`` a quarter of it: RoPE within every chunk of ``3/4`` of the trained
+    length, so that training (one chunk or two) and longer tests see no distance beyond
+    the trained length. ``h`` is not used.
+    """
+
+    def attend_inputs(self, h: torch.Tensor) -> dict[str, Any]:
+        """``rotary``: this rotation, which attention applies to q and k."""
+        return {"rotary": self}
+
+
+class PolarPositions(PoPE, PositionModule):
+    """PoPE (Gopalakrishnan et al. 2025), the layer's own: magnitudes and phases apart.
+
+    :class:`posenc.PoPE` over the whole head (``dim = head_dim``) with a phase bias per
+    head, zero at the start as in pope-pytorch and x-transformers; attention keeps the
+    scale of the input head_dim. ``h`` is not used.
+    """
+
+    def attend_inputs(self, h: torch.Tensor) -> dict[str, Any]:
+        """``rotary``: this PoPE, which attention applies to q and k."""
+        return {"rotary": self}
 
 
 class Householder(PaTHTransforms, PositionModule):

@@ -221,9 +221,10 @@ _ROTATIONS: dict[str, TurnFor] = {
 
 def _softmax(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: AttentionBias | None,
-    chunk: int | None, terms: Any = (),
+    chunk: int | None, terms: Any = (), rotary: Any = None,
 ) -> torch.Tensor:  # fmt: skip
-    options: dict[str, Any] = {"bias": bias, "causal": True, "terms": terms}
+    # rotary: a layer's own rotation of q and k (PoPE's, Dual Chunk Attention's)
+    options: dict[str, Any] = {"bias": bias, "causal": True, "terms": terms, "rotary": rotary}
     if chunk is not None:
         options["chunk_size"] = chunk
     return attention(q, k, v, **options)
