@@ -11,7 +11,7 @@ NODEPS_ANCHORS := timm==1.0.31 vit-pytorch==1.26.11
 # families' linear attention to fla's Triton kernels, which the family test cannot run.
 FLA_CORE := $(VENV)/fla-core
 
-.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table learned-table extend-table
+.PHONY: demo test docs lint types pytest clean gpu-wheels gpu-check engines engine-table arithmetic-table learned-table extend-table grid-table
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -119,6 +119,13 @@ extend-table: $(VENV)/.demo
 arithmetic-table: $(VENV)/.demo
 	$(BIN)/posenc lab arithmetic --out posenc-arithmetic
 	$(BIN)/python -m posenc.faces.lab.arithmetic posenc-arithmetic
+
+# posenc lab grid at its defaults (7 lines x 3 seeds; see docs/guides/lab.md for the
+# time it took on 2 CPU cores), bundled: src/posenc/faces/data/lab-grid.json, the table of
+# docs/guides/lab.md, docs/lab-grid.png
+grid-table: $(VENV)/.demo
+	$(BIN)/posenc lab grid --out posenc-grid
+	$(BIN)/python -m posenc.faces.lab.grid posenc-grid
 
 # the explainer's learned table (posenc.analysis.train_learned at its defaults: 32 positions
 # x 32 channels, 300 steps, seed 0; a few seconds), trained again and bundled: posenc

@@ -1,4 +1,5 @@
-"""``posenc lab``: train small models on every encoding: run, profile, suite, arithmetic."""
+"""``posenc lab``: train small models on every encoding: run, profile, suite, arithmetic,
+extend, grid."""
 
 from __future__ import annotations
 
@@ -181,6 +182,24 @@ def _lab_extend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lab_grid(args: argparse.Namespace) -> int:
+    from posenc.faces.lab.grid import QUICK, GridConfig, report, run_grid
+
+    encodings = None
+    if args.encodings is not None:
+        encodings = tuple(e.strip() for e in args.encodings.split(",") if e.strip())
+    given = {**sizes(args), "seeds": args.seeds, "encodings": encodings}
+    # GridConfig checks every option, the encodings' names included
+    config = dataclasses.replace(
+        QUICK if args.quick else GridConfig(), **{k: v for k, v in given.items() if v is not None}
+    )
+    doc = run_grid(config, args.out, workers=args.workers, progress=not args.no_progress)
+    report(doc)
+    out = Path(args.out).resolve()
+    print(f"results: {out / 'grid.json'}; figure: {out / 'grid.svg'}")
+    return 0
+
+
 def add(sub: Any) -> None:
     """Add ``posenc lab`` to the command's subparsers."""
     lab = sub.add_parser(
@@ -334,3 +353,28 @@ def add(sub: Any) -> None:
                             help="the text of the language model (as lab run --data)")  # fmt: skip
     study_options(lab_extend, "posenc-extend", device=False)
     lab_extend.set_defaults(run=_lab_extend)
+
+    from posenc.faces.lab import grid
+
+    lab_grid = lab_sub.add_parser(
+        "grid",
+        help="2-D rotary encodings of image patches on larger grids than trained: axial, "
+        "RoPE-Mixed, DINOv3, LieRE, ComRoPE and no position",
+        description="Train a tiny bidirectional ViT-like encoder per encoding and seed on "
+        "8x8 grids (where is the second of two marked cells: right, left, below or above) "
+        "and test it on 8x8, 12x12 and 16x16 grids; write DIR/grid.json "
+        "(accuracy[encoding][grid]: mean, min, max over seeds and each seed's value) and "
+        "DIR/grid.svg. Cached under DIR/runs: a rerun trains nothing new. Encodings: "
+        + ", ".join(grid.ENCODINGS)
+        + ".",
+    )
+    lab_grid.add_argument("--quick", action="store_true",
+                          help="one seed per encoding (a third of the default's time)")  # fmt: skip
+    lab_grid.add_argument("--encodings", default=None, metavar="LIST",
+                          help="comma-separated encodings (default: all)")  # fmt: skip
+    lab_grid.add_argument("--seeds", type=int_at_least(1), default=None, metavar="N",
+                          help="seeds per encoding (default: 3, --quick 1)")  # fmt: skip
+    grid_defaults = {f.name: f.default for f in dataclasses.fields(grid.GridConfig)}
+    lab_sizes(lab_grid, "test grids per size", default=grid_defaults)
+    study_options(lab_grid, "posenc-grid", device=False)
+    lab_grid.set_defaults(run=_lab_grid)

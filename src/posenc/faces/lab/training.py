@@ -393,10 +393,20 @@ def _save(obj: Any, path: Path) -> None:
 
 
 def _lr_at(step: int, config: LabConfig) -> float:
-    warm = max(1, min(100, config.steps // 10))
+    return warmup_cosine(step, config.steps)
+
+
+def warmup_cosine(step: int, steps: int) -> float:
+    """The lab's learning-rate factor at ``step`` of ``steps``: a linear warm-up over a
+    tenth of the steps (at most 100), then a cosine from 1 down to 0.1.
+
+    The ``LambdaLR`` factor of every lab training (:func:`training_state`), and of the
+    studies that train their own models (``posenc lab grid``).
+    """
+    warm = max(1, min(100, steps // 10))
     if step < warm:
         return (step + 1) / warm
-    progress = (step - warm) / max(1, config.steps - warm)
+    progress = (step - warm) / max(1, steps - warm)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
