@@ -34,9 +34,11 @@ if TYPE_CHECKING:
     from posenc.faces.lab.training import LabConfig, Record
     from posenc.families.bias.modules import AttentionBias
 
-#: The runs bundled with posenc (``posenc/faces/data``): ``posenc lab run``, ``posenc lab
-#: run --task text`` at their defaults, and ``posenc lab run --task flipflop --encodings
-#: path,path-fox,fox,rope,nope``, the ``results.json`` of each.
+#: The runs bundled with posenc (``posenc/faces/data``), the ``results.json`` of each:
+#: ``posenc lab run --encodings alibi,t5,rope,sinusoidal,learned,nope,hybrid-nope,pope,
+#: dual-chunk`` (the default run's encodings, PoPE and Dual Chunk Attention), ``posenc lab
+#: run --task text --encodings alibi,sinusoidal,rope,pope,dual-chunk`` and ``posenc lab run
+#: --task flipflop --encodings path,path-fox,fox,rope,nope``.
 BUNDLED = ("lab-copy.json", "lab-text.json", "lab-flipflop.json")
 
 
