@@ -625,9 +625,10 @@ def test_a_lab_run_without_probes_leaves_them_to_the_bundled_copy_run(
 
     lab = tmp_path / "lab"
     lab.mkdir()
-    text = (resources.files("posenc.faces") / "data" / "lab-text.json").read_text()
-    (lab / "results.json").write_text(text)
-    assert results.read(json.loads(text)).probes == []  # the bundled text run has none
+    doc = json.loads((resources.files("posenc.faces") / "data" / "lab-text.json").read_text())
+    doc["probes"] = []  # the bundled text run, as a run without probes
+    (lab / "results.json").write_text(json.dumps(doc))
+    assert results.read(doc).probes == []
     # the probes figure (from the bundled copy run) is rendered; the others are placeholders
     rendered = figure_placeholders(keep={"probes"})
     built = report.build(tmp_path / "r", dim=8, length=4, train_steps=2, lab=lab)
