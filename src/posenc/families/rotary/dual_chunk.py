@@ -204,6 +204,7 @@ class DualChunkRotary(nn.Module):
             >>> dca.chunk_len, dca.rotary.base
             (253952, 10000000.0)
         """
+
         def get(name: str) -> Any:
             return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
@@ -214,9 +215,7 @@ class DualChunkRotary(nn.Module):
         if not head_dim:
             heads, hidden = get("num_attention_heads"), get("hidden_size")
             if not heads or not hidden:
-                raise ValueError(
-                    "config needs head_dim, or hidden_size and num_attention_heads"
-                )
+                raise ValueError("config needs head_dim, or hidden_size and num_attention_heads")
             head_dim = hidden // heads
         params = get("rope_parameters") or {}
         base = params.get("rope_theta") or get("rope_theta") or 10000.0
