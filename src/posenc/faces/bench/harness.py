@@ -194,6 +194,51 @@ class Timing:
 CASES: dict[str, Case] = {}
 
 
+def qk_rows(
+    shape: tuple[int, ...], *, backward: bool, device: str = "cpu", dtype: str = "float32"
+) -> Callable[..., Callable[[], object]]:
+    """The timer of the rows that turn q and k: ``timed(step, *params)`` builds the
+    callable that times ``step(q, k) -> (q', k')`` on seeded q and k of ``shape``.
+
+    Each row gets the same q and k (drawn where they are used, in ``dtype``: tensors
+    of hundreds of MiB from the CPU's generator would take seconds each on the way to
+    a GPU). With ``backward`` each call also runs ``backward()`` from a fixed upstream
+    gradient into ``q.grad``, ``k.grad`` and each of ``params``' (reset to None before
+    each call), as a training step does; the upstream gradient is drawn once per
+    output shape (PoPE's outputs are twice as wide as its inputs), outside the timed
+    calls after the first.
+    """
+
+    def timed(step: Callable[[Any, Any], tuple[Any, Any]], *params: Any) -> Callable[[], object]:
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, k = (torch.randn(shape, generator=gen, device=device).to(getattr(torch, dtype))
+                for _ in range(2))  # fmt: skip
+        if not backward:
+            return lambda: step(q, k)
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+        upstream: dict[tuple[int, ...], Any] = {}
+
+        def call() -> object:
+            q.grad = k.grad = None
+            for p in params:
+                p.grad = None
+            a, b = step(q, k)
+            if a.shape not in upstream:
+                seeded = torch.Generator(device=device).manual_seed(1)
+                g = torch.randn(a.shape, generator=seeded, device=device)
+                upstream[a.shape] = g.to(a.dtype)
+            g = upstream[a.shape]
+            torch.autograd.backward((a, b), (g, g))
+            return q.grad, k.grad
+
+        return call
+
+    return timed
+
+
 def register(case: Case) -> Case:
     """Add ``case`` to :data:`CASES` (its name must be new) and return it."""
     if case.name in CASES:

@@ -25,7 +25,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from posenc.faces.bench.harness import Case, Impl
+from posenc.faces.bench.harness import Case, Impl, qk_rows
 
 _GRID = 14  # 224 / 16 patches per side
 _ALIAS = "_posenc_bench_timm"
@@ -63,35 +63,7 @@ def impls(
     """Rotate q and k of ``(batch, heads, 1 + grid**2, head_dim)``; optionally backward too."""
     seq = 1 + grid * grid
 
-    def inputs() -> tuple[Any, Any, Any]:
-        import torch
-
-        gen = torch.Generator(device=device).manual_seed(0)
-        shape = (batch, heads, seq, head_dim)
-        q, k, g = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
-        if backward:
-            q.requires_grad_(True)
-            k.requires_grad_(True)
-        return q, k, g
-
-    def timed(
-        step: Callable[[Any, Any], tuple[Any, Any]], params: Any = None
-    ) -> Callable[[], object]:
-        import torch
-
-        q, k, g = inputs()
-        if not backward:
-            return lambda: step(q, k)
-
-        def call() -> object:
-            q.grad = k.grad = None
-            if params is not None:
-                params.grad = None
-            a, b = step(q, k)
-            torch.autograd.backward((a, b), (g, g))
-            return q.grad, k.grad
-
-        return call
+    timed = qk_rows((batch, heads, seq, head_dim), backward=backward, device=device)
 
     def clone() -> Callable[[], object]:
         return timed(lambda q, k: (q.clone(), k.clone()))

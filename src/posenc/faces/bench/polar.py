@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from posenc.faces.bench.harness import Case, Impl
+from posenc.faces.bench.harness import Case, Impl, qk_rows
 
 
 def impls(
@@ -34,39 +34,7 @@ def impls(
     """
     shape = (batch, heads, seq, head_dim)
 
-    def inputs() -> tuple[Any, Any]:
-        import torch
-
-        gen = torch.Generator(device=device).manual_seed(0)
-        q, k = (torch.randn(shape, generator=gen, device=device) for _ in range(2))
-        if backward:
-            q.requires_grad_(True)
-            k.requires_grad_(True)
-        return q, k
-
-    def timed(
-        step: Callable[[Any, Any], tuple[Any, Any]], params: Any = None
-    ) -> Callable[[], object]:
-        import torch
-
-        q, k = inputs()
-        if not backward:
-            return lambda: step(q, k)
-        grads: dict[tuple[int, ...], Any] = {}
-
-        def call() -> object:
-            q.grad = k.grad = None
-            if params is not None:
-                params.grad = None
-            a, b = step(q, k)
-            if a.shape not in grads:  # drawn once per width, outside the later calls
-                gen = torch.Generator(device=device).manual_seed(1)
-                grads[a.shape] = torch.randn(a.shape, generator=gen, device=device)
-            g = grads[a.shape]
-            torch.autograd.backward((a, b), (g, g))
-            return q.grad, k.grad
-
-        return call
+    timed = qk_rows(shape, backward=backward, device=device)
 
     def phase_bias() -> Any:
         """The same phase bias in every row, uniform in [-2 pi, 0] (the references' option)."""

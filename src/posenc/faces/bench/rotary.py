@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import posenc
-from posenc.faces.bench.harness import Case, Impl
+from posenc.faces.bench.harness import Case, Impl, qk_rows
 
 
 def _hf_rotate_half(x: Any) -> Any:
@@ -62,33 +62,7 @@ def impls(
     shape = (batch, heads, seq, head_dim)
     cuda = device == "cuda"
 
-    def inputs() -> tuple[Any, Any, Any]:
-        import torch
-
-        # drawn where they are used: 512 MiB tensors from the CPU's generator would
-        # take seconds each on the way to a GPU
-        gen = torch.Generator(device=device).manual_seed(0)
-        tdtype = getattr(torch, dtype)
-        q, k, g = (torch.randn(shape, generator=gen, device=device).to(tdtype) for _ in range(3))
-        if backward:
-            q.requires_grad_(True)
-            k.requires_grad_(True)
-        return q, k, g
-
-    def timed(step: Callable[[Any, Any], tuple[Any, Any]]) -> Callable[[], object]:
-        import torch
-
-        q, k, g = inputs()
-        if not backward:
-            return lambda: step(q, k)
-
-        def call() -> object:
-            q.grad = k.grad = None
-            a, b = step(q, k)
-            torch.autograd.backward((a, b), (g, g))
-            return q.grad, k.grad
-
-        return call
+    timed = qk_rows(shape, backward=backward, device=device, dtype=dtype)
 
     def clone() -> Callable[[], object]:
         return timed(lambda q, k: (q.clone(), k.clone()))
