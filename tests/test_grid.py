@@ -21,12 +21,7 @@ float64 truth than the anchor is; at large coordinates it is far closer.
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
 import math
-import pathlib
-import sys
-import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,8 +31,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc.families.absolute.grid as grid_module
-from conftest import anchor, missing_anchor
+from conftest import anchor
 from posenc.families.absolute.grid import PRESETS, GridSpec, grid, grid_frequencies, resolve
+from timm_layers import load_anchor
 
 F32 = 2.0**-24  # float32 unit roundoff, relative
 LN_1E4 = math.log(1e4)
@@ -45,43 +41,19 @@ LN_1E4 = math.log(1e4)
 
 # ------------------------------------------------------------------ anchors without __init__
 
-
-def load_anchor(top: str, subpackages: tuple[str, ...], module: str) -> types.ModuleType:
-    """Import one file of an installed package without running its ``__init__``.
-
-    timm's and vit-pytorch's package ``__init__`` import torchvision, which is not
-    installed. The parents are stubbed under a private alias (``_anchor_timm``...):
-    stubbing the real name would make ``importlib.util.find_spec("timm")`` fail in
-    diffusers and transformers, which probe for timm. Not installed: fails under
-    ``CI=true``, skips elsewhere (:func:`conftest.missing_anchor`); the float64 oracles
-    below check the presets all the same.
-    """
-    spec = importlib.machinery.PathFinder.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        missing_anchor(top, "is not installed (the float64 oracles still check its preset)")
-    root = pathlib.Path(next(iter(spec.submodule_search_locations)))
-    alias = f"_anchor_{top}"
-    for depth in range(len(subpackages) + 1):
-        parts = subpackages[:depth]
-        name = ".".join((alias, *parts))
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.__path__ = [str(root.joinpath(*parts))]
-            stub.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            stub.__spec__.submodule_search_locations = stub.__path__
-            sys.modules[name] = stub
-    return importlib.import_module(f"{alias}.{module}")
+# timm's and vit-pytorch's files, loaded without their packages' __init__ (tests/timm_layers.py)
+ORACLES = "is not installed (the float64 oracles still check its preset)"
 
 
 @pytest.fixture(scope="module")
 def timm_sincos():
-    return load_anchor("timm", ("layers",), "layers.pos_embed_sincos")
+    return load_anchor("timm", ("layers",), "layers.pos_embed_sincos", ORACLES)
 
 
 @pytest.fixture(scope="module")
 def simple_vit():
     anchor("einops")
-    return load_anchor("vit_pytorch", (), "simple_vit")
+    return load_anchor("vit_pytorch", (), "simple_vit", ORACLES)
 
 
 @pytest.fixture(scope="module")
