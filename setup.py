@@ -24,7 +24,7 @@ setup(
                 f"src/posenc/core/csrc/{name}.c"
                 for name in ("module", "team", "table", "rotate", "attend")
             ],
-            depends=["src/posenc/core/csrc/common.h"],  # rebuilt when it changes, and in the sdist
+            depends=["src/posenc/core/csrc/common.h", "src/posenc/core/csrc/tiles.h"],  # rebuilt when it changes, and in the sdist
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],
