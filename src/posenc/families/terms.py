@@ -19,12 +19,19 @@ engine needs from it:
 - ``operand``: what the compiled loop reads of it, ``"table"`` (``tensors[0]`` a
   ``(heads, q_len + k_len - 1)`` table over ``key - query``), ``"pieces"`` (a
   :class:`posenc.bias.ScaledForm`'s table, scale, slopes and intercepts, ``knots``
-  beside them) or ``"gate"`` (``tensors[0]`` a ``(batch, heads, k_len)`` tensor
-  ``c``, the score gaining ``c[query] - c[key]``), or None;
+  beside them), ``"gate"`` (``tensors[0]`` a ``(batch, heads, k_len)`` tensor
+  ``c``, the score gaining ``c[query] - c[key]``), or, for a term that also reads
+  the scores, ``"counted"`` (gates on the scores counted into positions, CoPE's:
+  ``tensors[0]`` the ``(head_dim, npos)`` embeddings, ``scalars[0]`` the factor of
+  the position logits) or ``"mlp"`` (the scores of all heads refined by an MLP,
+  DAPE's: ``tensors`` the base's ``(heads, q_len + k_len - 1)`` table over ``key -
+  query`` and the MLP's ``w1, b1, w2, b2``, ``scalars[0]`` its LeakyReLU's
+  negative slope); None where the loop cannot read it;
 - ``read``: for a term that reads the scores themselves (CoPE, DAPE),
   ``read(tensors, z, q, q_pos, k_pos, unseen)`` returns its addition from the
   scaled scores ``z`` of a block; None for every other term; ``row_values``, the
-  values it keeps per query row beyond the scores (what sizes the blocks).
+  values it keeps per query row beyond the scores (what sizes the blocks);
+- ``scalars``: the numbers an operand needs beside its tensors (see ``operand``).
 
 Every bias module (:class:`posenc.bias.AttentionBias`), the Forgetting
 Transformer's gates (:class:`posenc.bias.ForgetGateTerm`), :class:`posenc.CoPE`
@@ -43,7 +50,7 @@ Shapes::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
@@ -55,9 +62,9 @@ __all__ = [
 ]
 
 #: The kinds of operand the compiled loop reads (see the module docstring).
-OPERANDS: tuple[str, ...] = ("table", "pieces", "gate")
+OPERANDS: tuple[str, ...] = ("table", "pieces", "gate", "counted", "mlp")
 
-Operand = Literal["table", "pieces", "gate"]
+Operand = Literal["table", "pieces", "gate", "counted", "mlp"]
 BlockFn = Callable[[Sequence[torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor]
 AddMod = Callable[[Any, Any, Any, Any], Any]
 FlexFn = Callable[[Sequence[torch.Tensor]], AddMod]
@@ -149,6 +156,7 @@ class TermForm:
     knots: torch.Tensor | None = None
     read: ReadFn | None = None
     row_values: int = 0
+    scalars: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.operand is not None and self.operand not in OPERANDS:
@@ -158,9 +166,7 @@ class TermForm:
 
     def without_tensors(self) -> TermForm:
         """The form with its tensors left out: what an engine keeps beside them."""
-        return TermForm(
-            (), self.block, self.flex, self.operand, self.knots, self.read, self.row_values
-        )
+        return replace(self, tensors=())
 
 
 @runtime_checkable

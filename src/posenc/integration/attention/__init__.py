@@ -45,7 +45,7 @@ from posenc.families.bias.forget import ForgetGateTerm
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.contextual import DAPE, CoPE
 from posenc.families.terms import ScoreTerm, TermContext
-from posenc.integration.attention import checkpointed, flex, layout
+from posenc.integration.attention import checkpointed, flex, kernel, layout
 from posenc.integration.attention.layout import Plan
 from posenc.integration.attention.softmax import SoftmaxAttention
 
@@ -244,7 +244,8 @@ def attention(
     if backend == "flex" and b * h * v.shape[-1] > 0:
         return flex.attend(q, k, v, plan, tensors).to(dtype)
     q, k, v = q.to(work), k.to(work), v.to(work)
-    if reads:
+    if reads and not (backend == "kernel" and kernel.reads(plan, tensors, q, k, v)):
+        # the checkpointed path, unless the reading term's operand has a loop that runs
         per_query = sum(f.row_values for f in forms)
         return checkpointed.attend(q, k, v, plan, tensors, per_query).to(dtype)
     if torch.compiler.is_compiling():

@@ -18,6 +18,12 @@ as the modules that made them:
 A call whose terms the loop cannot read (a term evaluated per block, two scaled
 forms, a table beside a scaled form, two gates) takes the blockwise path: both
 functions here then return None.
+
+A term that reads the scores themselves (its form has ``read``) has a loop of its
+own where its operand kind has one: :data:`READERS` maps the kind (``"counted"``,
+``"mlp"``) to a :class:`Reader`, the module that calls that loop. :func:`reads`
+says whether a call's reader will run both passes; :func:`forward` and
+:func:`backward` then hand the call to it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import torch
 
@@ -62,6 +69,52 @@ class Operands:
         if grads is None:
             return out
         return (*out, *(g.data_ptr() for g in grads)) if grads else (*out, 0, 0, 0)
+
+
+class Reader(Protocol):
+    """The compiled loop of an operand kind that reads the scores, as a module gives it."""
+
+    def ready(
+        self, plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> bool:  # fmt: skip
+        """Whether both passes will run for these float32 CPU inputs."""
+
+    def forward(
+        self, plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
+        """The output and log-sum-exp, as :func:`forward` returns them."""
+
+    def backward(
+        self, plan: Plan, tensors: Sequence[torch.Tensor], wanted: Sequence[bool],
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+        dout: torch.Tensor, delta: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...] | None:  # fmt: skip
+        """The gradients, as :func:`backward` returns them."""
+
+
+#: The loops of the operand kinds that read the scores, by kind.
+READERS: dict[str, Reader] = {}
+
+
+def reader(plan: Plan) -> Reader | None:
+    """The loop of the call's one term that reads the scores, or None (none, two, or a
+    kind without a loop)."""
+    reading = [f for f in plan.forms if f.read is not None]
+    if len(reading) != 1 or plan.choose is not None or reading[0].operand is None:
+        return None
+    return READERS.get(reading[0].operand)
+
+
+def reads(
+    plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> bool:
+    """Whether a call with a term that reads the scores runs compiled, forward and backward."""
+    loop = reader(plan)
+    if loop is None or compiled is None or q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    return loop.ready(plan, tensors, q, k, v)
 
 
 def _address(t: torch.Tensor | None) -> int:
@@ -125,6 +178,9 @@ def forward(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The compiled forward's output and log-sum-exp, or None where it does not apply."""
+    loop = reader(plan)
+    if loop is not None:
+        return loop.forward(plan, tensors, q, k, v)
     if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
         return None
     if q.dtype != torch.float32 or q.shape[0] * q.shape[1] * v.shape[-1] == 0:
@@ -164,6 +220,9 @@ def backward(
 ) -> tuple[torch.Tensor | None, ...] | None:
     """The compiled backward of a compiled forward: dq, dk, dv and each tracked tensor's
     gradient (None where not ``wanted``); None where it has no loop."""
+    loop = reader(plan)
+    if loop is not None:
+        return loop.backward(plan, tensors, wanted, q, k, v, lse, dout, delta)
     if compiled is None or not hasattr(compiled, "attend_backward"):
         return None
     b, h, lq, d = q.shape

@@ -135,6 +135,9 @@ def backward_blockwise(
     delta: torch.Tensor,
 ) -> tuple[torch.Tensor | None, ...]:
     """dq, dk, dv and each tracked tensor's gradient, block by block in torch ops."""
+    if any(f.read is not None for f in plan.forms):
+        # such a call runs here only where its reader ran the forward (kernel.reads)
+        raise RuntimeError("a term that reads the scores has no blockwise backward")
     b, h, lq, _ = q.shape
     hk, lk = k.shape[1], k.shape[2]
     dq = torch.empty_like(q)
