@@ -199,6 +199,7 @@ def test_package_names_and_case_order():
         "pope-backward",
         "attention-bias",
         "attention-bias-train",
+        "attention-context-train",
         "decode",
         "decode-bfloat16",
     ]
@@ -409,6 +410,23 @@ def test_attention_train_rows_compute_the_same_gradients():
     for name in ("posenc T5", "posenc FIRE", "posenc FIRE, L=seq", "posenc FoX"):
         params = grads[name][3:]
         assert params and all(g is not None and g.abs().sum() > 0 for g in params), name
+
+
+def test_context_train_case_runs_every_row_and_trains_every_parameter():
+    """Every row of the context-reading methods runs, and its gradients reach q, k, v and
+    each parameter it has (PaTH's w, beta and gates; CoPE's embeddings; DAPE's MLP)."""
+    case = bench.CASES["attention-context-train"]
+    assert case.memory and case.devices == ("cpu",)
+    assert dict(case.full) == {"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64}
+    rows = bench.run_case(case, size=TINY_ATTENTION, repeat=1)
+    assert rows[0].impl == "SDPA causal" and rows[0].role == "baseline"
+    assert all(t.status == "ok" for t in rows), [(t.impl, t.reason) for t in rows]
+    impls = {i.name: i for i in bench.attention.context_impls(**TINY_ATTENTION)}
+    grads = {name: impl.make()() for name, impl in impls.items()}
+    counts = {"posenc PaTH": 5, "posenc PaTH-FoX": 6, "posenc CoPE": 4, "posenc DAPE": 7}
+    for name, found in grads.items():
+        assert len(found) == counts.get(name, 4 if name == "posenc FoX" else 3), name
+        assert all(g is not None and g.abs().sum() > 0 for g in found), name
 
 
 def test_peak_memory_sees_an_allocation():

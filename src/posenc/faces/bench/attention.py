@@ -7,13 +7,17 @@ with ALiBi in a compiled score mod.
 
 ``attention-bias-train`` times one causal training step, forward and backward
 into q, k, v and the bias module's parameters: posenc with no bias, ALiBi, T5,
-FIRE, the Forgetting Transformer's gates (``log_fgate``) and, on CPU, PaTH and
-PaTH-FoX (:func:`posenc.path_attention`, gradients into w, beta and the gates),
-against SDPA's causal
+FIRE and the Forgetting Transformer's gates (``log_fgate``), against SDPA's causal
 forward and backward (the baseline) and the same two peers with the causal mask
 added.
 
-Both cases also measure each row's peak memory.
+``attention-context-train`` times the same training step for the methods whose
+scores depend on the context, not on positions alone: stick-breaking attention,
+PaTH and PaTH-FoX, CoPE and DAPE (over ALiBi), with FoX beside them, against SDPA
+causal. Their papers' code is GPU-only or dense; on CPU posenc runs each in a
+compiled loop of its own (float32).
+
+The cases also measure each row's peak memory.
 
 On CUDA (``posenc bench --device cuda``) both cases are causal and bfloat16, at
 ``(1, 16, 8192, 128)``: a long-context training shape where attention, not the
@@ -138,6 +142,42 @@ def impls(batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu
     ]
 
 
+def _step(
+    shape: tuple[int, ...],
+    device: str,
+    dtype: str,
+    backward: bool,
+    forward: Callable[[Any, Any, Any], Any],
+    params: Sequence[Any] = (),
+) -> Callable[[], object]:
+    """One row's call: ``forward(q, k, v)`` on seeded inputs, under ``no_grad``, or with
+    ``backward`` a training step: gradients reset to None, the forward, and backward
+    from a seeded upstream gradient into q, k, v and ``params``, returning them. The
+    first call runs here (one-time costs out of the timed runs)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    tdtype = getattr(torch, dtype)
+    q, k, v, g = (torch.randn(shape, generator=gen, device=device, dtype=tdtype) for _ in range(4))
+    if backward:
+        leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
+
+        def call() -> object:
+            for t in leaves:
+                t.grad = None  # each run stores fresh gradients, as the first one does
+            forward(q, k, v).backward(g)
+            return tuple(t.grad for t in leaves)
+
+    else:
+
+        def call() -> object:
+            with torch.no_grad():
+                return forward(q, k, v)
+
+    call()
+    return call
+
+
 def train_impls(
     batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu"
 ) -> list[Impl]:
@@ -211,30 +251,7 @@ def causal_impls(
     def step(
         forward: Callable[[Any, Any, Any], Any], params: Sequence[Any] = ()
     ) -> Callable[[], object]:
-        import torch
-
-        gen = torch.Generator(device=device).manual_seed(0)
-        tdtype = getattr(torch, dtype)
-        q, k, v, g = (
-            torch.randn(shape, generator=gen, device=device, dtype=tdtype) for _ in range(4)
-        )
-        if backward:
-            leaves = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), *params)
-
-            def call() -> object:
-                for t in leaves:
-                    t.grad = None  # each run stores fresh gradients, as the first one does
-                forward(q, k, v).backward(g)
-                return tuple(t.grad for t in leaves)
-
-        else:
-
-            def call() -> object:
-                with torch.no_grad():
-                    return forward(q, k, v)
-
-        call()  # one-time costs here, not in the timed runs
-        return call
+        return _step(shape, device, dtype, backward, forward, params)
 
     def module(kind: str) -> Any:
         import torch
@@ -274,29 +291,6 @@ def causal_impls(
         gates = torch.nn.functional.logsigmoid(logits).requires_grad_(backward)
         params = (gates,) if backward else ()
         return step(lambda q, k, v: posenc.attention(q, k, v, causal=True, log_fgate=gates), params)
-
-    def path(gated: bool) -> Callable[[], Callable[[], object]]:
-        def make() -> Callable[[], object]:
-            import torch
-            import torch.nn.functional as F
-
-            gen = torch.Generator(device=device).manual_seed(2)
-            raw = torch.randn(shape, generator=gen, device=device)
-            # unit directions and beta in (0, 2), float32 as PaTHTransforms makes them
-            w = F.normalize(raw, dim=-1).to(getattr(torch, dtype)).requires_grad_(backward)
-            logits = torch.randn((batch, heads, seq), generator=gen, device=device)
-            beta = (2 * torch.sigmoid(logits)).requires_grad_(backward)
-            gates = None
-            params: tuple[Any, ...] = (w, beta) if backward else ()
-            if gated:
-                gates = F.logsigmoid(torch.randn((batch, heads, seq), generator=gen, device=device))
-                gates.requires_grad_(backward)
-                params = (*params, gates) if backward else ()
-            return step(
-                lambda q, k, v: posenc.path_attention(q, k, v, w, beta, log_fgate=gates), params
-            )
-
-        return make
 
     def materialised() -> Callable[[], object]:
         import torch
@@ -343,16 +337,6 @@ def causal_impls(
             Impl("v.clone()", copy, "baseline", f"copy of the output's size ({pass_}, reference)"),
             Impl("SDPA causal", sdpa, "baseline", "no bias, is_causal=True: x ref", reference=True),
         ]
-    # PaTH's chain of Householder products is torch ops on chunks: a CPU row (on CUDA
-    # fla's Triton kernels are the implementation to use)
-    paths = []
-    if device == "cpu":
-        paths = [
-            Impl(
-                "posenc PaTH", path(False), "ours", "path_attention: w, beta, gradients into them"
-            ),
-            Impl("posenc PaTH-FoX", path(True), "ours", "PaTH with forget gates (fla's scaling)"),
-        ]
     return [
         *rows,
         Impl("posenc, no bias", ours("none"), "ours", "posenc.attention, causal"),
@@ -361,9 +345,105 @@ def causal_impls(
         Impl("posenc FIRE", ours("fire"), "ours", fire),
         Impl("posenc FIRE, L=seq", ours("fire-long"), "ours", f"init_L={seq}: key - query"),
         Impl("posenc FoX", fox, "ours", "log_fgate: forget gates, gradients into them"),
-        *paths,
         Impl("x-transformers ALiBi", materialised, "peer", "dense bias, causal -inf, SDPA mask"),
         Impl("flex_attention ALiBi", flex, "peer", "compiled score_mod + block mask, made once"),
+    ]
+
+
+def context_impls(
+    batch: int, heads: int, seq: int, head_dim: int, *, device: str = "cpu"
+) -> list[Impl]:
+    """One causal training step of the context-reading methods, float32 on the CPU.
+
+    As :func:`causal_impls`' training step (seeded q, k, v and upstream gradient;
+    gradients into them and into every parameter a row has), against SDPA causal:
+    the Forgetting Transformer (``log_fgate``, seeded log forget gates), stick-breaking
+    attention (:func:`posenc.stick_breaking_attention`, the remainder given to the
+    query's own value, as the lab does), PaTH and PaTH-FoX (:func:`posenc.path_attention`:
+    seeded unit directions ``w``, ``beta = 2 sigmoid``, and gates, all differentiated),
+    CoPE (:class:`posenc.CoPE`, 64 positions) and DAPE over ALiBi (:class:`posenc.DAPE`,
+    width 32), their parameters seeded.
+    """
+    shape = (batch, heads, seq, head_dim)
+
+    def step(
+        forward: Callable[[Any, Any, Any], Any], params: Sequence[Any] = ()
+    ) -> Callable[[], object]:
+        return _step(shape, device, "float32", True, forward, params)
+
+    def seeded(seed: int, *size: int) -> Any:
+        import torch
+
+        return torch.randn(size, generator=torch.Generator().manual_seed(seed)).to(device)
+
+    def sdpa() -> Callable[[], object]:
+        import torch.nn.functional as F
+
+        return step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def fox() -> Callable[[], object]:
+        import torch.nn.functional as F
+
+        gates = F.logsigmoid(seeded(1, batch, heads, seq)).requires_grad_()
+        return step(
+            lambda q, k, v: posenc.attention(q, k, v, causal=True, log_fgate=gates), (gates,)
+        )
+
+    def stick() -> Callable[[], object]:
+        def forward(q: Any, k: Any, v: Any) -> Any:
+            out, rem = posenc.stick_breaking_attention(q, k, v)
+            return out + rem[..., None] * v
+
+        return step(forward)
+
+    def path(gated: bool) -> Callable[[], Callable[[], object]]:
+        def make() -> Callable[[], object]:
+            import torch
+            import torch.nn.functional as F
+
+            w = F.normalize(seeded(2, *shape), dim=-1).requires_grad_()
+            beta = (2 * torch.sigmoid(seeded(3, batch, heads, seq))).requires_grad_()
+            gates = F.logsigmoid(seeded(4, batch, heads, seq)).requires_grad_() if gated else None
+            params = (w, beta) if gates is None else (w, beta, gates)
+            return step(
+                lambda q, k, v: posenc.path_attention(q, k, v, w, beta, log_fgate=gates), params
+            )
+
+        return make
+
+    def seeded_module(make: Callable[[], Any]) -> Any:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # the same initial parameters in every run of the bench
+            return make().to(device)
+
+    def cope() -> Callable[[], object]:
+        import torch
+
+        module = seeded_module(lambda: posenc.CoPE(head_dim, npos_max=64))
+        with torch.no_grad():  # its zero initialisation would leave the positions unused
+            module.pos_emb.copy_(seeded(5, *module.pos_emb.shape) * head_dim**-0.5)
+        return step(
+            lambda q, k, v: posenc.attention(q, k, v, cope=module, causal=True),
+            tuple(module.parameters()),
+        )
+
+    def dape() -> Callable[[], object]:
+        module = seeded_module(lambda: posenc.DAPE(posenc.ALiBi(heads, symmetric=False)))
+        return step(
+            lambda q, k, v: posenc.attention(q, k, v, bias=module, causal=True),
+            tuple(module.parameters()),
+        )
+
+    return [
+        Impl("SDPA causal", sdpa, "baseline", "is_causal=True (reference)"),
+        Impl("posenc FoX", fox, "ours", "log_fgate: forget gates, gradients into them"),
+        Impl("posenc stick-breaking", stick, "ours", "out + rem * v, attend_current=False"),
+        Impl("posenc PaTH", path(False), "ours", "path_attention: w, beta, gradients into them"),
+        Impl("posenc PaTH-FoX", path(True), "ours", "PaTH with forget gates (fla's scaling)"),
+        Impl("posenc CoPE", cope, "ours", "CoPE(npos_max=64), gradients into pos_emb"),
+        Impl("posenc DAPE", dape, "ours", "DAPE(ALiBi), width 32, gradients into the MLP"),
     ]
 
 
@@ -399,5 +479,16 @@ CASES = (
         devices=("cpu", "cuda"),
         cuda_full=CUDA_SIZE,
         cuda_quick=CUDA_QUICK,
+    ),
+    Case(
+        "attention-context-train",
+        "One causal training step (float32, forward + backward into q, k, v and every "
+        "parameter) of the methods whose scores read the context: stick-breaking, PaTH, "
+        "CoPE, DAPE, with FoX, against SDPA causal; peak MiB is what one step adds.",
+        build=context_impls,
+        full={"batch": 1, "heads": 8, "seq": 2048, "head_dim": 64},
+        quick={"batch": 1, "heads": 8, "seq": 512, "head_dim": 64},
+        quick_repeat=3,
+        memory=True,
     ),
 )
