@@ -5,7 +5,9 @@
    - rotate (rotate.c): the float32 and bfloat16 rotary rotation of
      posenc.families.rotary.apply;
    - attend and attend_backward (attend.c): the float32 attention loop of
-     posenc.integration.attention and its gradients.
+     posenc.integration.attention and its gradients;
+   - attend_counted and attend_counted_backward (counted.c): CoPE's loop, the
+     operand kind "counted".
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
@@ -39,6 +41,10 @@ static PyMethodDef methods[] = {
      "Flash attention with a relative bias (see the module source)."},
     {"attend_backward", posenc_attend_backward, METH_VARARGS,
      "The gradients of attend (see the module source)."},
+    {"attend_counted", posenc_attend_counted, METH_VARARGS,
+     "Flash attention with CoPE's counted positions (see the module source)."},
+    {"attend_counted_backward", posenc_attend_counted_backward, METH_VARARGS,
+     "The gradients of attend_counted (see the module source)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
