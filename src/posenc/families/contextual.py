@@ -135,7 +135,10 @@ class CoPE(DerivedBuffers):
 
         The gates are ``sigmoid`` of the scaled scores ``z`` on the keys a query
         sees (0 elsewhere); the addition is the position logits (times the scale
-        when ``scale_with_logits``).
+        when ``scale_with_logits``). Its operand is ``"counted"``: ``pos_emb`` and
+        that factor, which the compiled loop
+        (:mod:`posenc.integration.attention.counted`) reads for float32 on the CPU;
+        ``read`` is the checkpointed path's form everywhere else.
 
         Raises:
             ValueError: a non-causal call (its positions count the keys up to the
@@ -170,7 +173,13 @@ class CoPE(DerivedBuffers):
 
         tensors = tuple(own.values())
         # q . pos_emb, gathered from
-        return TermForm(tensors, read=read, row_values=ctx.heads * self.npos_max)
+        return TermForm(
+            tensors,
+            read=read,
+            row_values=ctx.heads * self.npos_max,
+            operand="counted",
+            scalars=(factor,),
+        )
 
     def extra_repr(self) -> str:
         return (
