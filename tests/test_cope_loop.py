@@ -2,43 +2,49 @@
 
 ``posenc.attention(q, k, v, cope=..., causal=True)`` on float32 CPU inputs runs
 ``attend_counted`` and ``attend_counted_backward`` (core/csrc/counted.c) through
-:mod:`posenc.integration.attention.counted`; every test here asserts that it did
+:mod:`posenc.integration.attention.counted`; every test of the loop asserts that it did
 (the checkpointed path is made to fail). Ground truth is the checkpointed path in
 float64 (``backend="blockwise"``); the float32 checkpointed path is held to the
 same bounds, so both float32 paths answer to one derivation.
 
 The bounds (``cope_bounds``) are a first-order running error analysis of the
 formula in float32, U = 2**-24, each quantity carrying its own rounding and its
-inputs' errors, evaluated per element in float64 with the actual values (a
-k-term sum or dot product is off by k U times the sum of its terms' magnitudes):
+inputs' errors, evaluated per element in float64 with the actual values. An
+n-term sum or dot product is off by gamma(n) = LAMBDA sqrt(n) U times the sum of
+its terms' magnitudes (Higham and Mary 2019: independent roundings, exceeded with
+probability below 2 exp(-LAMBDA**2 / 2) per sum), and the errors its terms carry in
+add in quadrature (``rss``), as independent errors do; n U and plain sums (the
+worst case) leave bounds a hundred times looser, which a 1% error in dS passes.
 
-- z = q . k scale: ez = D U |q| . |k| scale + U |z|;
+- z = q . k scale: ez = gamma(D) |q| . |k| scale + U |z|;
 - a gate g = sigmoid(z) (0 on a key the query does not see): g (1 - g) ez + 4 U g
   (exp within 2 ulp, the division and a product);
-- the count p_ij = sum_{k >= j} g_ik: the gates' errors summed, plus 3 U p (both
-  paths sum it compensated or in double); clamping to npos - 1 is 1-Lipschitz, so
-  is w = p - floor p where it matters (the logit is continuous across integers);
-- QE = q . e: D U |q| . |e| + U |QE|; the logit (1 - w) lo + w hi: |hi - lo| ep +
-  the ends' errors weighted + 4 U of the terms; the score s = z + factor logit:
-  ez + factor epos + U (|s| + factor |logit|);
-- the weights P = softmax(s): dP_ij = P_ij (es_ij + sum_k P_ik es_ik + (k_len + 8)
-  U) (exp, the sum of k_len terms, the log and the online rescaling: a few U each);
-  out = P v: eP . |v| + k_len U P . |v|;
-- the backward: dP = dO . v (DV U |dO| . |v|), delta = dO . out (|dO| . eout + DV U
-  |dO| . |out|), dS = P (dP - delta) (eP |dP - delta| + P (edP + edelta) + 2 U |dS|),
-  cf = factor dS, dp = cf (hi - lo) where the count is not clamped, the gate
-  gradient dg_ik = sum_{j <= k} dp_ij (the loop takes it as a row total less a
-  running sum, 2 k_len U sum_j |dp_ij| besides the dp's own errors), dz = dS + dg
-  g (1 - g) (with |dg| |1 - 2 g| eg for the slope's error), dQE the dS scattered at
-  floor and ceil (its terms' errors plus k_len U of their magnitudes);
+- the count p_ij = sum_{k >= j} g_ik: the gates' errors in quadrature, plus 3 U p
+  (the loop sums it compensated, the checkpointed path in double); clamping to
+  npos - 1 is 1-Lipschitz, and so is w = p - floor p where it matters (the logit is
+  continuous across integers);
+- QE = q . e: gamma(D) |q| . |e| + U |QE|; the logit (1 - w) lo + w hi: |hi - lo| ep
+  plus the ends' errors weighted plus 4 U of the terms; the score s = z + factor
+  logit: ez + factor elogit + U (|z| + 2 factor |logit|);
+- the weights P = softmax(s): eP_ij = P_ij (es_ij + sum_k P_ik es_ik + 8 U +
+  gamma(k_len)) (exp, the sum of k_len terms, the log and the online rescaling);
+  out = P v: eP . |v| in quadrature plus gamma(k_len) P . |v|;
+- the backward: dP = dO . v (gamma(DV) |dO| . |v|), delta = dO . out (|dO| . eout +
+  gamma(DV) |dO| . |out|), dS = P (dP - delta) (eP |dP - delta| + P (edP + edelta)
+  + 2 U |dS|), cf = factor dS, dp = cf (hi - lo) where the count is not clamped,
+  the gate gradient dg_ik = sum_{j <= k} dp_ij (the loop takes it as a row total
+  less a running sum: 2 gamma(k_len) sum_j |dp_ij| besides the dp's own errors),
+  dz = dS + dg g (1 - g) (with |dg| |1 - 2 g| eg for the slope's error), dQE the cf
+  scattered at floor and ceil (its terms' errors plus gamma(k_len) of their
+  magnitudes);
 - dq = scale dz . k + dQE . e^T, dk = scale dz^T . q over the group, dv = P^T . dO,
-  d pos_emb = q^T . dQE over batch and heads: each a k-term sum, its terms' errors
-  plus k U of their magnitudes.
+  d pos_emb = q^T . dQE over batch and heads: each an n-term sum, its terms'
+  errors in quadrature plus gamma(n) of their magnitudes.
 
 Every bound is doubled for the second-order terms. ``cope_bounds`` also returns
 its float64 values, the gradients written out by hand (one more check of the
 formula the C code follows), and the part of each gradient that dS gives directly:
-1% of it added to the truth must fail (a near miss, as the deliberate 1.01 in the
+1% of it added to the truth must fail (a near miss, as a deliberate 1.01 in the
 C code's dS showed), as must an error of 1.01 times the bound.
 """
 
