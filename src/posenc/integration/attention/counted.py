@@ -27,7 +27,7 @@ from posenc.integration.attention.layout import Plan
 MAX_POSITIONS = 8192
 
 
-def _cope_at(plan: Plan) -> int:
+def _counted_at(plan: Plan) -> int:
     """The index of the counted form among the plan's forms (its tensors start there)."""
     start = 0
     for form, size in zip(plan.forms, plan.sizes, strict=True):
@@ -52,7 +52,7 @@ def ready(
     for form in plan.forms:
         if form.operand != "counted" and (form.read is not None or form.block is not None):
             return False  # the loop adds CoPE's term alone
-    emb = tensors[_cope_at(plan)]
+    emb = tensors[_counted_at(plan)]
     b, h, _, d = q.shape
     if b * h * v.shape[-1] == 0 or d % 16 or v.shape[-1] % 16:
         return False
@@ -66,7 +66,7 @@ def _common(
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], list[object]]:
     """pos_emb transposed ``(npos, D)``, the documents (held through the call) and the
     arguments both functions end with."""
-    emb = tensors[_cope_at(plan)].detach().float()
+    emb = tensors[_counted_at(plan)].detach().float()
     form = next(f for f in plan.forms if f.operand == "counted")
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
@@ -135,7 +135,7 @@ def backward(
     assert compiled is not None  # ready() saw it
     emb_t, _docs, args = _common(plan, tensors, q, k, v)
     mask = _mask(plan)
-    at = _cope_at(plan)
+    at = _counted_at(plan)
     b, h, lq, d = q.shape
     dq = torch.empty((b, h, lq, d), dtype=torch.float32)
     dk = torch.zeros(k.shape, dtype=torch.float32)
