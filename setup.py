@@ -22,7 +22,7 @@ setup(
             "posenc.core._kernels",
             [
                 f"src/posenc/core/csrc/{name}.c"
-                for name in ("module", "team", "table", "rotate", "attend", "counted")
+                for name in ("module", "team", "table", "rotate", "attend", "counted", "mixed")
             ],
             depends=["src/posenc/core/csrc/common.h", "src/posenc/core/csrc/tiles.h"],  # rebuilt when it changes, and in the sdist
             # no fused multiply-add: each product and sum is rounded, so float32 tables

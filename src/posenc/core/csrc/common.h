@@ -54,12 +54,14 @@ void posenc_prefault(char *p, Py_ssize_t n);
    `name`) unless it has exactly n (module.c). */
 int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name);
 
-/* The module's functions (table.c, rotate.c, attend.c, counted.c). */
+/* The module's functions (table.c, rotate.c, attend.c, counted.c, mixed.c). */
 PyObject *posenc_table(PyObject *self, PyObject *args);
 PyObject *posenc_rotate(PyObject *self, PyObject *args);
 PyObject *posenc_attend(PyObject *self, PyObject *args);
 PyObject *posenc_attend_backward(PyObject *self, PyObject *args);
 PyObject *posenc_attend_counted(PyObject *self, PyObject *args);
 PyObject *posenc_attend_counted_backward(PyObject *self, PyObject *args);
+PyObject *posenc_attend_mixed(PyObject *self, PyObject *args);
+PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args);
 
 #endif

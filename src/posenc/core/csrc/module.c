@@ -7,7 +7,9 @@
    - attend and attend_backward (attend.c): the float32 attention loop of
      posenc.integration.attention and its gradients;
    - attend_counted and attend_counted_backward (counted.c): CoPE's loop, the
-     operand kind "counted".
+     operand kind "counted";
+   - attend_mixed and attend_mixed_backward (mixed.c): DAPE's loop, the operand
+     kind "mlp": an MLP over the heads' scores.
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
@@ -45,6 +47,10 @@ static PyMethodDef methods[] = {
      "Flash attention with CoPE's counted positions (see the module source)."},
     {"attend_counted_backward", posenc_attend_counted_backward, METH_VARARGS,
      "The gradients of attend_counted (see the module source)."},
+    {"attend_mixed", posenc_attend_mixed, METH_VARARGS,
+     "Flash attention with scores refined by an MLP over the heads (see the module source)."},
+    {"attend_mixed_backward", posenc_attend_mixed_backward, METH_VARARGS,
+     "The gradients of attend_mixed (see the module source)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
