@@ -286,6 +286,14 @@ class DAPE(nn.Module):
         B])`` read from the scaled scores ``S`` (``B`` zero above the diagonal when causal,
         as the reference's lower-triangular base bias).
 
+        Where the base's form is a ``"table"`` over ``key - query`` (ALiBi, T5Bias,
+        KERPLE, Sandwich, FIRE below its threshold), the form's operand is ``"mlp"``:
+        ``tensors`` the table and the MLP's ``w1, b1, w2, b2``, ``scalars`` the
+        LeakyReLU's negative slope, what the compiled loop reads
+        (:mod:`posenc.integration.attention.mixed`); ``read`` reads the same tensors
+        on the checkpointed path. Other bases (FIRE past its threshold, NoPE) have no
+        operand: the checkpointed path.
+
         Raises:
             ValueError: ``num_heads`` not the call's heads.
         """
@@ -310,7 +318,18 @@ class DAPE(nn.Module):
 
         tensors = (*base.tensors, *self.mlp.parameters())
         # [S ; B] and the MLP's hidden units
-        return TermForm(tensors, read=read, row_values=(3 * ctx.heads + self.width) * ctx.k_len)
+        row_values = (3 * ctx.heads + self.width) * ctx.k_len
+        if base.operand != "table":
+            return TermForm(tensors, read=read, row_values=row_values)
+        act = self.mlp[1]
+        assert isinstance(act, nn.LeakyReLU)
+        return TermForm(
+            tensors,
+            read=read,
+            row_values=row_values,
+            operand="mlp",
+            scalars=(float(act.negative_slope),),
+        )
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, width={self.width}"

@@ -45,12 +45,12 @@ from posenc.families.bias.forget import ForgetGateTerm
 from posenc.families.bias.modules import AttentionBias
 from posenc.families.contextual import DAPE, CoPE
 from posenc.families.terms import ScoreTerm, TermContext
-from posenc.integration.attention import checkpointed, counted, flex, kernel, layout
+from posenc.integration.attention import checkpointed, counted, flex, kernel, layout, mixed
 from posenc.integration.attention.layout import Plan
 from posenc.integration.attention.softmax import SoftmaxAttention
 
 # the loops of the operand kinds that read the scores (kernel imports none of them)
-kernel.READERS["counted"] = counted
+kernel.READERS.update(counted=counted, mlp=mixed)
 
 #: What ``attention(backend=)`` accepts: ``"auto"`` picks by device and input.
 BACKENDS = ("auto", "kernel", "blockwise", "flex")
