@@ -7,7 +7,7 @@ C compiler is found, the build goes on without it and posenc does the same work 
 numpy and torch.
 
 Its C sources are in ``src/posenc/core/csrc``: one file per kernel (``table.c``,
-``rotate.c``, ``attend.c``), ``team.c`` for the threads they share, ``module.c`` for
+``rotate.c``, ``attend.c``, ``breaking.c``), ``team.c`` for the threads they share, ``module.c`` for
 the module itself, and ``common.h``.
 """
 
@@ -22,9 +22,21 @@ setup(
             "posenc.core._kernels",
             [
                 f"src/posenc/core/csrc/{name}.c"
-                for name in ("module", "team", "table", "rotate", "attend", "counted", "mixed")
+                for name in (
+                    "module",
+                    "team",
+                    "table",
+                    "rotate",
+                    "attend",
+                    "counted",
+                    "mixed",
+                    "breaking",
+                )
             ],
-            depends=["src/posenc/core/csrc/common.h", "src/posenc/core/csrc/tiles.h"],  # rebuilt when it changes, and in the sdist
+            depends=[
+                "src/posenc/core/csrc/common.h",
+                "src/posenc/core/csrc/tiles.h",
+            ],  # rebuilt when it changes, and in the sdist
             # no fused multiply-add: each product and sum is rounded, so float32 tables
             # match the numpy path bit for bit
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"] if unix else [],

@@ -9,7 +9,9 @@
    - attend_counted and attend_counted_backward (counted.c): CoPE's loop, the
      operand kind "counted";
    - attend_mixed and attend_mixed_backward (mixed.c): DAPE's loop, the operand
-     kind "mlp": an MLP over the heads' scores.
+     kind "mlp": an MLP over the heads' scores;
+   - breaking and breaking_backward (breaking.c): the float32 stick-breaking loop
+     of posenc.stick_breaking_attention and its gradients.
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
@@ -51,6 +53,10 @@ static PyMethodDef methods[] = {
      "Flash attention with scores refined by an MLP over the heads (see the module source)."},
     {"attend_mixed_backward", posenc_attend_mixed_backward, METH_VARARGS,
      "The gradients of attend_mixed (see the module source)."},
+    {"breaking", posenc_breaking, METH_VARARGS,
+     "Stick-breaking attention (see the module source)."},
+    {"breaking_backward", posenc_breaking_backward, METH_VARARGS,
+     "The gradients of breaking (see the module source)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",
