@@ -33,6 +33,12 @@ over the keys already taken: no ``(q_len, k_len)`` tensor is ever built, only
 ``(q_len, block)`` ones. The backward recomputes every block the same way, in
 the same order, carrying the weighted gradients of the nearer keys, so training
 needs O(q_len * block) memory too.
+
+float32 CPU tensors whose ``head_dim`` and ``v_dim`` are multiples of 16 take the
+compiled loop instead (``core/csrc/breaking.c``: ``breaking`` and
+``breaking_backward``), the same formulas in the same order of keys, a block of 64
+queries against the keys one at a time; its backward is compiled where its forward
+was. Everything else (float64, other devices, other sizes) takes the blocks below.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.core import checks
+from posenc.core.kernels import compiled
 from posenc.integration.attention.layout import BLOCK_SCORES, check_qkv, documents, grouped
 
 # keys per block at least, however many queries: fewer make the loop the cost
@@ -186,6 +193,80 @@ def _backward(
     return dq, dk, dv
 
 
+def _loop_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the compiled loop takes these inputs, forward and backward alike."""
+    if compiled is None or not hasattr(compiled, "breaking") or q.device.type != "cpu":
+        return False
+    if q.dtype != torch.float32 or q.shape[-1] % 16 or v.shape[-1] % 16 or v.shape[-1] == 0:
+        return False
+    return q.numel() > 0 and all(t.stride(-1) == 1 for t in (q, k, v))
+
+
+def _loop_place(
+    plan: _Breaking, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[list[Any], tuple[torch.Tensor, ...]]:
+    """The arguments both compiled loops share after their addresses (sizes, strides,
+    attend_current, scale, threads, the query offset and the documents: ``(qdoc,
+    kdoc)``, the addresses of int32 ``(batch, q_len)`` and ``(batch, k_len)``), and
+    the tensors those addresses point into, for the caller to hold during the call."""
+    b, h, lq, d = q.shape
+    hk, lk = k.shape[1], k.shape[2]
+    threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    docs: Any = None
+    held: tuple[torch.Tensor, ...] = ()
+    if plan.docs is not None:
+        kdoc = plan.docs.to(torch.int32).expand(b, lk).contiguous()
+        qdoc = kdoc[:, plan.offset :].contiguous()
+        docs, held = (qdoc.data_ptr(), kdoc.data_ptr()), (qdoc, kdoc)
+    return [
+        [b, h, hk, lq, lk, d, v.shape[-1]],
+        list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
+        plan.attend_current, plan.scale, threads, plan.offset, docs,
+    ], held  # fmt: skip
+
+
+def _loop_forward(
+    plan: _Breaking, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``out`` and the log of ``rem`` from the compiled loop, or None where it has none."""
+    assert compiled is not None
+    b, h, lq, _ = q.shape
+    out = torch.empty((b, h, lq, v.shape[-1]), dtype=torch.float32)
+    log_rem = torch.empty((b, h, lq), dtype=torch.float32)
+    place, held = _loop_place(plan, q, k, v)
+    done = compiled.breaking(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), log_rem.data_ptr(), *place
+    )
+    del held  # the documents, read by the loop until here
+    return (out, log_rem) if done else None
+
+
+def _loop_backward(
+    plan: _Breaking,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    log_rem: torch.Tensor,
+    dout: torch.Tensor,
+    drem: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv from the compiled loop (``_backward``'s formulas), of a forward the
+    compiled loop made."""
+    assert compiled is not None
+    total = ((dout * out).sum(-1) + torch.exp(log_rem) * drem).contiguous()
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    place, held = _loop_place(plan, q, k, v)
+    done = compiled.breaking_backward(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr(), total.data_ptr(),
+        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), *place,
+    )  # fmt: skip
+    del held  # the documents, read by the loop until here
+    if not done:  # no loop (_loop_applies asked for none that it lacks): the blocks
+        return _backward(plan, q, k, v, out, log_rem, dout, drem)
+    return dq, dk, dv
+
+
 class _StickBreaking(torch.autograd.Function):
     """Stick-breaking attention whose backward recomputes each block of keys."""
 
@@ -193,8 +274,10 @@ class _StickBreaking(torch.autograd.Function):
     def forward(
         ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Breaking
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, log_rem = _forward(plan, q, k, v)
+        made = _loop_forward(plan, q, k, v) if _loop_applies(q, k, v) else None
+        out, log_rem = made if made is not None else _forward(plan, q, k, v)
         ctx.plan = plan
+        ctx.looped = made is not None
         ctx.save_for_backward(q, k, v, out, log_rem)
         return out, torch.exp(log_rem)
 
@@ -202,7 +285,8 @@ class _StickBreaking(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, dout: torch.Tensor, drem: torch.Tensor) -> tuple[Any, ...]:
         q, k, v, out, log_rem = ctx.saved_tensors
-        grads = _backward(ctx.plan, q, k, v, out, log_rem, dout.contiguous(), drem.contiguous())
+        backward = _loop_backward if ctx.looped else _backward
+        grads = backward(ctx.plan, q, k, v, out, log_rem, dout.contiguous(), drem.contiguous())
         return (*grads, None)
 
 
@@ -250,7 +334,8 @@ def stick_breaking_attention(
             running every document alone.
         block_size: keys per block; by default as many as keep a block's scores
             under 2^20 elements, at least 16. Memory and time only: the result is
-            the same up to rounding.
+            the same up to rounding. The compiled loop (float32 on CPU, head_dim
+            and v_dim multiples of 16) takes its own blocks of 64 queries and keys.
 
     Returns:
         ``(out, rem)``: ``(batch, heads, q_len, v_dim)`` and ``(batch, heads,
