@@ -93,7 +93,7 @@ def options(case):
 
 def run(q, k, v, dout, drem, dtype, **opts):
     """out, rem, dq, dk, dv of posenc in dtype, as float64."""
-    ts = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    ts = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
     out, rem = posenc.stick_breaking_attention(*ts, **opts)
     grads = torch.autograd.grad((out, rem), ts, (dout.to(dtype), drem.to(dtype)))
     return [t.detach().double() for t in (out, rem, *grads)]
@@ -117,8 +117,8 @@ def within(got, want, limit):
     return bool(((got - want).abs() <= limit).all())
 
 
-def assert_near(got, want, limits):
-    for name, a, w, lim in zip(NAMES, got, want, limits, strict=True):
+def assert_near(got, want, limits, names=NAMES):
+    for name, a, w, lim in zip(names, got, want, limits, strict=False):
         worst = float(((a - w).abs() / lim).nan_to_num(nan=0.0, posinf=math.inf).max())
         assert within(a, w, lim), f"{name}: {worst:.3g} x its bound"
 
@@ -142,56 +142,55 @@ def counted(monkeypatch):
     return calls
 
 
+def references(case, q, k, v, dout, drem, monkeypatch):
+    """``(label, values, limits)`` per verdict: the float64 blocks (all five), the
+    float32 blocks (all five) and the dense float64 formula (out and rem)."""
+    opts = options(case)
+    f32, f64 = (bounds(q, k, v, dout, drem, u, **opts) for u in (U32, U64))
+    exact = run(q, k, v, dout, drem, torch.float64, **opts)
+    with monkeypatch.context() as m:
+        m.setattr(sb, "_loop_applies", lambda *args: False)
+        blocks = run(q, k, v, dout, drem, torch.float32, **opts)
+    cu, scale = case.get("cu_seqlens"), case.get("scale")
+    ref = dense(q, k, v, attend_current=opts.get("attend_current", False), scale=scale,
+                cu_seqlens=cu)  # fmt: skip
+    lk = case["shape"][4] if cu is None else max(b - a for a, b in itertools.pairwise(cu))
+    tols = [sum(bound(q, k, t, scale, u=u, lk=lk) for u in (U32, U64)) for t in (v, torch.ones(1))]
+    return [
+        ("float64 blocks", exact, [a + b for a, b in zip(f32, f64, strict=True)]),
+        ("float32 blocks", blocks, [2 * b for b in f32]),
+        ("dense", list(ref), [torch.full_like(r, t) for r, t in zip(ref, tols, strict=True)]),
+    ]
+
+
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_loop_within_the_bounds_of_float64_and_the_blocks(case, counted, monkeypatch):
     q, k, v, dout, drem = draw(case)
-    opts = options(case)
     if "scale" in case:  # the module docstring's claim: far from the exp cut-off
         group = q.shape[1] // k.shape[1]
         z = q @ k.repeat_interleave(group, 1).mT * case["scale"]
         assert 10 < float(z.abs().max()) < 20
-    got = run(q, k, v, dout, drem, torch.float32, **opts)
-    assert counted == {"forward": 1, "backward": 1}  # float64 below takes the blocks
-    f32, f64 = (bounds(q, k, v, dout, drem, u, **opts) for u in (U32, U64))
-    assert_near(
-        got,
-        run(q, k, v, dout, drem, torch.float64, **opts),
-        [a + b for a, b in zip(f32, f64, strict=True)],
-    )
-    with monkeypatch.context() as m:
-        m.setattr(sb, "_loop_applies", lambda *args: False)
-        blocks = run(q, k, v, dout, drem, torch.float32, **opts)
+    got = run(q, k, v, dout, drem, torch.float32, **options(case))
     assert counted == {"forward": 1, "backward": 1}
-    assert_near(got, blocks, [2 * b for b in f32])
-    cu = case.get("cu_seqlens")
-    ref_out, ref_rem = dense(q, k, v, attend_current=opts.get("attend_current", False),
-                             scale=case.get("scale"), cu_seqlens=cu)  # fmt: skip
-    lk = case["shape"][4] if cu is None else max(b - a for a, b in itertools.pairwise(cu))
-    scale = case.get("scale")
-    for name, a, want, ones in (
-        ("out", got[0], ref_out, v),
-        ("rem", got[1], ref_rem, torch.ones(1)),
-    ):
-        tol = sum(bound(q, k, ones, scale, u=u, lk=lk) for u in (U32, U64))
-        assert (a - want).abs().max().item() <= tol, name
+    # the references take the blocks: float64, and float32 with the loop switched off
+    for label, want, limits in references(case, q, k, v, dout, drem, monkeypatch):
+        assert_near(got[: len(want)], want, limits, [f"{label}: {n}" for n in NAMES])
+    assert counted == {"forward": 1, "backward": 1}
 
 
 @pytest.mark.parametrize("case", ["plain", "packed", "large-z"])
-def test_near_misses_fail(case):
-    # each of the five verdicts against the float64 blocks: the loop's own result
-    # moved to just above its bound at one element fails, just below passes
+def test_near_misses_fail(case, monkeypatch):
+    # every verdict: a reference moved to just above its bound at one element fails,
+    # just below passes
     case = CASES[case]
     q, k, v, dout, drem = draw(case, seed=1)
-    opts = options(case)
-    want = run(q, k, v, dout, drem, torch.float64, **opts)
-    f32, f64 = (bounds(q, k, v, dout, drem, u, **opts) for u in (U32, U64))
-    limits = [a + b for a, b in zip(f32, f64, strict=True)]
-    for name, w, lim in zip(NAMES, want, limits, strict=True):
-        at = int(lim.flatten().argmax())
-        for factor, verdict in ((1 + 2**-20, False), (1 - 2**-20, True)):
-            moved = w.clone()
-            moved.view(-1)[at] += lim.view(-1)[at] * factor
-            assert within(moved, w, lim) is verdict, name
+    for label, want, limits in references(case, q, k, v, dout, drem, monkeypatch):
+        for name, w, lim in zip(NAMES, want, limits, strict=False):
+            at = int(lim.flatten().argmax())
+            for factor, verdict in ((1 + 2**-20, False), (1 - 2**-20, True)):
+                moved = w.clone()
+                moved.view(-1)[at] += lim.view(-1)[at] * factor
+                assert within(moved, w, lim) is verdict, f"{label}: {name}"
 
 
 def test_the_loop_alone_serves_float32(monkeypatch):
@@ -248,3 +247,20 @@ def test_long_sequences_stay_finite(scale, counted):
     assert counted == {"forward": 1, "backward": 1}
     for t in leaves:
         assert torch.isfinite(t.grad).all()
+
+
+def test_strided_inputs_equal_contiguous_ones(counted):
+    # (batch, seq, heads, dim) memory seen as (batch, heads, seq, dim), fla's layout:
+    # the loop reads the strides, so the forward is the same arithmetic bit for bit;
+    # dk and dv sum the threads' buffers in the order the threads took the units, so
+    # the gradients agree within two float32 computations' bounds
+    case = CASES["cache-gqa"]
+    q, k, v, dout, drem = draw(case)
+    flat = run(q, k, v, dout, drem, torch.float32)
+    strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert not strided[0].float().is_contiguous()  # as run hands it to posenc
+    got = run(*strided, dout, drem, torch.float32)
+    assert counted == {"forward": 2, "backward": 2}
+    assert torch.equal(got[0], flat[0]) and torch.equal(got[1], flat[1])
+    f32 = grad_bounds(q, k, v, dout, drem, u=U32)
+    assert_near(got[2:], flat[2:], [2 * b for b in f32[2:]], NAMES[2:])
