@@ -264,3 +264,26 @@ def test_strided_inputs_equal_contiguous_ones(counted):
     assert torch.equal(got[0], flat[0]) and torch.equal(got[1], flat[1])
     f32 = grad_bounds(q, k, v, dout, drem, u=U32)
     assert_near(got[2:], flat[2:], [2 * b for b in f32[2:]], NAMES[2:])
+
+
+# dynamo reads .grad of the non-leaf tensors it hands to the frame after a graph break
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_inside_torch_compile_the_loop_runs_behind_a_graph_break(counted):
+    # the same loop on the same inputs, and around it only an exact doubling: out, rem
+    # and dq (a unit owns its queries' dq, summed over the keys in one order) bit for
+    # bit; dk and dv sum the threads' buffers in the order the threads took the
+    # units, so they are left out
+    q, k, v, dout, drem = draw(CASES["cache-gqa"])
+    q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+    dout, drem = dout.float(), drem.float()
+
+    def layer(q, k, v):
+        return posenc.stick_breaking_attention(q * 2, k, v)
+
+    got = torch.compile(layer)(q, k, v)
+    (dq_got,) = torch.autograd.grad(got, [q], (dout, drem))
+    assert counted == {"forward": 1, "backward": 1}
+    want = layer(q, k, v)
+    (dq_want,) = torch.autograd.grad(want, [q], (dout, drem))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(dq_got, dq_want)

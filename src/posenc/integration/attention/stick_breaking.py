@@ -391,5 +391,23 @@ def stick_breaking_attention(
     )
     dtype = q.dtype
     work = checks.work_dtype(dtype)
-    out, rem = _StickBreaking.apply(q.to(work), k.to(work), v.to(work), plan)
+    q, k, v = q.to(work), k.to(work), v.to(work)
+    if torch.compiler.is_compiling() and _loop_applies(q, k, v):
+        # the compiled loop is opaque to the tracer: a graph break around it, and
+        # autograd records it as in eager mode (the blocks trace as they are)
+        out, rem = _eager_apply(q, k, v, plan)
+    else:
+        out, rem = _StickBreaking.apply(q, k, v, plan)
     return out.to(dtype), rem.to(dtype)
+
+
+_DISABLED: list[Any] = []
+
+
+def _eager_apply(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """:class:`_StickBreaking` outside the tracer; ``torch.compiler.disable`` is made on
+    the first compiled call, so a process that never compiles never imports dynamo."""
+    if not _DISABLED:
+        _DISABLED.append(torch.compiler.disable(_StickBreaking.apply))
+    out, rem = _DISABLED[0](*args)
+    return out, rem
