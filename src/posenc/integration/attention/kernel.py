@@ -180,7 +180,11 @@ def forward(
     """The compiled forward's output and log-sum-exp, or None where it does not apply."""
     loop = reader(plan)
     if loop is not None:
-        return loop.forward(plan, tensors, q, k, v)
+        # kernel.reads admitted the call: no other path has this term's forward
+        done = loop.forward(plan, tensors, q, k, v)
+        if done is None:
+            raise RuntimeError("the loop of a term that reads the scores declined the call")
+        return done
     if compiled is None or not hasattr(compiled, "attend") or q.device.type != "cpu":
         return None
     if q.dtype != torch.float32 or q.shape[0] * q.shape[1] * v.shape[-1] == 0:
@@ -222,7 +226,10 @@ def backward(
     gradient (None where not ``wanted``); None where it has no loop."""
     loop = reader(plan)
     if loop is not None:
-        return loop.backward(plan, tensors, wanted, q, k, v, lse, dout, delta)
+        found = loop.backward(plan, tensors, wanted, q, k, v, lse, dout, delta)
+        if found is None:
+            raise RuntimeError("the loop of a term that reads the scores declined the backward")
+        return found
     if compiled is None or not hasattr(compiled, "attend_backward"):
         return None
     b, h, lq, d = q.shape
