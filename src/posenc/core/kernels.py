@@ -1,11 +1,14 @@
 """The one optional import of the compiled kernels, and how many threads a loop gets.
 
 ``posenc.core._kernels`` is built by ``setup.py`` from ``core/csrc/`` where a C
-compiler exists. It fuses three loops: the sinusoidal table of
-:mod:`posenc.core.angles` (``table``), the float32 and bfloat16 rotary rotation
-of :mod:`posenc.families.rotary.apply` (``rotate``), and the flash-attention loop
-with a relative-bias table of :mod:`posenc.integration.attention` (``attend``)
-and its gradients (``attend_backward``).
+compiler exists. It fuses the sinusoidal table of :mod:`posenc.core.angles`
+(``table``), the float32 and bfloat16 rotary rotation of
+:mod:`posenc.families.rotary.apply` (``rotate``), and the float32 attention loops,
+each with its gradients (``*_backward``): the flash-attention loop with a
+relative-bias table, scaled pieces or forget gates of
+:mod:`posenc.integration.attention` (``attend``), its loops for terms that read
+the scores (``attend_counted``: CoPE's counted positions; ``attend_mixed``:
+DAPE's MLP over the heads), and stick-breaking attention (``breaking``).
 Every caller imports :data:`compiled` from here and falls back to numpy or torch
 when it is ``None``. A build that failed (or never ran: no C compiler) is announced
 once, when posenc is first imported, by a :class:`KernelWarning` that says how to fix

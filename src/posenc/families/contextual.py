@@ -4,9 +4,11 @@ Both need ``q . k`` itself, not only positions, so they are not an
 :class:`posenc.bias.AttentionBias`: they are score terms
 (:class:`posenc.families.terms.ScoreTerm`) whose form *reads* the scores.
 :func:`posenc.attention` takes a :class:`CoPE` as ``cope=``, a :class:`DAPE` as
-``bias=`` (either in ``terms=``) and computes their attention block by block on
-its checkpointed path. The modules here hold the parameters and the formulas of
-one block of scores.
+``bias=`` (either in ``terms=``). Their forms name an operand kind (``"counted"``,
+``"mlp"``) whose compiled loop runs float32 CPU calls it can take, forward and
+backward; every other call goes block by block on the checkpointed path, which
+``read`` serves. The modules here hold the parameters and the formulas of one
+block of scores.
 
 Shapes::
 

@@ -19,11 +19,14 @@ The engine is this package; its parts, none of which names a family:
 - :mod:`~posenc.integration.attention.softmax`: the softmax engine, blockwise
   forward and backward and the autograd function;
 - :mod:`~posenc.integration.attention.kernel`: the compiled loop's operands
-  (``"kernel"``: CPU, float32, flash-attention 2 forward and backward);
+  (``"kernel"``: CPU, float32, flash-attention 2 forward and backward), and
+  ``READERS``, the loops of the operand kinds that read the scores
+  (:mod:`~posenc.integration.attention.counted`,
+  :mod:`~posenc.integration.attention.mixed`);
 - :mod:`~posenc.integration.attention.flex`: FlexAttention (``"flex"``, what
   ``"auto"`` takes on GPUs; on CPU forward only);
-- :mod:`~posenc.integration.attention.checkpointed`: terms that read the scores,
-  block by block under checkpointing;
+- :mod:`~posenc.integration.attention.checkpointed`: terms that read the scores
+  where their loop does not run, block by block under checkpointing;
 - :mod:`~posenc.integration.attention.stick_breaking` and
   :mod:`~posenc.integration.attention.path`: engines with their own
   normaliser or scores, on the same layout.
@@ -142,7 +145,10 @@ def attention(
             where it does not apply), ``"blockwise"`` or ``"flex"`` (compiled
             FlexAttention; on CPU forward only). ``"auto"`` takes ``"kernel"`` on
             CPU and ``"flex"`` on other devices, except with a term that reads the
-            scores (``cope``, a DAPE bias), which takes ``"blockwise"`` there.
+            scores (``cope``, a DAPE bias), which takes ``"blockwise"`` there. On
+            CPU such a term runs its compiled loop (float32, head_dim and v_dim
+            multiples of 16, the term alone beside the mask) or else the
+            checkpointed blocks.
 
     Returns:
         ``(batch, heads, q_len, v_dim)`` in q's dtype. On ``"flex"``
