@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc.core.kernels import compiled
-from posenc.integration.attention.layout import Plan
+from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The most positions the loop takes: each thread keeps ``q . pos_emb`` and its
 #: gradient for a block of 64 queries, 256 bytes per position each.
@@ -70,11 +70,7 @@ def _common(
     form = next(f for f in plan.forms if f.operand == "counted")
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
-    docs: tuple[torch.Tensor, ...] = ()
-    if plan.mask.docs is not None:
-        keys = plan.mask.docs.to(torch.int32).expand(b, -1).contiguous()
-        offset = plan.mask.offset
-        docs = (keys[:, offset : offset + lq].contiguous(), keys)
+    docs = loop_documents(plan.mask.docs, b, plan.mask.offset, lq) or ()
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
     args: list[object] = [
         [b, h, hk, lq, lk, d, v.shape[-1]],
@@ -83,11 +79,6 @@ def _common(
         tuple(t.data_ptr() for t in docs) if docs else None,
     ]  # fmt: skip
     return emb.t().contiguous(), docs, args
-
-
-def _mask(plan: Plan) -> torch.Tensor | None:
-    key_mask = plan.mask.key_mask
-    return None if key_mask is None else key_mask.to(torch.uint8).contiguous()
 
 
 def forward(
@@ -102,7 +93,7 @@ def forward(
     """
     assert compiled is not None  # ready() saw it
     emb_t, _docs, args = _common(plan, tensors, q, k, v)
-    mask = _mask(plan)
+    mask = loop_keys(plan.mask.key_mask)
     b, h, lq, _ = q.shape
     out = torch.empty((b, h, lq, v.shape[-1]), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
@@ -134,7 +125,7 @@ def backward(
     """
     assert compiled is not None  # ready() saw it
     emb_t, _docs, args = _common(plan, tensors, q, k, v)
-    mask = _mask(plan)
+    mask = loop_keys(plan.mask.key_mask)
     at = _counted_at(plan)
     b, h, lq, d = q.shape
     dq = torch.empty((b, h, lq, d), dtype=torch.float32)

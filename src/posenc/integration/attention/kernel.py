@@ -36,7 +36,7 @@ from typing import Protocol
 import torch
 
 from posenc.core.kernels import compiled
-from posenc.integration.attention.layout import Plan
+from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The compiled loops keep a scaled form's knots in four vectors of 16, one a +inf pad.
 MAX_KNOTS = 63
@@ -146,12 +146,8 @@ def operands(
         start += size
     if scaled and tables:
         return None
-    mask = None if plan.mask.key_mask is None else plan.mask.key_mask.to(torch.uint8).contiguous()
-    docs = None
-    if plan.mask.docs is not None:
-        keys = plan.mask.docs.to(torch.int32).expand(batch, -1).contiguous()
-        offset = plan.mask.offset
-        docs = (keys[:, offset : offset + q_len].contiguous(), keys)
+    mask = loop_keys(plan.mask.key_mask)
+    docs = loop_documents(plan.mask.docs, batch, plan.mask.offset, q_len)
     gate = None if gate_at < 0 else tensors[gate_at].detach().float().contiguous()
     plain = Operands(None, mask, docs=docs, gate=gate, gate_at=gate_at)
     if tables:

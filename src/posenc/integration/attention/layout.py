@@ -322,3 +322,20 @@ def allowed(mask: Mask, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tenso
         same = mask.docs[:, None, q_pos, None] == mask.docs[:, None, None, k_pos]
         seen = same if seen is None else seen & same
     return seen
+
+
+def loop_keys(key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The key mask as the compiled loops read it: ``(batch, k_len)`` uint8, contiguous."""
+    return None if key_mask is None else key_mask.to(torch.uint8).contiguous()
+
+
+def loop_documents(
+    docs: torch.Tensor | None, batch: int, offset: int, q_len: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The documents as the compiled loops read them: int32 ``(batch, q_len)`` of the
+    queries (key positions ``offset ..``) and ``(batch, k_len)`` of the keys,
+    contiguous; None without packing. ``docs``: ``(1 or batch, k_len)`` or ``(k_len,)``."""
+    if docs is None:
+        return None
+    keys = docs.to(torch.int32).expand(batch, -1).contiguous()
+    return keys[:, offset : offset + q_len].contiguous(), keys

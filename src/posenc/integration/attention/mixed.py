@@ -24,7 +24,7 @@ from functools import cache
 import torch
 
 from posenc.core.kernels import compiled
-from posenc.integration.attention.layout import Plan
+from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The most heads and hidden units the loop takes (its vectors per pair in registers).
 MAX_HEADS = 16
@@ -76,16 +76,14 @@ def _operands(
     table, *mlp = (t.detach().contiguous() for t in tensors)
     # reversed, so that a key's row of queries reads it forwards (as attend's)
     held = [table.flip(-1).contiguous(), *mlp]
-    mask = plan.mask.key_mask
+    mask = loop_keys(plan.mask.key_mask)
     if mask is not None:
-        held.append(mask.to(torch.uint8).contiguous())
+        held.append(mask)
     docs = None
-    if plan.mask.docs is not None:
-        keys = plan.mask.docs.to(torch.int32).expand(q.shape[0], -1).contiguous()
-        offset = plan.mask.offset
-        queries = keys[:, offset : offset + q.shape[2]].contiguous()
-        held += [keys, queries]
-        docs = (queries.data_ptr(), keys.data_ptr())
+    found = loop_documents(plan.mask.docs, q.shape[0], plan.mask.offset, q.shape[2])
+    if found is not None:
+        held += found
+        docs = (found[0].data_ptr(), found[1].data_ptr())
     return (q, k, v), held, docs
 
 

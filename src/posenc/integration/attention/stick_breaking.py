@@ -53,7 +53,13 @@ import torch.nn.functional as F
 
 from posenc.core import checks
 from posenc.core.kernels import compiled
-from posenc.integration.attention.layout import BLOCK_SCORES, check_qkv, documents, grouped
+from posenc.integration.attention.layout import (
+    BLOCK_SCORES,
+    check_qkv,
+    documents,
+    grouped,
+    loop_documents,
+)
 
 # keys per block at least, however many queries: fewer make the loop the cost
 _MIN_BLOCK = 16
@@ -212,12 +218,8 @@ def _loop_place(
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
     threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
-    docs: Any = None
-    held: tuple[torch.Tensor, ...] = ()
-    if plan.docs is not None:
-        kdoc = plan.docs.to(torch.int32).expand(b, lk).contiguous()
-        qdoc = kdoc[:, plan.offset :].contiguous()
-        docs, held = (qdoc.data_ptr(), kdoc.data_ptr()), (qdoc, kdoc)
+    held = loop_documents(plan.docs, b, plan.offset, lq) or ()
+    docs = (held[0].data_ptr(), held[1].data_ptr()) if held else None
     return [
         [b, h, hk, lq, lk, d, v.shape[-1]],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
