@@ -7,7 +7,7 @@ C compiler is found, the build goes on without it and posenc does the same work 
 numpy and torch.
 
 Its C sources are in ``src/posenc/core/csrc``: one file per kernel (``table.c``,
-``rotate.c``, ``attend.c``, ``breaking.c``), ``team.c`` for the threads they share, ``module.c`` for
+``rotate.c``, ``attend.c``, ``counted.c``, ``mixed.c``, ``breaking.c``, ``path.c``), ``team.c`` for the threads they share, ``module.c`` for
 the module itself, and ``common.h``.
 """
 
@@ -31,6 +31,7 @@ setup(
                     "counted",
                     "mixed",
                     "breaking",
+                    "path",
                 )
             ],
             depends=[

@@ -54,7 +54,7 @@ void posenc_prefault(char *p, Py_ssize_t n);
    `name`) unless it has exactly n (module.c). */
 int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name);
 
-/* The module's functions (table.c, rotate.c, attend.c, counted.c, mixed.c, breaking.c). */
+/* The module's functions (table.c, rotate.c, attend.c, counted.c, mixed.c, breaking.c, path.c). */
 PyObject *posenc_table(PyObject *self, PyObject *args);
 PyObject *posenc_rotate(PyObject *self, PyObject *args);
 PyObject *posenc_attend(PyObject *self, PyObject *args);
@@ -65,5 +65,7 @@ PyObject *posenc_attend_mixed(PyObject *self, PyObject *args);
 PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args);
 PyObject *posenc_breaking(PyObject *self, PyObject *args);
 PyObject *posenc_breaking_backward(PyObject *self, PyObject *args);
+PyObject *posenc_path_core(PyObject *self, PyObject *args);
+PyObject *posenc_path_core_backward(PyObject *self, PyObject *args);
 
 #endif

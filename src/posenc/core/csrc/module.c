@@ -11,7 +11,9 @@
    - attend_mixed and attend_mixed_backward (mixed.c): DAPE's loop, the operand
      kind "mlp": an MLP over the heads' scores;
    - breaking and breaking_backward (breaking.c): the float32 stick-breaking loop
-     of posenc.stick_breaking_attention and its gradients.
+     of posenc.stick_breaking_attention and its gradients;
+   - path_core and path_core_backward (path.c): the float32 chunk core of PaTH
+     attention (posenc.integration.attention.path) and its gradients.
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
@@ -57,6 +59,10 @@ static PyMethodDef methods[] = {
      "Stick-breaking attention (see the module source)."},
     {"breaking_backward", posenc_breaking_backward, METH_VARARGS,
      "The gradients of breaking (see the module source)."},
+    {"path_core", posenc_path_core, METH_VARARGS,
+     "PaTH attention's chunk core (see the module source)."},
+    {"path_core_backward", posenc_path_core_backward, METH_VARARGS,
+     "The gradients of path_core (see the module source)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc.core._kernels",

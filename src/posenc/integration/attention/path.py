@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from posenc.core import checks
+from posenc.core.kernels import compiled
 from posenc.core.positions import packed_document_ids
 from posenc.families.bias.forget import forget_cumsum
 from posenc.integration.attention.layout import check_qkv
@@ -230,6 +231,91 @@ def _scores(
     return s, states
 
 
+def _compiled_docs(plan: _Plan, *tensors: torch.Tensor | None) -> torch.Tensor | None:
+    """The documents as the compiled core reads them (int32; an empty tensor without
+    documents), or None where it does not apply: no compiled loops, not float32 on the
+    CPU, head or value dims not multiples of 16 (the loops' vectors), a tensor not
+    C-contiguous."""
+    if compiled is None or not hasattr(compiled, "path_core"):
+        return None
+    ts = [t for t in tensors if t is not None]
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in ts):
+        return None
+    if ts[0].shape[-1] % 16 or ts[2].shape[-1] % 16:
+        return None
+    if not all(t.is_contiguous() for t in ts):
+        return None
+    if plan.docs is None:
+        return torch.empty(0, dtype=torch.int32)
+    return plan.docs.to(torch.int32).contiguous()
+
+
+def _address(t: torch.Tensor | None) -> int:
+    """A tensor's address for the compiled core; 0 for None or an empty tensor."""
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def _sizes(plan: _Plan, qhat: torch.Tensor, v: torch.Tensor) -> list[int]:
+    """The compiled core's ``[N, BK, G, C, D, DV]``."""
+    n, bk, _, d = qhat.shape
+    return [n, bk, plan.groups, plan.block, d, v.shape[-1]]
+
+
+def _threads(qhat: torch.Tensor) -> int:
+    """Threads for the compiled core: torch's, at most one per unit of 64 queries."""
+    n, bk, gc, _ = qhat.shape
+    return max(1, min(torch.get_num_threads(), n * bk * -(-gc // 64)))
+
+
+def _loop_forward(
+    plan: _Plan,
+    docs: torch.Tensor,
+    qhat: torch.Tensor,
+    khat: torch.Tensor,
+    v: torch.Tensor,
+    hmat: torch.Tensor,
+    intra: torch.Tensor,
+    gate: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> bool:
+    """The compiled forward (``core/csrc/path.c``) into ``out`` and ``lse``; False where
+    it has no loop (no AVX-512)."""
+    assert compiled is not None  # _compiled_docs said so
+    return bool(
+        compiled.path_core(
+            qhat.data_ptr(), khat.data_ptr(), v.data_ptr(), hmat.data_ptr(),
+            intra.data_ptr(), _address(gate), _address(docs), list(plan.first),
+            out.data_ptr(), lse.data_ptr(), _sizes(plan, qhat, v), _threads(qhat),
+        )
+    )  # fmt: skip
+
+
+def _loop_backward(
+    plan: _Plan,
+    docs: torch.Tensor,
+    saved: tuple[torch.Tensor | None, ...],
+    grads: tuple[torch.Tensor | None, ...],
+) -> bool:
+    """The compiled backward of a compiled forward: ``saved`` (qhat, khat, v, hmat,
+    intra, gate, out, lse, dout) in, ``grads`` (dq, dk, dv, dh, dintra, dgate; zeroed
+    but dintra) written; False where it has no loop."""
+    assert compiled is not None
+    qhat, khat, v, hmat, intra, gate, out, lse, dout = saved
+    assert qhat is not None and v is not None and hmat is not None
+    # the chain run back multiplies by each chunk's transpose: rows of hmat^T, held
+    # here for the call (a temporary's address would be freed before it)
+    hmat_t = hmat.mT.contiguous()
+    return bool(
+        compiled.path_core_backward(
+            *(_address(t) for t in (qhat, khat, v, hmat, hmat_t, intra, gate, docs)),
+            list(plan.first),
+            *(_address(t) for t in (out, lse, dout, *grads)),
+            _sizes(plan, qhat, v), _threads(qhat),
+        )
+    )  # fmt: skip
+
+
 class _PaTHCore(torch.autograd.Function):
     """The scores between chunks, the softmax and the values, recomputed in the backward.
 
@@ -256,7 +342,12 @@ class _PaTHCore(torch.autograd.Function):
         n, bk, gc, _ = qhat.shape
         out = v.new_empty((n, bk, gc, v.shape[-1]))
         lse = v.new_empty((n, bk, gc))
-        for i in range(n):
+        docs = _compiled_docs(plan, qhat, khat, v, hmat, intra, gate)
+        ctx.docs = docs
+        ctx.compiled = docs is not None and _loop_forward(
+            plan, docs, qhat, khat, v, hmat, intra, gate, out, lse
+        )
+        for i in range(0 if ctx.compiled else n):
             j0 = plan.first[i]
             s, _ = _scores(plan, qhat, khat, hmat, intra, i, j0)
             _mask(plan, s, gate, i, j0)
@@ -282,6 +373,11 @@ class _PaTHCore(torch.autograd.Function):
         dq, dk, dv = torch.zeros_like(qhat), torch.zeros_like(khat), torch.zeros_like(v)
         dh, dintra = torch.zeros_like(hmat), torch.empty_like(intra)
         dgate = torch.zeros_like(gate) if ctx.has_gate else None
+        if ctx.compiled and _loop_backward(
+            plan, ctx.docs, (qhat, khat, v, hmat, intra, gate, out, lse, dout),
+            (dq, dk, dv, dh, dintra, dgate),
+        ):  # fmt: skip
+            return dq, dk, dv, dh, dintra, dgate, None
         delta = (dout * out).sum(-1)  # (n, BK, g C): dout_i . out_i
         for i in range(n):
             j0 = plan.first[i]
@@ -476,9 +572,16 @@ def path_attention(
     g = h // hk
     plan = _Plan(block, g, first, docs)
     # the scale applied here, on (seq, head_dim) and (seq, block) tensors, spares the
-    # core a pass over every score
+    # core a pass over every score; C-contiguous, as the compiled core reads them (the
+    # chunk-first views of a batch of one are not)
     out = _PaTHCore.apply(
-        (qhat * scale).flatten(2, 3), khat, vc, hmat, (intra * scale).flatten(2, 3), gate, plan
+        (qhat * scale).flatten(2, 3).contiguous(),
+        khat.contiguous(),
+        vc.contiguous(),
+        hmat,
+        (intra * scale).flatten(2, 3).contiguous(),
+        None if gate is None else gate.contiguous(),
+        plan,
     )
     # (n, BK, g C, dv) -> (b, h, seq, dv)
     out = out.view(n, b, hk, g, block, dv).permute(1, 2, 3, 0, 4, 5).reshape(b, h, padded, dv)
