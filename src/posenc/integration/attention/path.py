@@ -431,8 +431,10 @@ def _ut(
         ``(U, V, W^T U, keys carried to the chunk's end)``.
     """
     bw = beta[..., None] * w
-    a = torch.tril(torch.matmul(bw, w.mT), -1)
-    # unitriangular: the solve reads the strictly lower part of ``a`` and a unit diagonal
+    # unitriangular: the solve reads the strictly lower part of ``a`` and a unit
+    # diagonal, and its backward keeps that triangle of ``a``'s gradient (torch's
+    # linalg_solve_triangular_backward): no tril needed, forward or back
+    a = torch.matmul(bw, w.mT)
     u = torch.linalg.solve_triangular(a, bw, upper=False, unitriangular=True)
     vk = torch.linalg.solve_triangular(
         a, torch.tril(torch.matmul(bw, k.mT), -1), upper=False, unitriangular=True
@@ -441,20 +443,21 @@ def _ut(
 
 
 def _chunked(x: torch.Tensor, n: int, c: int) -> torch.Tensor:
-    """``(b, h, n c, ...)`` -> ``(n, b h, c, ...)``: chunk-first (a copy)."""
+    """``(b, h, n c, ...)`` -> ``(n, b h, c, ...)``: chunk-first, a C-contiguous copy
+    (what the compiled core reads; the products on it follow its layout)."""
     b, h = x.shape[:2]
     rest = x.shape[3:]
-    return x.reshape(b, h, n, c, *rest).movedim(2, 0).reshape(n, b * h, c, *rest)
+    return x.reshape(b, h, n, c, *rest).movedim(2, 0).reshape(n, b * h, c, *rest).contiguous()
 
 
 def _grouped_chunks(x: torch.Tensor, hk: int, n: int, c: int) -> torch.Tensor:
     """``(b, h, n c, ...)`` query heads -> ``(n, b hk, g, c, ...)``: head ``kv * g + r``
-    at ``[.., kv, r]`` (query head h reads kv head h // g)."""
+    at ``[.., kv, r]`` (query head h reads kv head h // g); a C-contiguous copy."""
     b, h = x.shape[:2]
     rest = x.shape[3:]
     g = h // hk
     x = x.reshape(b, hk, g, n, c, *rest).movedim(3, 0)
-    return x.reshape(n, b * hk, g, c, *rest)
+    return x.reshape(n, b * hk, g, c, *rest).contiguous()
 
 
 def path_attention(
@@ -556,7 +559,9 @@ def path_attention(
         beta = torch.nn.functional.pad(beta, (0, pad))
     wc, kc, vc = (_chunked(t, n, block) for t in (w, k, v))
     u, vk, hmat, khat = _ut(wc, _chunked(beta, n, block), kc)
-    qc = _grouped_chunks(q, hk, n, block)  # (n, BK, g, C, d)
+    # the score scale applied to q here, on a (seq, head_dim) tensor, carries into
+    # qhat and intra: the core's inputs come scaled without a pass over either
+    qc = _grouped_chunks(q * scale, hk, n, block)  # (n, BK, g, C, d)
     qw = torch.tril(torch.matmul(qc, wc[:, :, None].mT))  # q_i . w_r, r <= i
     # query i carried back to its chunk's start: q_i^T H_i ... H_start
     qhat = qc - torch.matmul(qw, u[:, :, None])
@@ -571,18 +576,7 @@ def path_attention(
         gate = _grouped_chunks(c * scale, hk, n, block)
     g = h // hk
     plan = _Plan(block, g, first, docs)
-    # the scale applied here, on (seq, head_dim) and (seq, block) tensors, spares the
-    # core a pass over every score; C-contiguous, as the compiled core reads them (the
-    # chunk-first views of a batch of one are not)
-    out = _PaTHCore.apply(
-        (qhat * scale).flatten(2, 3).contiguous(),
-        khat.contiguous(),
-        vc.contiguous(),
-        hmat,
-        (intra * scale).flatten(2, 3).contiguous(),
-        None if gate is None else gate.contiguous(),
-        plan,
-    )
+    out = _PaTHCore.apply(qhat.flatten(2, 3), khat, vc, hmat, intra.flatten(2, 3), gate, plan)
     # (n, BK, g C, dv) -> (b, h, seq, dv)
     out = out.view(n, b, hk, g, block, dv).permute(1, 2, 3, 0, 4, 5).reshape(b, h, padded, dv)
     return out[:, :, :length].to(dtype)
