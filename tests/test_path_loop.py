@@ -73,6 +73,8 @@ NAMES = ["out", "dq", "dk", "dv", "dw", "dbeta", "dg"]
 # order (the model asserts it stays there); the loop is the same for any strength.
 CASES = {
     "mha-block-16": ((2, 2, 2, 70, 16, 16), 16, False, None),
+    # short chunks: most transforms sit between chunks, in the chain (hmat's gradient)
+    "fox-block-4": ((1, 2, 2, 48, 16, 16), 4, True, None),
     "gqa-fox-block-64": ((1, 4, 2, 150, 16, 32), 64, True, None),
     "fox-block-128": ((1, 2, 2, 160, 32, 16), 128, True, None),
     "mqa-fox-block-100": ((1, 3, 1, 180, 16, 16), 100, True, None),

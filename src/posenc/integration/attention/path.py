@@ -38,7 +38,11 @@ multiplied by one chunk product per step. Nothing of ``(seq, seq)`` is built:
 a query chunk's row of scores is ``(block_size, seq)``. The backward recomputes
 each query chunk's carried queries (at most ``seq / block_size`` of them, ``(seq,
 head_dim)`` in all) and runs the chain back; autograd differentiates the
-per-chunk preprocessing.
+per-chunk preprocessing. For float32 CPU inputs with head and value dims multiples
+of 16 the core (forward and backward) is the compiled loop of
+``posenc/core/csrc/path.c``, one block of at most 64 queries of one chunk per unit
+with an online softmax over the key chunks; elsewhere (float64, other devices, no
+compiled kernels) the torch loop below, the same computation.
 """
 
 from __future__ import annotations
@@ -326,6 +330,9 @@ class _PaTHCore(torch.autograd.Function):
     ``v`` ``(n, BK, C, dv)``, ``hmat`` ``(n, BK, d, d)`` (the chunk's product is ``I -
     hmat``), ``intra`` ``(n, BK, g C, C)`` the scores within each chunk, ``gate``
     ``(n, BK, g, C)`` cumulative log forget gates or None.
+
+    The compiled loops run both passes where :func:`_compiled_docs` allows (the
+    backward iff the forward did); the torch loops otherwise.
     """
 
     @staticmethod
