@@ -250,3 +250,40 @@ def test_first_outside_its_range_is_refused():
             *(t.data_ptr() for _ in range(5)), 0, 0, [1], t.data_ptr(), t.data_ptr(),
             [1, 1, 1, 1, 16, 16], 1,
         )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def naive_path():
+    from test_fla import _naive
+
+    return _naive("path_attn", "naive_path_attn")
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["path", "fox"])
+def test_compiled_core_matches_flas_reference_in_float32(monkeypatch, gate, naive_path):
+    """fla-core's ``naive_path_attn`` (float32, chunks of 8) against the compiled core
+    (float32, blocks of 16; the torch core forbidden): the two float32 computations'
+    bounds, added and doubled (tests/test_path.py's test_matches_flas_reference runs
+    posenc in float64, at head dims the loop does not take)."""
+    shape, chunk, block = (1, 4, 2, 40, 16, 16), 8, 16
+    q, k, v, w, beta, lf, dout = make(*shape, seed=14, gate=True)
+    if not gate:
+        lf = torch.zeros_like(lf)  # fla's reference needs g: plain PaTH is g = 0
+    scale = shape[4] ** -0.5
+    _forbid_torch_core(monkeypatch)
+    ours = [t.float().requires_grad_() for t in [q, k, v, w, beta] + ([lf] if gate else [])]
+    out = path_attention(*ours[:5], log_fgate=ours[5] if gate else None, block_size=block)
+    grads = torch.autograd.grad(out, ours, dout.float())
+    theirs = [t.transpose(1, 2).float().requires_grad_() for t in (q, k, v, w, beta, lf)]
+    ref = naive_path(*theirs, scale=scale, chunk_size=chunk)
+    ref_grads = torch.autograd.grad(ref, theirs, dout.transpose(1, 2).float())
+    got = [t.transpose(1, 2) for t in (ref, *ref_grads[: len(ours)])]
+    lf_model = lf if gate else None
+    bounds = total_bounds(
+        *(
+            propagate(q, k, v, w, beta, lf_model, dout, scale,
+                      chunk_score_errors(q, k, w, beta, c, u), u)
+            for c, u in ((chunk, U32), (block, U_LOOP))
+        )
+    )  # fmt: skip
+    assert_within(NAMES[: len(ours) + 1], got, [out, *grads], bounds)
