@@ -238,13 +238,15 @@ def _scores(
 def _compiled_docs(plan: _Plan, *tensors: torch.Tensor | None) -> torch.Tensor | None:
     """The documents as the compiled core reads them (int32; an empty tensor without
     documents), or None where it does not apply: no compiled loops, not float32 on the
-    CPU, head or value dims not multiples of 16 (the loops' vectors), a tensor not
-    C-contiguous."""
+    CPU, an empty batch, head or value dims not multiples of 16 (the loops' vectors), a
+    tensor not C-contiguous."""
     if compiled is None or not hasattr(compiled, "path_core"):
         return None
     ts = [t for t in tensors if t is not None]
     if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in ts):
         return None
+    if ts[0].numel() == 0:
+        return None  # an empty batch: nothing to loop over
     if ts[0].shape[-1] % 16 or ts[2].shape[-1] % 16:
         return None
     if not all(t.is_contiguous() for t in ts):
