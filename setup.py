@@ -2,13 +2,15 @@
 
 ``posenc.core._kernels`` fuses the sinusoidal table loop of ``posenc.core.angles``,
 the float32 and bfloat16 rotation of ``posenc.families.rotary.apply`` and the
-flash-attention loop of ``posenc.integration.attention``. It is optional: where no
-C compiler is found, the build goes on without it and posenc does the same work in
-numpy and torch.
+float32 attention loops of ``posenc.integration.attention`` (softmax with its score
+terms, CoPE's, DAPE's, stick-breaking's and PaTH's chunk core). It is optional:
+where no C compiler is found, the build goes on without it and posenc does the same
+work in numpy and torch.
 
 Its C sources are in ``src/posenc/core/csrc``: one file per kernel (``table.c``,
-``rotate.c``, ``attend.c``, ``counted.c``, ``mixed.c``, ``breaking.c``, ``path.c``), ``team.c`` for the threads they share, ``module.c`` for
-the module itself, and ``common.h``.
+``rotate.c``, ``attend.c``, ``counted.c``, ``mixed.c``, ``breaking.c``, ``path.c``),
+``tiles.h`` for the AVX-512 pieces the attention loops share, ``team.c`` for the
+threads they share, ``module.c`` for the module itself, and ``common.h``.
 """
 
 import sys

@@ -8,7 +8,8 @@ each with its gradients (``*_backward``): the flash-attention loop with a
 relative-bias table, scaled pieces or forget gates of
 :mod:`posenc.integration.attention` (``attend``), its loops for terms that read
 the scores (``attend_counted``: CoPE's counted positions; ``attend_mixed``:
-DAPE's MLP over the heads), and stick-breaking attention (``breaking``).
+DAPE's MLP over the heads), stick-breaking attention (``breaking``) and PaTH's
+chunk core (``path_core``).
 Every caller imports :data:`compiled` from here and falls back to numpy or torch
 when it is ``None``. A build that failed (or never ran: no C compiler) is announced
 once, when posenc is first imported, by a :class:`KernelWarning` that says how to fix

@@ -67,6 +67,7 @@ def backends() -> list[Line]:
         Line("stick-breaking loop, CPU", served("breaking", "torch")),
         Line("CoPE loop, CPU", served("attend_counted", "torch (checkpointed)")),
         Line("DAPE loop, CPU", served("attend_mixed", "torch (checkpointed)")),
+        Line("PaTH chunk core, CPU", served("path_core", "torch")),
     ]
 
 
