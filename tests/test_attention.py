@@ -277,6 +277,45 @@ def test_inside_torch_compile_on_cpu():
     torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.parametrize("kind", ["cope", "dape"])
+def test_terms_that_read_the_scores_inside_torch_compile(kind, monkeypatch):
+    """Their loops run behind the graph break too, gradients as in eager mode; deciding
+    that the loop runs never calls into it (under tracing it would get fake addresses)."""
+    from posenc.integration.attention import checkpointed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the checkpointed path ran: the compiled loop was expected")
+
+    monkeypatch.setattr(checkpointed, "attend", refuse)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 40, 16, requires_grad=True) for _ in range(3))
+    if kind == "cope":
+        term = posenc.CoPE(16, npos_max=9)
+        with torch.no_grad():
+            term.pos_emb.normal_()
+        given = {"cope": term}
+    else:
+        term = posenc.DAPE(ALiBi(4))
+        given = {"bias": term}
+    params = list(term.parameters())
+
+    def layer(q, k, v):
+        return posenc.attention(q * 2, k, v, causal=True, **given).relu()
+
+    torch._dynamo.reset()
+    a = torch.compile(layer)(q, k, v)
+    ga = torch.autograd.grad(a.sum(), [q, k, v, *params])
+    b = layer(q, k, v)
+    gb = torch.autograd.grad(b.sum(), [q, k, v, *params])
+    torch.testing.assert_close(a, b, rtol=0, atol=0)  # the forward is deterministic
+    # the backward sums dk, dv and the parameters' gradients per thread, in the order the
+    # threads take their units: equal to float32 rounding of sums over 40 keys from run
+    # to run (40 u ~ 2.4e-6 of the terms' magnitudes), not bit for bit
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ bad input
 
 
