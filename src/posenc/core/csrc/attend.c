@@ -68,6 +68,7 @@
 #define ABK 256 /* keys per block */
 
 typedef struct {
+    team_job_t job; /* first: posenc_launch numbers the copies */
     const float *q, *k, *v, *table;
     const uint8_t *mask;
     float *out, *lse;
@@ -85,7 +86,6 @@ typedef struct {
     int causal;
     float scale;
     Py_ssize_t units;
-    int tid, nthreads, failed;
 } att_t;
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -271,7 +271,7 @@ static void *attend_run(void *arg) {
     size_t o = sizeof(float) * (size_t)(ABQ * a->DV), small = sizeof(float) * ABQ;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, qt + st + o + 3 * small + sizeof(float *) * ABK)) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     float *Qt = (float *)buf, *St = (float *)(buf + qt), *O = (float *)(buf + qt + st);
@@ -279,7 +279,7 @@ static void *attend_run(void *arg) {
     const float **rows = (const float **)(alpha + ABQ);
     Py_ssize_t blocks = (a->LQ + ABQ - 1) / ABQ;
     unsigned int csr = flush_to_zero();
-    for (Py_ssize_t u = a->tid; u < a->units; u += a->nthreads) {
+    for (Py_ssize_t u = a->job.tid; u < a->units; u += a->job.nthreads) {
         Py_ssize_t qb = u % blocks, bh = u / blocks;
         attend_unit(a, bh / a->H, bh % a->H, qb * ABQ, Qt, St, O, m, l, alpha, rows);
     }
@@ -448,7 +448,7 @@ static void *backward_run(void *arg) {
     size_t floats = D * ABQ + DV * ABQ + 2 * BBK * ABQ + BBK * D + BBK * DV + 2 * ABQ;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, f * floats + sizeof(float *) * (BBK + 2 * ABQ))) {
-        w->a.failed = 1;
+        w->a.job.failed = 1;
         return NULL;
     }
     bwd_buf_t t;
@@ -488,13 +488,13 @@ AVX512 static void *backward_sum(void *arg) {
     for (int pass = 0; pass < 4; ++pass) {
         float **src = pass == 0 ? w->dqs : pass == 1 ? w->dtabs : pass == 2 ? w->dws : w->dcqs;
         Py_ssize_t n = pass == 0 ? nq : pass == 1 ? nt : pass == 2 ? a->LQ : a->B * a->H * a->LQ;
-        Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
         float factor = pass ? 1.0f : a->scale;
         if (src == NULL || src[0] == NULL) continue;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
-            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
             src[0][e] = s * factor;
         }
     }
@@ -608,19 +608,10 @@ PyObject *posenc_attend(PyObject *self, PyObject *args) {
     base.scale = (float)scale;
     base.units = base.B * base.H * ((base.LQ + ABQ - 1) / ABQ);
     if (threads > base.units) threads = (int)base.units;
-    att_t *jobs = (att_t *)calloc((size_t)threads, sizeof(att_t));
-    if (jobs == NULL) return PyErr_NoMemory();
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < threads; ++i) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-        jobs[i].nthreads = threads;
-    }
-    posenc_run_jobs(attend_run, jobs, threads, sizeof(att_t));
-    for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+    failed = posenc_launch(attend_run, &base, sizeof base, threads);
     Py_END_ALLOW_THREADS
-    free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
@@ -708,8 +699,8 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < threads; ++i) {
             jobs[i] = base;
-            jobs[i].a.tid = i;
-            jobs[i].a.nthreads = threads;
+            jobs[i].a.job.tid = i;
+            jobs[i].a.job.nthreads = threads;
             jobs[i].dq = dqs[i];
             jobs[i].dtab = dtabs[i];
             jobs[i].dw = dws[i];
@@ -722,7 +713,7 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
             jobs[i].dcqs = gated ? dcqs : NULL;
         }
         posenc_run_jobs(backward_run, jobs, threads, sizeof(bwd_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].a.failed;
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].a.job.failed;
         if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(bwd_t));
         if (!failed && segs) {
             float *dsl = (float *)(uintptr_t)fg[1], *din = (float *)(uintptr_t)fg[2];

@@ -60,6 +60,7 @@
 #define BRK 64 /* keys per block: a block's scores (BRK x ABQ) stay in L1 */
 
 typedef struct {
+    team_job_t job; /* first: posenc_launch numbers the copies */
     const float *q, *k, *v;
     float *out, *lrem;         /* the forward's */
     const float *dout, *total; /* the backward's */
@@ -71,7 +72,6 @@ typedef struct {
     int current;
     float scale;
     Py_ssize_t units, *next; /* the next unit to take, shared */
-    int tid, nthreads, failed;
 } brk_t;
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -218,7 +218,7 @@ static void *forward_run(void *arg) {
     size_t o = sizeof(float) * (size_t)(ABQ * a->DV);
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, qt + st + o + sizeof(float *) * BRK)) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     float *Qt = (float *)buf, *St = (float *)(buf + qt), *O = (float *)(buf + qt + st);
@@ -301,7 +301,7 @@ static void *backward_run(void *arg) {
     size_t floats = D * ABQ + DV * ABQ + 2 * BRK * ABQ + ABQ;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, f * floats + sizeof(float *) * (BRK + 2 * ABQ))) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     brk_buf_t t;
@@ -332,11 +332,11 @@ static void *backward_sum(void *arg) {
     for (int pass = 0; pass < 2; ++pass) {
         float **src = pass ? a->dvs : a->dks;
         Py_ssize_t n = a->B * a->HK * a->LK * (pass ? a->DV : a->D);
-        Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
-            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
             src[0][e] = s;
         }
     }
@@ -397,19 +397,10 @@ PyObject *posenc_breaking(PyObject *self, PyObject *args) {
     if (threads > base.units) threads = (int)base.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    brk_t *jobs = (brk_t *)calloc((size_t)threads, sizeof(brk_t));
-    if (jobs == NULL) return PyErr_NoMemory();
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < threads; ++i) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-        jobs[i].nthreads = threads;
-    }
-    posenc_run_jobs(forward_run, jobs, threads, sizeof(brk_t));
-    for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+    failed = posenc_launch(forward_run, &base, sizeof base, threads);
     Py_END_ALLOW_THREADS
-    free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
@@ -464,15 +455,15 @@ PyObject *posenc_breaking_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < threads; ++i) {
             jobs[i] = base;
-            jobs[i].tid = i;
-            jobs[i].nthreads = threads;
+            jobs[i].job.tid = i;
+            jobs[i].job.nthreads = threads;
             jobs[i].dk = dks[i];
             jobs[i].dv = dvs[i];
             jobs[i].dks = dks;
             jobs[i].dvs = dvs;
         }
         posenc_run_jobs(backward_run, jobs, threads, sizeof(brk_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
         if (!failed && threads > 1) posenc_run_jobs(backward_sum, jobs, threads, sizeof(brk_t));
         Py_END_ALLOW_THREADS
     }

@@ -43,6 +43,17 @@
 typedef void *(*work_fn)(void *);
 void posenc_run_jobs(work_fn fn, void *jobs, int n, size_t size);
 
+/* What every job of a parallel loop starts with: its number among nthreads, and
+   whether it failed (ran out of memory). */
+typedef struct {
+    int tid, nthreads, failed;
+} team_job_t;
+
+/* Runs fn on `threads` copies of base (`size` bytes, a team_job_t first), numbered 0 ..
+   threads - 1, as posenc_run_jobs does; -1 when out of memory or a job failed, else 0
+   (team.c). Needs no GIL. */
+int posenc_launch(work_fn fn, const void *base, size_t size, int threads);
+
 /* Records the importing process, the only one that may join an OpenMP team (team.c);
    called once, by the module's init. */
 void posenc_team_init(void);

@@ -57,6 +57,7 @@
 #define CBK 64  /* keys per backward block: its P and dz blocks stay in L1/L2 */
 
 typedef struct {
+    team_job_t job; /* first: posenc_launch numbers the copies */
     const float *q, *k, *v, *emb;
     const uint8_t *mask;
     const int32_t *qdoc, *kdoc; /* (B, LQ) and (B, LK) documents, or 0 */
@@ -66,7 +67,6 @@ typedef struct {
     float scale, factor;
     Py_ssize_t units;
     Py_ssize_t *next; /* the next unit to take, shared */
-    int tid, nthreads, failed;
     /* the backward's */
     const float *dout, *delta;
     float *dq, *dk, *dv, *demb; /* dk, dv and demb: this thread's */
@@ -440,7 +440,7 @@ static void *counted_run(void *arg, int backward) {
     cbuf_t t;
     char *buf = buffers(a, &t, backward);
     if (buf == NULL) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     Py_ssize_t pairs = a->B * a->H, blocks = (a->LQ + ABQ - 1) / ABQ;
@@ -468,13 +468,13 @@ static void *backward_sum(void *arg) {
         float **src = pass == 0 ? a->dks : pass == 1 ? a->dvs : a->dembs;
         Py_ssize_t n = a->B * a->HK * a->LK * (pass == 0 ? a->D : a->DV);
         if (pass == 2) n = a->npos * a->D;
-        Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
         float factor = pass == 0 ? a->scale : 1.0f;
         if (src[0] == NULL) continue;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
-            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
             src[0][e] = s * factor;
         }
     }
@@ -540,21 +540,12 @@ PyObject *posenc_attend_counted(PyObject *self, PyObject *args) {
     base.mask = (const uint8_t *)(uintptr_t)mp;
     base.units = base.B * base.H * ((base.LQ + ABQ - 1) / ABQ);
     if (threads > base.units) threads = (int)base.units;
-    cnt_t *jobs = (cnt_t *)calloc((size_t)threads, sizeof(cnt_t));
-    if (jobs == NULL) return PyErr_NoMemory();
     Py_ssize_t next = 0;
-    int failed = 0;
     base.next = &next;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < threads; ++i) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-        jobs[i].nthreads = threads;
-    }
-    posenc_run_jobs(forward_run, jobs, threads, sizeof(cnt_t));
-    for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+    failed = posenc_launch(forward_run, &base, sizeof base, threads);
     Py_END_ALLOW_THREADS
-    free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
@@ -615,8 +606,8 @@ PyObject *posenc_attend_counted_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < threads; ++i) {
             jobs[i] = base;
-            jobs[i].tid = i;
-            jobs[i].nthreads = threads;
+            jobs[i].job.tid = i;
+            jobs[i].job.nthreads = threads;
             jobs[i].dk = dks[i];
             jobs[i].dv = dvs[i];
             jobs[i].demb = dembs[i];
@@ -625,7 +616,7 @@ PyObject *posenc_attend_counted_backward(PyObject *self, PyObject *args) {
             jobs[i].dembs = dembs;
         }
         posenc_run_jobs(backward_run, jobs, threads, sizeof(cnt_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
         if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(cnt_t));
         Py_END_ALLOW_THREADS
     }

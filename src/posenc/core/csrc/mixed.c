@@ -57,6 +57,7 @@
 #define MBK 64       /* keys per block: H score tiles of MBK x ABQ stay in L2 */
 
 typedef struct {
+    team_job_t job; /* first: posenc_launch numbers the copies */
     const float *q, *k, *v, *table, *w1, *b1, *w2, *b2;
     const uint8_t *mask;
     const int32_t *qdoc, *kdoc; /* documents (B, LQ) and (B, LK), or 0 */
@@ -71,7 +72,6 @@ typedef struct {
     int causal;
     float scale, slope;
     Py_ssize_t units, *next;
-    int tid, nthreads, failed;
 } mix_t;
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -414,7 +414,7 @@ static void *mix_run(mix_t *a, int backward) {
     size_t floats = H * (D * ABQ + DV * ABQ + 2 * MBK * ABQ + ABQ * DV + 4 * ABQ) + ABQ;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, f * floats + sizeof(float *) * (MBK + 2 * H * ABQ))) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     mix_buf_t t;
@@ -456,11 +456,11 @@ static void *mix_sum(void *arg) {
         Py_ssize_t n = pass == 0   ? a->B * a->HK * a->LK * a->D
                        : pass == 1 ? a->B * a->HK * a->LK * a->DV
                                    : a->H * (a->LQ + a->LK - 1);
-        Py_ssize_t share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
-            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
             src[0][e] = s;
         }
     }
@@ -537,19 +537,10 @@ PyObject *posenc_attend_mixed(PyObject *self, PyObject *args) {
     if (threads > base.units) threads = (int)base.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    mix_t *jobs = (mix_t *)calloc((size_t)threads, sizeof(mix_t));
-    if (jobs == NULL) return PyErr_NoMemory();
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < threads; ++i) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-        jobs[i].nthreads = threads;
-    }
-    posenc_run_jobs(mix_forward_run, jobs, threads, sizeof(mix_t));
-    for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+    failed = posenc_launch(mix_forward_run, &base, sizeof base, threads);
     Py_END_ALLOW_THREADS
-    free(jobs);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else
@@ -617,8 +608,8 @@ PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < threads; ++i) {
             jobs[i] = base;
-            jobs[i].tid = i;
-            jobs[i].nthreads = threads;
+            jobs[i].job.tid = i;
+            jobs[i].job.nthreads = threads;
             jobs[i].dk = dks[i];
             jobs[i].dv = dvs[i];
             jobs[i].dtab = dtabs[i];
@@ -628,7 +619,7 @@ PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args) {
             jobs[i].dtabs = dtabs;
         }
         posenc_run_jobs(mix_backward_run, jobs, threads, sizeof(mix_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
         if (!failed) {
             posenc_run_jobs(mix_sum, jobs, threads, sizeof(mix_t));
             /* the lane sums, in the order dw1 (W, 2H), db1 (W), dw2 (H, W), db2 (H) */

@@ -53,6 +53,7 @@
 #include "common.h"
 
 typedef struct {
+    team_job_t job; /* first: posenc_launch numbers the copies */
     const float *q, *k, *v, *h, *ht, *intra, *gate, *out, *dout;
     const int32_t *docs;
     const Py_ssize_t *first;
@@ -63,7 +64,6 @@ typedef struct {
     float **dks, **dvs, **dhs, **dgates; /* every thread's, for the sum */
     Py_ssize_t N, BK, G, C, D, DV, nsub, units;
     Py_ssize_t *next; /* the next unit to take, shared */
-    int tid, nthreads, failed;
 } path_t;
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -228,7 +228,7 @@ static void *path_run(void *arg) {
     fwd_buf_t t;
     char *buf = fwd_buffers(a, &t);
     if (buf == NULL) {
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     unsigned int csr = flush_to_zero();
@@ -338,7 +338,7 @@ static void *path_backward_run(void *arg) {
     char *fbuf = fwd_buffers(a, &t.f), *buf = NULL;
     if (fbuf == NULL || posix_memalign((void **)&buf, 64, sizeof(float) * more + sizeof(float *) * ABQ)) {
         free(fbuf);
-        a->failed = 1;
+        a->job.failed = 1;
         return NULL;
     }
     t.dOt = (float *)buf;
@@ -372,11 +372,11 @@ static void *path_backward_sum(void *arg) {
     for (int pass = 0; pass < 4; ++pass) {
         float **src = srcs[pass];
         if (src[0] == NULL) continue;
-        Py_ssize_t n = sizes[pass], share = ((n + a->nthreads - 1) / a->nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->tid * share, hi = lo + share < n ? lo + share : n;
+        Py_ssize_t n = sizes[pass], share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
+        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
         for (Py_ssize_t e = lo; e < hi; ++e) {
             float s = src[0][e];
-            for (int i = 1; i < a->nthreads; ++i) s += src[i][e];
+            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
             src[0][e] = pass == 2 ? -s : s;
         }
     }
@@ -442,22 +442,10 @@ PyObject *posenc_path_core(PyObject *self, PyObject *args) {
     if (threads > base.units) threads = (int)base.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    path_t *jobs = (path_t *)calloc((size_t)threads, sizeof(path_t));
-    if (jobs == NULL) {
-        free((void *)base.first);
-        return PyErr_NoMemory();
-    }
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    for (int i = 0; i < threads; ++i) {
-        jobs[i] = base;
-        jobs[i].tid = i;
-        jobs[i].nthreads = threads;
-    }
-    posenc_run_jobs(path_run, jobs, threads, sizeof(path_t));
-    for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+    failed = posenc_launch(path_run, &base, sizeof base, threads);
     Py_END_ALLOW_THREADS
-    free(jobs);
     free((void *)base.first);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
@@ -525,8 +513,8 @@ PyObject *posenc_path_core_backward(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (int i = 0; i < threads; ++i) {
             jobs[i] = base;
-            jobs[i].tid = i;
-            jobs[i].nthreads = threads;
+            jobs[i].job.tid = i;
+            jobs[i].job.nthreads = threads;
             jobs[i].dk = bufs[0][i];
             jobs[i].dv = bufs[1][i];
             jobs[i].dh = bufs[2][i];
@@ -537,7 +525,7 @@ PyObject *posenc_path_core_backward(PyObject *self, PyObject *args) {
             jobs[i].dgates = bufs[3];
         }
         posenc_run_jobs(path_backward_run, jobs, threads, sizeof(path_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].failed;
+        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
         if (!failed) posenc_run_jobs(path_backward_sum, jobs, threads, sizeof(path_t));
         Py_END_ALLOW_THREADS
     }

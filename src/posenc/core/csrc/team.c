@@ -81,6 +81,22 @@ void posenc_run_jobs(work_fn fn, void *jobs, int n, size_t size) {
     free(started);
 }
 
+int posenc_launch(work_fn fn, const void *base, size_t size, int threads) {
+    char *jobs = (char *)calloc((size_t)threads, size);
+    if (jobs == NULL) return -1;
+    for (int i = 0; i < threads; ++i) {
+        team_job_t *job = (team_job_t *)(jobs + i * size);
+        memcpy(job, base, size);
+        job->tid = i;
+        job->nthreads = threads;
+    }
+    posenc_run_jobs(fn, jobs, threads, size);
+    int failed = 0;
+    for (int i = 0; i < threads; ++i) failed |= ((team_job_t *)(jobs + i * size))->failed;
+    free(jobs);
+    return failed ? -1 : 0;
+}
+
 /* Maps in fresh pages of [p, p + n) with one system call instead of a page fault per
    page (Linux 5.14+; elsewhere, or on failure, the first writes fault them in). */
 void posenc_prefault(char *p, Py_ssize_t n) {
