@@ -311,6 +311,7 @@ typedef struct {
        column sums (B, H, LK), each key's written by the unit that owns it */
     float *dcq, *dck;
     float **dqs, **dtabs, **dws, **dcqs; /* every thread's, for the sum */
+    float **sums;       /* every thread's dsl, din after it (H, 64, 16) each */
     Py_ssize_t *next;   /* the next unit to take, shared */
 } bwd_t;
 
@@ -444,6 +445,9 @@ AVX512 static void backward_unit(const bwd_t *w, Py_ssize_t b, Py_ssize_t hk, Py
 static void *backward_run(void *arg) {
     bwd_t *w = (bwd_t *)arg;
     const att_t *a = &w->a;
+    int i = a->job.tid;
+    w->dq = w->dqs[i], w->dtab = w->dtabs[i], w->dw = w->dws[i], w->dcq = w->dcqs[i];
+    w->dsl = w->sums[i], w->din = w->sums[i] ? w->sums[i] + a->H * 64 * 16 : NULL;
     size_t f = sizeof(float), D = (size_t)a->D, DV = (size_t)a->DV;
     size_t floats = D * ABQ + DV * ABQ + 2 * BBK * ABQ + BBK * D + BBK * DV + 2 * ABQ;
     char *buf = NULL;
@@ -483,21 +487,10 @@ static void *backward_run(void *arg) {
 AVX512 static void *backward_sum(void *arg) {
     bwd_t *w = (bwd_t *)arg;
     const att_t *a = &w->a;
-    Py_ssize_t nq = a->B * a->H * a->LQ * a->D;
-    Py_ssize_t nt = (a->pw_knots ? 1 : a->H) * (a->LQ + a->LK - 1);
-    for (int pass = 0; pass < 4; ++pass) {
-        float **src = pass == 0 ? w->dqs : pass == 1 ? w->dtabs : pass == 2 ? w->dws : w->dcqs;
-        Py_ssize_t n = pass == 0 ? nq : pass == 1 ? nt : pass == 2 ? a->LQ : a->B * a->H * a->LQ;
-        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
-        float factor = pass ? 1.0f : a->scale;
-        if (src == NULL || src[0] == NULL) continue;
-        for (Py_ssize_t e = lo; e < hi; ++e) {
-            float s = src[0][e];
-            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
-            src[0][e] = s * factor;
-        }
-    }
+    sum_partials(w->dqs, a->B * a->H * a->LQ * a->D, a->scale, &a->job);
+    sum_partials(w->dtabs, (a->pw_knots ? 1 : a->H) * (a->LQ + a->LK - 1), 1.0f, &a->job);
+    sum_partials(w->dws, a->LQ, 1.0f, &a->job);
+    sum_partials(w->dcqs, a->B * a->H * a->LQ, 1.0f, &a->job);
     return NULL;
 }
 #endif
@@ -660,84 +653,40 @@ PyObject *posenc_attend_backward(PyObject *self, PyObject *args) {
     if (threads > base.a.units) threads = (int)base.a.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    /* dq, dtab and dw (zeroed by the caller) take thread 0's sums; the others get
+    /* dq, dtab, dw and dcq (zeroed by the caller) take thread 0's sums; the others get
        zeroed buffers of their own. The segment sums are per thread and lane, every
        thread's its own, added into the caller's (H, 64) afterwards. */
-    int segs = scaled && dtp;
-    size_t nq = (size_t)(base.a.B * base.a.H * base.a.LQ * base.a.D);
+    int segs = scaled && dtp, gated = base.a.gate != NULL;
     size_t nt = (size_t)((scaled ? 1 : base.a.H) * (base.a.LQ + base.a.LK - 1));
-    size_t nw = (size_t)base.a.LQ, ns = (size_t)(base.a.H * 64 * 16);
-    bwd_t *jobs = (bwd_t *)calloc((size_t)threads, sizeof(bwd_t));
-    float **dqs = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dtabs = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dws = (float **)calloc((size_t)threads, sizeof(float *));
-    float **sums = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dcqs = (float **)calloc((size_t)threads, sizeof(float *));
-    int gated = base.a.gate != NULL;
-    size_t nc = (size_t)(base.a.B * base.a.H * base.a.LQ);
-    int failed = jobs == NULL || dqs == NULL || dtabs == NULL || dws == NULL || sums == NULL ||
-                 dcqs == NULL;
-    if (!failed) {
-        dqs[0] = (float *)(uintptr_t)dqp;
-        dtabs[0] = (float *)(uintptr_t)dtp;
-        dws[0] = segs ? (float *)(uintptr_t)fg[0] : NULL;
-        dcqs[0] = gated ? (float *)(uintptr_t)gg[0] : NULL;
-        for (int i = 0; i < threads && !failed; ++i) {
-            if (i) {
-                dqs[i] = (float *)calloc(nq, sizeof(float));
-                dtabs[i] = dtp ? (float *)calloc(nt, sizeof(float)) : NULL;
-                dws[i] = segs ? (float *)calloc(nw, sizeof(float)) : NULL;
-                dcqs[i] = gated ? (float *)calloc(nc, sizeof(float)) : NULL;
-                failed |= dqs[i] == NULL || (dtp && dtabs[i] == NULL) || (segs && dws[i] == NULL) ||
-                          (gated && dcqs[i] == NULL);
-            }
-            sums[i] = segs ? (float *)calloc(2 * ns, sizeof(float)) : NULL;
-            failed |= segs && sums[i] == NULL;
-        }
-    }
+    size_t nq = (size_t)(base.a.B * base.a.H * base.a.LQ), ns = (size_t)(base.a.H * 64 * 16);
+    base.dqs = posenc_partials((float *)(uintptr_t)dqp, nq * (size_t)base.a.D, threads);
+    base.dtabs = posenc_partials((float *)(uintptr_t)dtp, nt, threads);
+    base.dws = posenc_partials(segs ? (float *)(uintptr_t)fg[0] : NULL, (size_t)base.a.LQ, threads);
+    base.dcqs = posenc_partials(gated ? (float *)(uintptr_t)gg[0] : NULL, nq, threads);
+    base.sums = (float **)calloc((size_t)threads, sizeof(float *));
+    int failed = !base.dqs || !base.dtabs || !base.dws || !base.dcqs || !base.sums;
+    for (int i = 0; i < threads && segs && !failed; ++i)
+        failed |= (base.sums[i] = (float *)calloc(2 * ns, sizeof(float))) == NULL;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < threads; ++i) {
-            jobs[i] = base;
-            jobs[i].a.job.tid = i;
-            jobs[i].a.job.nthreads = threads;
-            jobs[i].dq = dqs[i];
-            jobs[i].dtab = dtabs[i];
-            jobs[i].dw = dws[i];
-            jobs[i].dsl = sums[i];
-            jobs[i].din = sums[i] ? sums[i] + ns : NULL;
-            jobs[i].dqs = dqs;
-            jobs[i].dtabs = dtabs;
-            jobs[i].dws = segs ? dws : NULL;
-            jobs[i].dcq = dcqs[i];
-            jobs[i].dcqs = gated ? dcqs : NULL;
-        }
-        posenc_run_jobs(backward_run, jobs, threads, sizeof(bwd_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].a.job.failed;
-        if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(bwd_t));
+        failed = posenc_launch(backward_run, &base, sizeof base, threads) ||
+                 posenc_launch(backward_sum, &base, sizeof base, threads);
         if (!failed && segs) {
             float *dsl = (float *)(uintptr_t)fg[1], *din = (float *)(uintptr_t)fg[2];
             for (int i = 0; i < threads; ++i)
                 for (size_t e = 0; e < ns; ++e) {
-                    dsl[e / 16] += sums[i][e];
-                    din[e / 16] += sums[i][ns + e];
+                    dsl[e / 16] += base.sums[i][e];
+                    din[e / 16] += base.sums[i][ns + e];
                 }
         }
         Py_END_ALLOW_THREADS
     }
-    for (int i = 0; i < threads; ++i) {
-        if (i && dqs) free(dqs[i]);
-        if (i && dtabs) free(dtabs[i]);
-        if (i && dws) free(dws[i]);
-        if (i && dcqs) free(dcqs[i]);
-        if (sums) free(sums[i]);
-    }
-    free(dqs);
-    free(dtabs);
-    free(dws);
-    free(dcqs);
-    free(sums);
-    free(jobs);
+    for (int i = 0; base.sums && i < threads; ++i) free(base.sums[i]);
+    free(base.sums);
+    posenc_partials_free(base.dqs, threads);
+    posenc_partials_free(base.dtabs, threads);
+    posenc_partials_free(base.dws, threads);
+    posenc_partials_free(base.dcqs, threads);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else

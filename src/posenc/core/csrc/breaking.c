@@ -297,6 +297,7 @@ AVX512 static void backward_unit(const brk_t *a, Py_ssize_t b, Py_ssize_t h, Py_
 
 static void *backward_run(void *arg) {
     brk_t *a = (brk_t *)arg;
+    a->dk = a->dks[a->job.tid], a->dv = a->dvs[a->job.tid];
     size_t f = sizeof(float), D = (size_t)a->D, DV = (size_t)a->DV;
     size_t floats = D * ABQ + DV * ABQ + 2 * BRK * ABQ + ABQ;
     char *buf = NULL;
@@ -327,19 +328,10 @@ static void *backward_run(void *arg) {
 
 /* dk[e] and dv[e] (thread 0's, the outputs) += the other threads', for this thread's
    share of the elements. */
-static void *backward_sum(void *arg) {
+AVX512 static void *backward_sum(void *arg) {
     brk_t *a = (brk_t *)arg;
-    for (int pass = 0; pass < 2; ++pass) {
-        float **src = pass ? a->dvs : a->dks;
-        Py_ssize_t n = a->B * a->HK * a->LK * (pass ? a->DV : a->D);
-        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
-        for (Py_ssize_t e = lo; e < hi; ++e) {
-            float s = src[0][e];
-            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
-            src[0][e] = s;
-        }
-    }
+    sum_partials(a->dks, a->B * a->HK * a->LK * a->D, 1.0f, &a->job);
+    sum_partials(a->dvs, a->B * a->HK * a->LK * a->DV, 1.0f, &a->job);
     return NULL;
 }
 #endif
@@ -438,42 +430,17 @@ PyObject *posenc_breaking_backward(PyObject *self, PyObject *args) {
        buffers of their own */
     size_t nk = (size_t)(base.B * base.HK * base.LK * base.D);
     size_t nv = (size_t)(base.B * base.HK * base.LK * base.DV);
-    brk_t *jobs = (brk_t *)calloc((size_t)threads, sizeof(brk_t));
-    float **dks = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dvs = (float **)calloc((size_t)threads, sizeof(float *));
-    int failed = jobs == NULL || dks == NULL || dvs == NULL;
-    if (!failed) {
-        dks[0] = (float *)(uintptr_t)dkp;
-        dvs[0] = (float *)(uintptr_t)dvp;
-        for (int i = 1; i < threads && !failed; ++i) {
-            dks[i] = (float *)calloc(nk, sizeof(float));
-            dvs[i] = (float *)calloc(nv, sizeof(float));
-            failed |= dks[i] == NULL || dvs[i] == NULL;
-        }
-    }
+    base.dks = posenc_partials((float *)(uintptr_t)dkp, nk, threads);
+    base.dvs = posenc_partials((float *)(uintptr_t)dvp, nv, threads);
+    int failed = !base.dks || !base.dvs;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < threads; ++i) {
-            jobs[i] = base;
-            jobs[i].job.tid = i;
-            jobs[i].job.nthreads = threads;
-            jobs[i].dk = dks[i];
-            jobs[i].dv = dvs[i];
-            jobs[i].dks = dks;
-            jobs[i].dvs = dvs;
-        }
-        posenc_run_jobs(backward_run, jobs, threads, sizeof(brk_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
-        if (!failed && threads > 1) posenc_run_jobs(backward_sum, jobs, threads, sizeof(brk_t));
+        failed = posenc_launch(backward_run, &base, sizeof base, threads) ||
+                 (threads > 1 && posenc_launch(backward_sum, &base, sizeof base, threads));
         Py_END_ALLOW_THREADS
     }
-    for (int i = 1; i < threads; ++i) {
-        if (dks) free(dks[i]);
-        if (dvs) free(dvs[i]);
-    }
-    free(dks);
-    free(dvs);
-    free(jobs);
+    posenc_partials_free(base.dks, threads);
+    posenc_partials_free(base.dvs, threads);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else

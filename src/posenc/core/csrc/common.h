@@ -54,6 +54,14 @@ typedef struct {
    (team.c). Needs no GIL. */
 int posenc_launch(work_fn fn, const void *base, size_t size, int threads);
 
+/* The copies of an output that the threads of a backward add into, in parallel:
+   thread 0's is out itself (zeroed by the caller), every other thread's a zeroed
+   buffer of n floats of its own; all NULL where out is (not wanted). NULL when out of
+   memory. sum_partials (tiles.h) adds them into out; posenc_partials_free frees
+   them (team.c). */
+float **posenc_partials(float *out, size_t n, int threads);
+void posenc_partials_free(float **each, int threads);
+
 /* Records the importing process, the only one that may join an OpenMP team (team.c);
    called once, by the module's init. */
 void posenc_team_init(void);

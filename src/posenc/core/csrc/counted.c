@@ -437,6 +437,8 @@ static char *buffers(const cnt_t *a, cbuf_t *t, int backward) {
    keys under the causal mask) first, which balances the threads. */
 static void *counted_run(void *arg, int backward) {
     cnt_t *a = (cnt_t *)arg;
+    if (backward)
+        a->dk = a->dks[a->job.tid], a->dv = a->dvs[a->job.tid], a->demb = a->dembs[a->job.tid];
     cbuf_t t;
     char *buf = buffers(a, &t, backward);
     if (buf == NULL) {
@@ -462,22 +464,11 @@ static void *backward_run(void *arg) { return counted_run(arg, 1); }
 
 /* dk = (sum of the threads' dk) * scale, dv and demb the sums, for this thread's
    share of the elements. */
-static void *backward_sum(void *arg) {
+AVX512 static void *backward_sum(void *arg) {
     cnt_t *a = (cnt_t *)arg;
-    for (int pass = 0; pass < 3; ++pass) {
-        float **src = pass == 0 ? a->dks : pass == 1 ? a->dvs : a->dembs;
-        Py_ssize_t n = a->B * a->HK * a->LK * (pass == 0 ? a->D : a->DV);
-        if (pass == 2) n = a->npos * a->D;
-        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
-        float factor = pass == 0 ? a->scale : 1.0f;
-        if (src[0] == NULL) continue;
-        for (Py_ssize_t e = lo; e < hi; ++e) {
-            float s = src[0][e];
-            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
-            src[0][e] = s * factor;
-        }
-    }
+    sum_partials(a->dks, a->B * a->HK * a->LK * a->D, a->scale, &a->job);
+    sum_partials(a->dvs, a->B * a->HK * a->LK * a->DV, 1.0f, &a->job);
+    sum_partials(a->dembs, a->npos * a->D, 1.0f, &a->job);
     return NULL;
 }
 #endif
@@ -586,49 +577,19 @@ PyObject *posenc_attend_counted_backward(PyObject *self, PyObject *args) {
        zeroed buffers of their own */
     size_t nk = (size_t)(base.B * base.HK * base.LK * base.D);
     size_t nv = (size_t)(base.B * base.HK * base.LK * base.DV), ne = (size_t)(npos * base.D);
-    cnt_t *jobs = (cnt_t *)calloc((size_t)threads, sizeof(cnt_t));
-    float **dks = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dvs = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dembs = (float **)calloc((size_t)threads, sizeof(float *));
-    int failed = jobs == NULL || dks == NULL || dvs == NULL || dembs == NULL;
-    if (!failed) {
-        dks[0] = (float *)(uintptr_t)dkp;
-        dvs[0] = (float *)(uintptr_t)dvp;
-        dembs[0] = (float *)(uintptr_t)dep;
-        for (int i = 1; i < threads && !failed; ++i) {
-            dks[i] = (float *)calloc(nk, sizeof(float));
-            dvs[i] = (float *)calloc(nv, sizeof(float));
-            dembs[i] = dep ? (float *)calloc(ne, sizeof(float)) : NULL;
-            failed |= dks[i] == NULL || dvs[i] == NULL || (dep && dembs[i] == NULL);
-        }
-    }
+    base.dks = posenc_partials((float *)(uintptr_t)dkp, nk, threads);
+    base.dvs = posenc_partials((float *)(uintptr_t)dvp, nv, threads);
+    base.dembs = posenc_partials((float *)(uintptr_t)dep, ne, threads);
+    int failed = !base.dks || !base.dvs || !base.dembs;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < threads; ++i) {
-            jobs[i] = base;
-            jobs[i].job.tid = i;
-            jobs[i].job.nthreads = threads;
-            jobs[i].dk = dks[i];
-            jobs[i].dv = dvs[i];
-            jobs[i].demb = dembs[i];
-            jobs[i].dks = dks;
-            jobs[i].dvs = dvs;
-            jobs[i].dembs = dembs;
-        }
-        posenc_run_jobs(backward_run, jobs, threads, sizeof(cnt_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
-        if (!failed) posenc_run_jobs(backward_sum, jobs, threads, sizeof(cnt_t));
+        failed = posenc_launch(backward_run, &base, sizeof base, threads) ||
+                 posenc_launch(backward_sum, &base, sizeof base, threads);
         Py_END_ALLOW_THREADS
     }
-    for (int i = 1; i < threads; ++i) {
-        if (dks) free(dks[i]);
-        if (dvs) free(dvs[i]);
-        if (dembs) free(dembs[i]);
-    }
-    free(dks);
-    free(dvs);
-    free(dembs);
-    free(jobs);
+    posenc_partials_free(base.dks, threads);
+    posenc_partials_free(base.dvs, threads);
+    posenc_partials_free(base.dembs, threads);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else

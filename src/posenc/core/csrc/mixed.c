@@ -66,7 +66,7 @@ typedef struct {
     float *dq;                  /* the output: each unit writes its own queries' rows */
     float *dk, *dv, *dtab;      /* this thread's sums */
     float *lanes;               /* this thread's per-lane sums of dw1, db1, dw2, db2 */
-    float **dks, **dvs, **dtabs; /* every thread's, for the sum */
+    float **dks, **dvs, **dtabs, **laness; /* every thread's, for the sum */
     Py_ssize_t off, B, H, HK, LQ, LK, D, DV, W;
     Py_ssize_t qs[3], ks[3], vs[3];
     int causal;
@@ -410,6 +410,10 @@ static mix_unit_fn pick(const mix_t *a, int backward) {
 /* A thread: takes units (b, block of queries) from the shared counter, the last blocks
    first (under a causal mask they see the most keys: longest first balances). */
 static void *mix_run(mix_t *a, int backward) {
+    if (backward) {
+        int i = a->job.tid;
+        a->dk = a->dks[i], a->dv = a->dvs[i], a->dtab = a->dtabs[i], a->lanes = a->laness[i];
+    }
     size_t f = sizeof(float), H = (size_t)a->H, D = (size_t)a->D, DV = (size_t)a->DV;
     size_t floats = H * (D * ABQ + DV * ABQ + 2 * MBK * ABQ + ABQ * DV + 4 * ABQ) + ABQ;
     char *buf = NULL;
@@ -449,21 +453,11 @@ static void *mix_backward_run(void *arg) { return mix_run((mix_t *)arg, 1); }
 
 /* The threads' dk, dv and dtable summed into thread 0's (the outputs), each thread a
    share of the elements. */
-static void *mix_sum(void *arg) {
+AVX512 static void *mix_sum(void *arg) {
     mix_t *a = (mix_t *)arg;
-    for (int pass = 0; pass < 3; ++pass) {
-        float **src = pass == 0 ? a->dks : pass == 1 ? a->dvs : a->dtabs;
-        Py_ssize_t n = pass == 0   ? a->B * a->HK * a->LK * a->D
-                       : pass == 1 ? a->B * a->HK * a->LK * a->DV
-                                   : a->H * (a->LQ + a->LK - 1);
-        Py_ssize_t share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
-        for (Py_ssize_t e = lo; e < hi; ++e) {
-            float s = src[0][e];
-            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
-            src[0][e] = s;
-        }
-    }
+    sum_partials(a->dks, a->B * a->HK * a->LK * a->D, 1.0f, &a->job);
+    sum_partials(a->dvs, a->B * a->HK * a->LK * a->DV, 1.0f, &a->job);
+    sum_partials(a->dtabs, a->H * (a->LQ + a->LK - 1), 1.0f, &a->job);
     return NULL;
 }
 #endif
@@ -586,42 +580,25 @@ PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args) {
     size_t nk = (size_t)(base.B * base.HK * base.LK * base.D);
     size_t nv = (size_t)(base.B * base.HK * base.LK * base.DV);
     size_t nt = H * (size_t)(base.LQ + base.LK - 1), nl = ((2 * H + 1 + H) * W + H) * 16;
-    mix_t *jobs = (mix_t *)calloc((size_t)threads, sizeof(mix_t));
-    float **dks = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dvs = (float **)calloc((size_t)threads, sizeof(float *));
-    float **dtabs = (float **)calloc((size_t)threads, sizeof(float *));
-    float **lanes = (float **)calloc((size_t)threads, sizeof(float *));
-    int failed = jobs == NULL || dks == NULL || dvs == NULL || dtabs == NULL || lanes == NULL;
     /* thread 0 adds into the outputs (zeroed by the caller), the others into zeroed
        buffers of their own; every thread has its lane sums (64-byte aligned) */
+    base.dks = posenc_partials((float *)(uintptr_t)dkp, nk, threads);
+    base.dvs = posenc_partials((float *)(uintptr_t)dvp, nv, threads);
+    base.dtabs = posenc_partials((float *)(uintptr_t)g[0], nt, threads);
+    float **lanes = base.laness = (float **)calloc((size_t)threads, sizeof(float *));
+    int failed = !base.dks || !base.dvs || !base.dtabs || !lanes;
     for (int i = 0; i < threads && !failed; ++i) {
-        dks[i] = i ? (float *)calloc(nk, sizeof(float)) : (float *)(uintptr_t)dkp;
-        dvs[i] = i ? (float *)calloc(nv, sizeof(float)) : (float *)(uintptr_t)dvp;
-        dtabs[i] = i ? (float *)calloc(nt, sizeof(float)) : (float *)(uintptr_t)g[0];
         if (!posix_memalign((void **)&lanes[i], 64, sizeof(float) * nl))
             memset(lanes[i], 0, sizeof(float) * nl);
         else
             lanes[i] = NULL;
-        failed |= dks[i] == NULL || dvs[i] == NULL || dtabs[i] == NULL || lanes[i] == NULL;
+        failed |= lanes[i] == NULL;
     }
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < threads; ++i) {
-            jobs[i] = base;
-            jobs[i].job.tid = i;
-            jobs[i].job.nthreads = threads;
-            jobs[i].dk = dks[i];
-            jobs[i].dv = dvs[i];
-            jobs[i].dtab = dtabs[i];
-            jobs[i].lanes = lanes[i];
-            jobs[i].dks = dks;
-            jobs[i].dvs = dvs;
-            jobs[i].dtabs = dtabs;
-        }
-        posenc_run_jobs(mix_backward_run, jobs, threads, sizeof(mix_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
+        failed = posenc_launch(mix_backward_run, &base, sizeof base, threads) ||
+                 posenc_launch(mix_sum, &base, sizeof base, threads);
         if (!failed) {
-            posenc_run_jobs(mix_sum, jobs, threads, sizeof(mix_t));
             /* the lane sums, in the order dw1 (W, 2H), db1 (W), dw2 (H, W), db2 (H) */
             float *out[4] = {(float *)(uintptr_t)g[1], (float *)(uintptr_t)g[2],
                              (float *)(uintptr_t)g[3], (float *)(uintptr_t)g[4]};
@@ -638,17 +615,11 @@ PyObject *posenc_attend_mixed_backward(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    for (int i = 0; i < threads; ++i) {
-        if (i && dks) free(dks[i]);
-        if (i && dvs) free(dvs[i]);
-        if (i && dtabs) free(dtabs[i]);
-        if (lanes) free(lanes[i]);
-    }
-    free(dks);
-    free(dvs);
-    free(dtabs);
+    for (int i = 0; lanes && i < threads; ++i) free(lanes[i]);
     free(lanes);
-    free(jobs);
+    posenc_partials_free(base.dks, threads);
+    posenc_partials_free(base.dvs, threads);
+    posenc_partials_free(base.dtabs, threads);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;
 #else

@@ -332,6 +332,8 @@ AVX512 static void path_backward_unit(const path_t *a, const place_t *p, const b
 
 static void *path_backward_run(void *arg) {
     path_t *a = (path_t *)arg;
+    int i = a->job.tid;
+    a->dk = a->dks[i], a->dv = a->dvs[i], a->dh = a->dhs[i], a->dgate = a->dgates[i];
     size_t D = (size_t)a->D, C = (size_t)a->C, DV = (size_t)a->DV, N = (size_t)a->N;
     size_t more = DV * ABQ + C * ABQ + 2 * ABQ * D + 2 * ABQ + 2 * N * ABQ * D;
     bwd_buf_t t;
@@ -364,22 +366,13 @@ static void *path_backward_run(void *arg) {
 }
 
 /* dk, dv, dgate = the threads' sums, dh = minus theirs, for this thread's share. */
-static void *path_backward_sum(void *arg) {
+AVX512 static void *path_backward_sum(void *arg) {
     path_t *a = (path_t *)arg;
     Py_ssize_t N = a->N * a->BK;
-    Py_ssize_t sizes[4] = {N * a->C * a->D, N * a->C * a->DV, N * a->D * a->D, N * a->G * a->C};
-    float **srcs[4] = {a->dks, a->dvs, a->dhs, a->dgates};
-    for (int pass = 0; pass < 4; ++pass) {
-        float **src = srcs[pass];
-        if (src[0] == NULL) continue;
-        Py_ssize_t n = sizes[pass], share = ((n + a->job.nthreads - 1) / a->job.nthreads + 15) / 16 * 16;
-        Py_ssize_t lo = a->job.tid * share, hi = lo + share < n ? lo + share : n;
-        for (Py_ssize_t e = lo; e < hi; ++e) {
-            float s = src[0][e];
-            for (int i = 1; i < a->job.nthreads; ++i) s += src[i][e];
-            src[0][e] = pass == 2 ? -s : s;
-        }
-    }
+    sum_partials(a->dks, N * a->C * a->D, 1.0f, &a->job);
+    sum_partials(a->dvs, N * a->C * a->DV, 1.0f, &a->job);
+    sum_partials(a->dhs, N * a->D * a->D, -1.0f, &a->job);
+    sum_partials(a->dgates, N * a->G * a->C, 1.0f, &a->job);
     return NULL;
 }
 #endif
@@ -493,47 +486,22 @@ PyObject *posenc_path_core_backward(PyObject *self, PyObject *args) {
     if (threads > base.units) threads = (int)base.units;
     Py_ssize_t next = 0;
     base.next = &next;
-    Py_ssize_t nbk = base.N * base.BK;
-    size_t sizes4[4] = {(size_t)(nbk * base.C * base.D), (size_t)(nbk * base.C * base.DV),
-                        (size_t)(nbk * base.D * base.D), (size_t)(nbk * base.G * base.C)};
-    unsigned long long outs[4] = {dkp, dvp, dhp, dgp};
-    path_t *jobs = (path_t *)calloc((size_t)threads, sizeof(path_t));
-    float **bufs[4];
-    int failed = jobs == NULL;
-    for (int s = 0; s < 4; ++s) {
-        bufs[s] = (float **)calloc((size_t)threads, sizeof(float *));
-        failed |= bufs[s] == NULL;
-    }
-    for (int s = 0; s < 4 && !failed; ++s)
-        for (int i = 0; i < threads && outs[s]; ++i) {
-            bufs[s][i] = i ? (float *)calloc(sizes4[s], sizeof(float)) : (float *)(uintptr_t)outs[s];
-            failed |= bufs[s][i] == NULL;
-        }
+    size_t nbk = (size_t)(base.N * base.BK), C = (size_t)base.C, D = (size_t)base.D;
+    base.dks = posenc_partials((float *)(uintptr_t)dkp, nbk * C * D, threads);
+    base.dvs = posenc_partials((float *)(uintptr_t)dvp, nbk * C * (size_t)base.DV, threads);
+    base.dhs = posenc_partials((float *)(uintptr_t)dhp, nbk * D * D, threads);
+    base.dgates = posenc_partials((float *)(uintptr_t)dgp, nbk * (size_t)base.G * C, threads);
+    int failed = !base.dks || !base.dvs || !base.dhs || !base.dgates;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < threads; ++i) {
-            jobs[i] = base;
-            jobs[i].job.tid = i;
-            jobs[i].job.nthreads = threads;
-            jobs[i].dk = bufs[0][i];
-            jobs[i].dv = bufs[1][i];
-            jobs[i].dh = bufs[2][i];
-            jobs[i].dgate = bufs[3][i];
-            jobs[i].dks = bufs[0];
-            jobs[i].dvs = bufs[1];
-            jobs[i].dhs = bufs[2];
-            jobs[i].dgates = bufs[3];
-        }
-        posenc_run_jobs(path_backward_run, jobs, threads, sizeof(path_t));
-        for (int i = 0; i < threads; ++i) failed |= jobs[i].job.failed;
-        if (!failed) posenc_run_jobs(path_backward_sum, jobs, threads, sizeof(path_t));
+        failed = posenc_launch(path_backward_run, &base, sizeof base, threads) ||
+                 posenc_launch(path_backward_sum, &base, sizeof base, threads);
         Py_END_ALLOW_THREADS
     }
-    for (int s = 0; s < 4; ++s) {
-        for (int i = 1; bufs[s] && i < threads; ++i) free(bufs[s][i]);
-        free(bufs[s]);
-    }
-    free(jobs);
+    posenc_partials_free(base.dks, threads);
+    posenc_partials_free(base.dvs, threads);
+    posenc_partials_free(base.dhs, threads);
+    posenc_partials_free(base.dgates, threads);
     free((void *)base.first);
     if (failed) return PyErr_NoMemory();
     Py_RETURN_TRUE;

@@ -1,5 +1,6 @@
 /* What the kernels share for writing large outputs on several threads: running their
-   jobs in parallel, and mapping in the pages of an output before it is written. */
+   jobs in parallel, the backwards' per-thread copies of their outputs, and mapping in
+   the pages of an output before it is written. */
 
 #include "common.h"
 
@@ -95,6 +96,23 @@ int posenc_launch(work_fn fn, const void *base, size_t size, int threads) {
     for (int i = 0; i < threads; ++i) failed |= ((team_job_t *)(jobs + i * size))->failed;
     free(jobs);
     return failed ? -1 : 0;
+}
+
+float **posenc_partials(float *out, size_t n, int threads) {
+    float **each = (float **)calloc((size_t)threads, sizeof(float *));
+    if (each == NULL || out == NULL) return each;
+    each[0] = out;
+    for (int i = 1; i < threads; ++i)
+        if ((each[i] = (float *)calloc(n, sizeof(float))) == NULL) {
+            posenc_partials_free(each, threads);
+            return NULL;
+        }
+    return each;
+}
+
+void posenc_partials_free(float **each, int threads) {
+    for (int i = 1; each && i < threads; ++i) free(each[i]);
+    free(each);
 }
 
 /* Maps in fresh pages of [p, p + n) with one system call instead of a page fault per

@@ -1,7 +1,7 @@
 /* The AVX-512 pieces the attention loops share (attend.c, breaking.c, ...): an exp
    without subnormals, score tiles of keys against a block of queries transposed
-   along the vector lanes, weighted sums of rows, the documents' binary search and
-   flush-to-zero. Included inside each file's `#if defined(__GNUC__) &&
+   along the vector lanes, weighted sums of rows, the documents' binary search, the
+   sum of per-thread copies and flush-to-zero. Included inside each file's `#if defined(__GNUC__) &&
    defined(__x86_64__)`: every function is static, a copy per file. */
 
 #ifndef POSENC_KERNELS_TILES_H
@@ -157,6 +157,21 @@ __attribute__((unused)) static Py_ssize_t first_at_least(const int32_t *ids, Py_
         else hi = mid;
     }
     return lo;
+}
+
+/* each[0][e] = (each[0][e] + each[1][e] + .. + each[nthreads - 1][e]) * factor, added in
+   that order, for the elements of job's share of 0 .. n - 1 (whole vectors): the sum of
+   a backward's per-thread copies of an output (posenc_partials), run on every thread
+   after the loop. Nothing where each[0] is NULL (the output is not wanted). */
+AVX512 static void sum_partials(float *const *each, Py_ssize_t n, float factor, const team_job_t *job) {
+    if (each[0] == NULL) return;
+    Py_ssize_t share = ((n + job->nthreads - 1) / job->nthreads + 15) / 16 * 16;
+    Py_ssize_t lo = job->tid * share, hi = lo + share < n ? lo + share : n;
+    for (Py_ssize_t e = lo; e < hi; ++e) {
+        float s = each[0][e];
+        for (int i = 1; i < job->nthreads; ++i) s += each[i][e];
+        each[0][e] = s * factor;
+    }
 }
 
 /* Sets flush-to-zero on this thread (an OpenMP thread of torch's, or the caller's) and
