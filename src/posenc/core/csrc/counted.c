@@ -249,33 +249,7 @@ AVX512 static void forward_unit(const cnt_t *a, Py_ssize_t b, Py_ssize_t h, Py_s
             }
         }
         most = most_count(count, done, nv, most);
-        /* the online softmax, as attend.c's */
-        __m512 msafe[4], lsum[4];
-        for (Py_ssize_t c = 0; c < nv; ++c) {
-            __m512 mold = _mm512_load_ps(m + 16 * c), mnew = _mm512_max_ps(mold, cmax[c]);
-            __mmask16 finite = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ);
-            msafe[c] = _mm512_maskz_mov_ps(finite, mnew);
-            _mm512_store_ps(alpha + 16 * c, exp512(_mm512_sub_ps(mold, msafe[c])));
-            _mm512_store_ps(m + 16 * c, mnew);
-            lsum[c] = _mm512_setzero_ps();
-        }
-        for (Py_ssize_t jj = 0; jj < nk; ++jj)
-            for (Py_ssize_t c = 0; c < nv; ++c) {
-                float *sp = St + jj * ABQ + 16 * c;
-                __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(sp), msafe[c]));
-                _mm512_store_ps(sp, p);
-                lsum[c] = _mm512_add_ps(lsum[c], p);
-            }
-        for (Py_ssize_t c = 0; c < nv; ++c) {
-            __m512 al = _mm512_load_ps(alpha + 16 * c);
-            _mm512_store_ps(l + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * c), al, lsum[c]));
-        }
-        for (Py_ssize_t ii = 0; ii < nq; ++ii)
-            if (alpha[ii] != 1.0f) {
-                __m512 al = _mm512_set1_ps(alpha[ii]);
-                for (Py_ssize_t c = 0; c < DV; c += 16)
-                    _mm512_storeu_ps(O + ii * DV + c, _mm512_mul_ps(_mm512_loadu_ps(O + ii * DV + c), al));
-            }
+        softmax_step(St, nk, nq, nv, cmax, m, l, alpha, O, DV);
         for (Py_ssize_t jj = 0; jj < nk; ++jj) t->krows[jj] = vb + (j0 + jj) * a->vs[2];
         acc_block(St, 0, nk, t->krows, nq, O, DV, DV);
     }

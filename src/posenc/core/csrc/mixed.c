@@ -216,36 +216,11 @@ MIX_INLINE void forward_unit(const mix_t *a, int H, int W, Py_ssize_t b, Py_ssiz
                 }
             }
         }
-        /* each head's online softmax (as attend_unit) and O_h += P_h V */
+        /* each head's online softmax step (tiles.h) and O_h += P_h V */
         for (int h = 0; h < H; ++h) {
             float *St = t->St + h * MBK * ABQ, *m = t->m + h * ABQ, *l = t->l + h * ABQ;
             float *O = t->O + h * ABQ * DV;
-            __m512 msafe[4], lsum[4];
-            for (Py_ssize_t c = 0; c < nv; ++c) {
-                __m512 mold = _mm512_load_ps(m + 16 * c), mnew = _mm512_max_ps(mold, cmax[h][c]);
-                __mmask16 finite = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ);
-                msafe[c] = _mm512_maskz_mov_ps(finite, mnew);
-                _mm512_store_ps(t->alpha + 16 * c, exp512(_mm512_sub_ps(mold, msafe[c])));
-                _mm512_store_ps(m + 16 * c, mnew);
-                lsum[c] = _mm512_setzero_ps();
-            }
-            for (Py_ssize_t jj = 0; jj < nk; ++jj)
-                for (Py_ssize_t c = 0; c < nv; ++c) {
-                    float *sp = St + jj * ABQ + 16 * c;
-                    __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(sp), msafe[c]));
-                    _mm512_store_ps(sp, p);
-                    lsum[c] = _mm512_add_ps(lsum[c], p);
-                }
-            for (Py_ssize_t c = 0; c < nv; ++c) {
-                __m512 al = _mm512_load_ps(t->alpha + 16 * c);
-                _mm512_store_ps(l + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * c), al, lsum[c]));
-            }
-            for (Py_ssize_t ii = 0; ii < nq; ++ii)
-                if (t->alpha[ii] != 1.0f) {
-                    __m512 al = _mm512_set1_ps(t->alpha[ii]);
-                    for (Py_ssize_t e = 0; e < DV; e += 16)
-                        _mm512_storeu_ps(O + ii * DV + e, _mm512_mul_ps(_mm512_loadu_ps(O + ii * DV + e), al));
-                }
+            softmax_step(St, nk, nq, nv, cmax[h], m, l, t->alpha, O, DV);
             const float *vb = a->v + b * a->vs[0] + (h / group) * a->vs[1];
             for (Py_ssize_t jj = 0; jj < nk; ++jj) t->rows[jj] = vb + (j0 + jj) * a->vs[2];
             acc_block(St, 0, nk, t->rows, nq, O, DV, DV);

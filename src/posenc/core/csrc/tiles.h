@@ -1,7 +1,7 @@
 /* The AVX-512 pieces the attention loops share (attend.c, breaking.c, ...): an exp
    without subnormals, score tiles of keys against a block of queries transposed
-   along the vector lanes, weighted sums of rows, the documents' binary search, the
-   sum of per-thread copies and flush-to-zero. Included inside each file's `#if defined(__GNUC__) &&
+   along the vector lanes, the online softmax's step, weighted sums of rows, the
+   documents' binary search, the sum of per-thread copies and flush-to-zero. Included inside each file's `#if defined(__GNUC__) &&
    defined(__x86_64__)`: every function is static, a copy per file. */
 
 #ifndef POSENC_KERNELS_TILES_H
@@ -80,6 +80,44 @@ AVX512 static void scores_block(const float *x, Py_ssize_t stride, Py_ssize_t n,
         rows[0] = x + r * stride;
         S1[nv](rows, Xt, dim, St + r * ABQ);
     }
+}
+
+/* One block's step of the online softmax for the nq queries (nv vectors) of a block
+   against its nk keys: St (a key's row of ABQ queries per key) holds the block's
+   scores and cmax[c] their maximum per query. Each query's running maximum m takes the
+   block's in; alpha = exp(m_old - m_new) rescales its sum l and its row of O (DV
+   columns; rows whose alpha is 1 are left alone); St becomes the weights exp(score -
+   m), and their row sums are added into l. A query whose maximum is still -inf
+   subtracts 0 instead, so that its masked scores weigh exactly 0 (not NaN). */
+AVX512 static inline void softmax_step(float *St, Py_ssize_t nk, Py_ssize_t nq, Py_ssize_t nv,
+                                       const __m512 *cmax, float *m, float *l, float *alpha,
+                                       float *O, Py_ssize_t DV) {
+    __m512 ninf = _mm512_set1_ps(-INFINITY), msafe[4], lsum[4];
+    for (Py_ssize_t c = 0; c < nv; ++c) {
+        __m512 mold = _mm512_load_ps(m + 16 * c), mnew = _mm512_max_ps(mold, cmax[c]);
+        __mmask16 finite = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ);
+        msafe[c] = _mm512_maskz_mov_ps(finite, mnew);
+        _mm512_store_ps(alpha + 16 * c, exp512(_mm512_sub_ps(mold, msafe[c])));
+        _mm512_store_ps(m + 16 * c, mnew);
+        lsum[c] = _mm512_setzero_ps();
+    }
+    for (Py_ssize_t jj = 0; jj < nk; ++jj)
+        for (Py_ssize_t c = 0; c < nv; ++c) {
+            float *sp = St + jj * ABQ + 16 * c;
+            __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(sp), msafe[c]));
+            _mm512_store_ps(sp, p);
+            lsum[c] = _mm512_add_ps(lsum[c], p);
+        }
+    for (Py_ssize_t c = 0; c < nv; ++c) {
+        __m512 al = _mm512_load_ps(alpha + 16 * c);
+        _mm512_store_ps(l + 16 * c, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * c), al, lsum[c]));
+    }
+    for (Py_ssize_t ii = 0; ii < nq; ++ii)
+        if (alpha[ii] != 1.0f) {
+            __m512 al = _mm512_set1_ps(alpha[ii]);
+            for (Py_ssize_t c = 0; c < DV; c += 16)
+                _mm512_storeu_ps(O + ii * DV + c, _mm512_mul_ps(_mm512_loadu_ps(O + ii * DV + c), al));
+        }
 }
 
 /* Xt[d][ii] = x_ii[d] (row ii at x + ii * stride) for the n <= ABQ rows of a block,
