@@ -1,6 +1,7 @@
 /* Shared by the kernels of posenc.core._kernels (module.c lists them): the includes,
    the CPU feature macros, the size limits, and the helpers defined in team.c
-   (running jobs in parallel, mapping in output pages) and module.c (reading
+   (running jobs in parallel, launching numbered copies of a job, the backwards'
+   per-thread copies of their outputs, mapping in output pages) and module.c (reading
    argument sequences). Every file is built with -ffp-contract=off (setup.py). */
 
 #ifndef POSENC_KERNELS_COMMON_H

@@ -1,8 +1,9 @@
 /* The AVX-512 pieces the attention loops share (attend.c, breaking.c, ...): an exp
    without subnormals, score tiles of keys against a block of queries transposed
    along the vector lanes, the online softmax's step, weighted sums of rows, the
-   documents' binary search, the sum of per-thread copies and flush-to-zero. Included inside each file's `#if defined(__GNUC__) &&
-   defined(__x86_64__)`: every function is static, a copy per file. */
+   documents' binary search, the sum of per-thread copies and flush-to-zero. Included
+   inside each file's `#if defined(__GNUC__) && defined(__x86_64__)`: every function is
+   static, a copy per file. */
 
 #ifndef POSENC_KERNELS_TILES_H
 #define POSENC_KERNELS_TILES_H
@@ -83,7 +84,7 @@ AVX512 static void scores_block(const float *x, Py_ssize_t stride, Py_ssize_t n,
 }
 
 /* One block's step of the online softmax for the nq queries (nv vectors) of a block
-   against its nk keys: St (a key's row of ABQ queries per key) holds the block's
+   against its nk keys: St (a row of ABQ queries per key) holds the block's
    scores and cmax[c] their maximum per query. Each query's running maximum m takes the
    block's in; alpha = exp(m_old - m_new) rescales its sum l and its row of O (DV
    columns; rows whose alpha is 1 are left alone); St becomes the weights exp(score -
