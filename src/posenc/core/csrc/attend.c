@@ -475,22 +475,11 @@ static int read_shapes(att_t *base, PyObject *sizes, PyObject *qstr, PyObject *k
                        PyObject *vstr, int threads) {
     memset(base, 0, sizeof *base);
     Py_ssize_t sz[7];
-    if (posenc_read_sizes(sizes, sz, 7, "sizes") ||
-        posenc_read_sizes(qstr, base->qs, 3, "q_strides") ||
-        posenc_read_sizes(kstr, base->ks, 3, "k_strides") ||
-        posenc_read_sizes(vstr, base->vs, 3, "v_strides"))
+    if (posenc_read_layout(sizes, 7, qstr, kstr, vstr, threads, sz, base->qs, base->ks, base->vs,
+                           "attend"))
         return -1;
     base->B = sz[0], base->H = sz[1], base->HK = sz[2], base->LQ = sz[3], base->LK = sz[4];
     base->D = sz[5], base->DV = sz[6];
-    for (int i = 0; i < 7; ++i)
-        if (sz[i] < 1) {
-            PyErr_SetString(PyExc_ValueError, "attend: sizes must be >= 1");
-            return -1;
-        }
-    if (base->H % base->HK || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "attend: unsupported heads, lengths or threads");
-        return -1;
-    }
     return 0;
 }
 
@@ -521,12 +510,7 @@ static int read_form(att_t *a, PyObject *form, int want_grads, unsigned long lon
 /* Reads the query offset and the documents (None or (qdoc, kdoc) addresses) into a. */
 static int read_place(att_t *a, Py_ssize_t off, PyObject *docs) {
     a->off = off;
-    if (docs == Py_None) return 0;
-    unsigned long long qp, kp;
-    if (!PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
-    a->qdoc = (const int32_t *)(uintptr_t)qp;
-    a->kdoc = (const int32_t *)(uintptr_t)kp;
-    return 0;
+    return posenc_read_docs(docs, &a->qdoc, &a->kdoc);
 }
 
 /* Reads the gate: None (or 0), c's address, or with want_grads (c, dcq, dck). */

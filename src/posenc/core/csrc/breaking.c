@@ -342,27 +342,16 @@ static int read_args(brk_t *a, PyObject *sizes, PyObject *qstr, PyObject *kstr, 
                      int threads, Py_ssize_t off, PyObject *docs) {
     memset(a, 0, sizeof *a);
     Py_ssize_t sz[7];
-    if (posenc_read_sizes(sizes, sz, 7, "sizes") || posenc_read_sizes(qstr, a->qs, 3, "q_strides") ||
-        posenc_read_sizes(kstr, a->ks, 3, "k_strides") ||
-        posenc_read_sizes(vstr, a->vs, 3, "v_strides"))
+    if (posenc_read_layout(sizes, 7, qstr, kstr, vstr, threads, sz, a->qs, a->ks, a->vs,
+                           "breaking"))
         return -1;
     a->B = sz[0], a->H = sz[1], a->HK = sz[2], a->LQ = sz[3], a->LK = sz[4];
     a->D = sz[5], a->DV = sz[6], a->off = off;
-    for (int i = 0; i < 7; ++i)
-        if (sz[i] < 1) {
-            PyErr_SetString(PyExc_ValueError, "breaking: sizes must be >= 1");
-            return -1;
-        }
-    if (a->H % a->HK || threads < 1 || off < 0 || a->LQ + off > a->LK) {
-        PyErr_SetString(PyExc_ValueError, "breaking: unsupported heads, lengths, offset or threads");
+    if (off < 0 || a->LQ + off > a->LK) {
+        PyErr_SetString(PyExc_ValueError, "breaking: the offset must be in 0 .. LK - LQ");
         return -1;
     }
-    if (docs == Py_None) return 0;
-    unsigned long long qp, kp;
-    if (!PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
-    a->qdoc = (const int32_t *)(uintptr_t)qp;
-    a->kdoc = (const int32_t *)(uintptr_t)kp;
-    return 0;
+    return posenc_read_docs(docs, &a->qdoc, &a->kdoc);
 }
 
 PyObject *posenc_breaking(PyObject *self, PyObject *args) {

@@ -74,6 +74,19 @@ void posenc_prefault(char *p, Py_ssize_t n);
    `name`) unless it has exactly n (module.c). */
 int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name);
 
+/* Reads an attention loop's n >= 7 sizes into sz (B, H, HK, LQ, LK, D, DV, then any of
+   its own) and the element strides of q, k and v over their first three dims into qs, ks
+   and vs; -1 with an exception naming `who` unless every size is >= 1, H is a multiple
+   of HK and threads >= 1 (module.c). */
+int posenc_read_layout(PyObject *sizes, int n, PyObject *qstr, PyObject *kstr, PyObject *vstr,
+                       int threads, Py_ssize_t *sz, Py_ssize_t *qs, Py_ssize_t *ks,
+                       Py_ssize_t *vs, const char *who);
+
+/* Reads the documents of an attention loop: None (both NULL) or (qdoc, kdoc), the
+   addresses of int32 (B, LQ) and (B, LK) document numbers; -1 with an exception set
+   (module.c). */
+int posenc_read_docs(PyObject *docs, const int32_t **qdoc, const int32_t **kdoc);
+
 /* The module's functions (table.c, rotate.c, attend.c, counted.c, mixed.c, breaking.c, path.c). */
 PyObject *posenc_table(PyObject *self, PyObject *args);
 PyObject *posenc_rotate(PyObject *self, PyObject *args);

@@ -454,32 +454,17 @@ static int read_counted(cnt_t *a, PyObject *sizes, PyObject *qstr, PyObject *kst
                         int threads, Py_ssize_t off, PyObject *docs) {
     memset(a, 0, sizeof *a);
     Py_ssize_t sz[7];
-    if (posenc_read_sizes(sizes, sz, 7, "sizes") ||
-        posenc_read_sizes(qstr, a->qs, 3, "q_strides") ||
-        posenc_read_sizes(kstr, a->ks, 3, "k_strides") ||
-        posenc_read_sizes(vstr, a->vs, 3, "v_strides"))
+    if (posenc_read_layout(sizes, 7, qstr, kstr, vstr, threads, sz, a->qs, a->ks, a->vs,
+                           "attend_counted"))
         return -1;
     a->B = sz[0], a->H = sz[1], a->HK = sz[2], a->LQ = sz[3], a->LK = sz[4];
     a->D = sz[5], a->DV = sz[6];
-    for (int i = 0; i < 7; ++i)
-        if (sz[i] < 1) {
-            PyErr_SetString(PyExc_ValueError, "attend_counted: sizes must be >= 1");
-            return -1;
-        }
-    if (a->H % a->HK || threads < 1 || npos < 1 || npos > (1 << 20) || off < 0 ||
-        a->LQ + off > a->LK) {
-        PyErr_SetString(PyExc_ValueError,
-                        "attend_counted: unsupported heads, threads, npos or offset");
+    if (npos < 1 || npos > (1 << 20) || off < 0 || a->LQ + off > a->LK) {
+        PyErr_SetString(PyExc_ValueError, "attend_counted: unsupported npos or offset");
         return -1;
     }
     a->npos = npos, a->factor = (float)factor, a->scale = (float)scale, a->off = off;
-    if (docs != Py_None) {
-        unsigned long long qp, kp;
-        if (!PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
-        a->qdoc = (const int32_t *)(uintptr_t)qp;
-        a->kdoc = (const int32_t *)(uintptr_t)kp;
-    }
-    return 0;
+    return posenc_read_docs(docs, &a->qdoc, &a->kdoc);
 }
 
 PyObject *posenc_attend_counted(PyObject *self, PyObject *args) {

@@ -441,30 +441,18 @@ AVX512 static void *mix_sum(void *arg) {
 static int mix_read(mix_t *a, PyObject *sizes, PyObject *qstr, PyObject *kstr, PyObject *vstr,
                     PyObject *mlp, Py_ssize_t off, PyObject *docs, int threads) {
     Py_ssize_t sz[8];
-    unsigned long long w1, b1, w2, b2, qp = 0, kp = 0;
-    if (posenc_read_sizes(sizes, sz, 8, "sizes") || posenc_read_sizes(qstr, a->qs, 3, "q_strides") ||
-        posenc_read_sizes(kstr, a->ks, 3, "k_strides") ||
-        posenc_read_sizes(vstr, a->vs, 3, "v_strides"))
+    unsigned long long w1, b1, w2, b2;
+    if (posenc_read_layout(sizes, 8, qstr, kstr, vstr, threads, sz, a->qs, a->ks, a->vs,
+                           "attend_mixed") ||
+        !PyArg_ParseTuple(mlp, "KKKK", &w1, &b1, &w2, &b2) ||
+        posenc_read_docs(docs, &a->qdoc, &a->kdoc))
         return -1;
-    if (!PyArg_ParseTuple(mlp, "KKKK", &w1, &b1, &w2, &b2)) return -1;
-    if (docs != Py_None && !PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
     a->B = sz[0], a->H = sz[1], a->HK = sz[2], a->LQ = sz[3], a->LK = sz[4];
     a->D = sz[5], a->DV = sz[6], a->W = sz[7];
-    for (int i = 0; i < 8; ++i)
-        if (sz[i] < 1) {
-            PyErr_SetString(PyExc_ValueError, "attend_mixed: sizes must be >= 1");
-            return -1;
-        }
-    if (a->H % a->HK || threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "attend_mixed: unsupported heads or threads");
-        return -1;
-    }
     a->w1 = (const float *)(uintptr_t)w1;
     a->b1 = (const float *)(uintptr_t)b1;
     a->w2 = (const float *)(uintptr_t)w2;
     a->b2 = (const float *)(uintptr_t)b2;
-    a->qdoc = (const int32_t *)(uintptr_t)qp;
-    a->kdoc = (const int32_t *)(uintptr_t)kp;
     a->off = off;
     return 0;
 }

@@ -17,7 +17,7 @@
 
    Each of those files documents its function's arguments; common.h holds what
    they share and team.c runs their jobs on threads. This file reads the argument
-   sequences that rotate and attend take, and makes the module. */
+   sequences that rotate and the attention loops take, and makes the module. */
 
 #include "common.h"
 
@@ -37,6 +37,35 @@ int posenc_read_sizes(PyObject *seq, Py_ssize_t *dst, int n, const char *name) {
         }
     }
     Py_DECREF(fast);
+    return 0;
+}
+
+int posenc_read_layout(PyObject *sizes, int n, PyObject *qstr, PyObject *kstr, PyObject *vstr,
+                       int threads, Py_ssize_t *sz, Py_ssize_t *qs, Py_ssize_t *ks,
+                       Py_ssize_t *vs, const char *who) {
+    if (posenc_read_sizes(sizes, sz, n, "sizes") || posenc_read_sizes(qstr, qs, 3, "q_strides") ||
+        posenc_read_sizes(kstr, ks, 3, "k_strides") || posenc_read_sizes(vstr, vs, 3, "v_strides"))
+        return -1;
+    for (int i = 0; i < n; ++i)
+        if (sz[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "%s: sizes must be >= 1", who);
+            return -1;
+        }
+    if (sz[1] % sz[2] || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: heads must be a multiple of kv heads, threads >= 1",
+                     who);
+        return -1;
+    }
+    return 0;
+}
+
+int posenc_read_docs(PyObject *docs, const int32_t **qdoc, const int32_t **kdoc) {
+    *qdoc = *kdoc = NULL;
+    if (docs == Py_None) return 0;
+    unsigned long long qp, kp;
+    if (!PyArg_ParseTuple(docs, "KK", &qp, &kp)) return -1;
+    *qdoc = (const int32_t *)(uintptr_t)qp;
+    *kdoc = (const int32_t *)(uintptr_t)kp;
     return 0;
 }
 
