@@ -414,6 +414,8 @@ def test_info_reports_versions_backends_and_engines(capsys, monkeypatch, tmp_pat
     assert f"torch                  {torch.__version__}" in out
     served = "compiled C" if kernels.compiled is not None else "compiled kernels are not built"
     assert out.count(served) >= 3
+    for loop in ("attention loop", "stick-breaking", "CoPE loop", "DAPE loop", "PaTH core"):
+        assert f"  {loop}, CPU" in out, loop  # each compiled attention loop has its line
     assert f"mlx                    {found}" in out and found.is_relative_to(tmp_path)
     missing = [e for n, e in ENGINES.items() if n != "mlx"]
     for engine in missing:

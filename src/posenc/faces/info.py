@@ -64,10 +64,10 @@ def backends() -> list[Line]:
         Line("rotary rotation, CPU", served("rotate", "torch")),
         Line("rotary rotation, CUDA", triton),
         Line("attention loop, CPU", served("attend", "torch")),
-        Line("stick-breaking loop, CPU", served("breaking", "torch")),
+        Line("stick-breaking, CPU", served("breaking", "torch")),
         Line("CoPE loop, CPU", served("attend_counted", "torch (checkpointed)")),
         Line("DAPE loop, CPU", served("attend_mixed", "torch (checkpointed)")),
-        Line("PaTH chunk core, CPU", served("path_core", "torch")),
+        Line("PaTH core, CPU", served("path_core", "torch")),
     ]
 
 
