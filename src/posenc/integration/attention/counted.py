@@ -40,12 +40,10 @@ def _counted_at(plan: Plan) -> int:
 def ready(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> bool:
-    """Whether both compiled passes run: AVX-512, float32 CPU inputs (``kernel.reads``
-    checks device and dtype), head_dim and v_dim multiples of 16, contiguous last
-    dims, causal, one query variant, and no other term that adds to the scores."""
+    """Whether both compiled passes run for a call ``kernel.reads`` admits (float32 CPU
+    inputs, AVX-512): head_dim and v_dim multiples of 16, contiguous last dims, causal,
+    one query variant, and no other term that adds to the scores."""
     if compiled is None or not hasattr(compiled, "attend_counted"):
-        return False
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
     if not plan.mask.causal or plan.choose is not None or plan.variants != 1:
         return False
@@ -83,14 +81,10 @@ def _common(
 
 def forward(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The output ``(B, H, LQ, DV)`` and log-sum-exp ``(B, H, LQ)`` of a call :func:`ready`
-    accepted.
-
-    Raises:
-        RuntimeError: the loop declined (it has no blockwise stand-in that reads the
-            scores, so a silent fallback would drop CoPE's term).
-    """
+    accepted; None where the loop declined (``kernel.forward`` raises then: no other
+    path has this term's forward)."""
     assert compiled is not None  # ready() saw it
     emb_t, _docs, args = _common(plan, tensors, q, k, v)
     mask = loop_keys(plan.mask.key_mask)
@@ -101,9 +95,7 @@ def forward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         emb_t.data_ptr(), 0 if mask is None else mask.data_ptr(), *args,
     )  # fmt: skip
-    if not done:
-        raise RuntimeError("attend_counted declined a call that counted.ready accepted")
-    return out, lse
+    return (out, lse) if done else None
 
 
 def backward(
@@ -116,13 +108,10 @@ def backward(
     lse: torch.Tensor,
     dout: torch.Tensor,
     delta: torch.Tensor,
-) -> tuple[torch.Tensor | None, ...]:
+) -> tuple[torch.Tensor | None, ...] | None:
     """dq, dk, dv and the gradient of ``pos_emb`` (None where not ``wanted``, as for
-    every other tracked tensor, which adds nothing to the scores).
-
-    Raises:
-        RuntimeError: the loop declined (see :func:`forward`).
-    """
+    every other tracked tensor, which adds nothing to the scores); None where the loop
+    declined."""
     assert compiled is not None  # ready() saw it
     emb_t, _docs, args = _common(plan, tensors, q, k, v)
     mask = loop_keys(plan.mask.key_mask)
@@ -141,7 +130,7 @@ def backward(
         0 if demb is None else demb.data_ptr(), *args,
     )  # fmt: skip
     if not done:
-        raise RuntimeError("attend_counted_backward declined a call that counted.ready accepted")
+        return None
     grads: list[torch.Tensor | None] = [None] * len(tensors)
     if demb is not None:
         grads[at] = demb.t().to(tensors[at].dtype)

@@ -78,20 +78,21 @@ class Reader(Protocol):
         self, plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
         v: torch.Tensor,
     ) -> bool:  # fmt: skip
-        """Whether both passes will run for these float32 CPU inputs."""
+        """Whether both passes will run for these float32 CPU inputs (AVX-512 checked)."""
 
     def forward(
         self, plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
         v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:  # fmt: skip
-        """The output and log-sum-exp, as :func:`forward` returns them."""
+        """The output and log-sum-exp, as :func:`forward` returns them; None where the
+        loop declined (:func:`forward` then raises)."""
 
     def backward(
         self, plan: Plan, tensors: Sequence[torch.Tensor], wanted: Sequence[bool],
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
         dout: torch.Tensor, delta: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...] | None:  # fmt: skip
-        """The gradients, as :func:`backward` returns them."""
+        """The gradients, as :func:`backward` returns them; None where the loop declined."""
 
 
 #: The loops of the operand kinds that read the scores, by kind.
@@ -110,9 +111,14 @@ def reader(plan: Plan) -> Reader | None:
 def reads(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> bool:
-    """Whether a call with a term that reads the scores runs compiled, forward and backward."""
+    """Whether a call with a term that reads the scores runs compiled, forward and backward:
+    a reader, float32 CPU inputs on a CPU with AVX-512 (as torch sees it: asking the
+    loop itself would hand it fake tensors' addresses under ``torch.compile``'s
+    tracing), and the reader's own ``ready``."""
     loop = reader(plan)
     if loop is None or compiled is None or q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
         return False
     return loop.ready(plan, tensors, q, k, v)
 

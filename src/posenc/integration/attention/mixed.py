@@ -10,8 +10,9 @@ is its :class:`~posenc.integration.attention.kernel.Reader`: ``core/csrc/mixed.c
 once, the MLP per score in registers), registered as ``kernel.READERS["mlp"]`` by
 the attention package.
 
-:func:`ready` holds both passes to run: the compiled loop and AVX-512 present (a
-tiny call, once), the call's only term DAPE's form, float32 tensors, ``head_dim``
+:func:`ready` holds both passes to run (for a call ``kernel.reads`` admits: float32
+CPU inputs, AVX-512): the compiled loop built, the call's only term DAPE's form,
+float32 tensors, ``head_dim``
 and ``v_dim`` multiples of 16, at most :data:`MAX_HEADS` heads and
 :data:`MAX_WIDTH` hidden units. Elsewhere the call takes the checkpointed path.
 """
@@ -30,15 +31,6 @@ MAX_HEADS = 16
 MAX_WIDTH = 64
 
 
-def _runs() -> bool:
-    """Whether ``attend_mixed`` runs here: built, on a CPU with AVX-512 (as torch sees it:
-    no call into the loop, which under ``torch.compile``'s tracing would be handed fake
-    tensors' addresses)."""
-    if compiled is None or not hasattr(compiled, "attend_mixed"):
-        return False
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
 def ready(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> bool:
@@ -48,7 +40,7 @@ def ready(
     table, w1 = tensors[0], tensors[1]
     heads, width = q.shape[1], w1.shape[0]
     return (
-        _runs()
+        hasattr(compiled, "attend_mixed")
         and all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (q, k, v, *tensors))
         and q.shape[-1] % 16 == 0
         and v.shape[-1] % 16 == 0
@@ -86,12 +78,9 @@ def _sizes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, width: int) -> lis
 
 def forward(
     plan: Plan, tensors: Sequence[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The output ``(B, H, LQ, DV)`` and log-sum-exp ``(B, H, LQ)`` of ``attend_mixed``.
-
-    Raises:
-        RuntimeError: the loop did not run where :func:`ready` said it would.
-    """
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The output ``(B, H, LQ, DV)`` and log-sum-exp ``(B, H, LQ)`` of ``attend_mixed``;
+    None where the loop declined (``kernel.forward`` raises then)."""
     assert compiled is not None
     (q, k, v), held, docs = _operands(plan, tensors, q, k, v)
     table, w1, b1, w2, b2 = held[:5]
@@ -107,9 +96,7 @@ def forward(
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),
         plan.mask.causal, plan.scale, plan.forms[0].scalars[0], threads, plan.mask.offset, docs,
     )  # fmt: skip
-    if not done:
-        raise RuntimeError("attend_mixed did not run where mixed.ready said it would")
-    return out, lse
+    return (out, lse) if done else None
 
 
 def backward(
@@ -122,13 +109,9 @@ def backward(
     lse: torch.Tensor,
     dout: torch.Tensor,
     delta: torch.Tensor,
-) -> tuple[torch.Tensor | None, ...]:
+) -> tuple[torch.Tensor | None, ...] | None:
     """dq, dk, dv and the gradients of the table, w1, b1, w2 and b2 (None where not
-    ``wanted``) from ``attend_mixed_backward``.
-
-    Raises:
-        RuntimeError: the loop did not run where :func:`ready` said it would.
-    """
+    ``wanted``) from ``attend_mixed_backward``; None where the loop declined."""
     assert compiled is not None
     (q, k, v), held, docs = _operands(plan, tensors, q, k, v)
     table, w1, b1, w2, b2 = held[:5]
@@ -152,6 +135,6 @@ def backward(
         plan.mask.offset, docs,
     )  # fmt: skip
     if not done:
-        raise RuntimeError("attend_mixed_backward did not run where mixed.ready said it would")
+        return None
     grads[0] = grads[0].flip(-1)  # the gradient of the table as the form holds it
     return (dq, dk, dv, *(g if w else None for g, w in zip(grads, wanted, strict=True)))
