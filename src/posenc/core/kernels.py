@@ -62,6 +62,15 @@ def max_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def threads_for(units: int) -> int:
+    """Threads for a compiled attention loop of ``units`` work units (blocks of queries
+    or keys): at most one per unit, never more than torch is set to use (one in a
+    forked worker that set it so: see :func:`workers_for`)."""
+    import torch
+
+    return min(torch.get_num_threads(), max(1, units))
+
+
 def workers_for(elements: int) -> int:
     """Threads for a loop over ``elements`` values: one below 2**18, where starting
     more costs more than it saves, and never more than torch is set to use.

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc.core.kernels import compiled
+from posenc.core.kernels import compiled, threads_for
 from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The most positions the loop takes: each thread keeps ``q . pos_emb`` and its
@@ -69,7 +69,7 @@ def _common(
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
     docs = loop_documents(plan.mask.docs, b, plan.mask.offset, lq) or ()
-    threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    threads = threads_for(b * h * ((lq + 63) // 64))
     args: list[object] = [
         [b, h, hk, lq, lk, d, v.shape[-1]],
         list(q.stride()[:3]), list(k.stride()[:3]), list(v.stride()[:3]),

@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from posenc.core.kernels import compiled
+from posenc.core.kernels import compiled, threads_for
 from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The compiled loops keep a scaled form's knots in four vectors of 16, one a +inf pad.
@@ -200,7 +200,7 @@ def forward(
     hk, lk, dv = k.shape[1], k.shape[2], v.shape[-1]
     out = torch.empty((b, h, lq, dv), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
-    threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    threads = threads_for(b * h * ((lq + 63) // 64))
     extra = () if ops.gate is None else (ops.gate.data_ptr(),)  # an argument only with a gate
     done = compiled.attend(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
@@ -252,7 +252,7 @@ def backward(
     dv = torch.empty((b, hk, lk, dv_dim), dtype=torch.float32)
     # the loop indexes lse, dout and delta as C-contiguous (ring attention passes rows)
     lse, dout, delta = lse.contiguous(), dout.contiguous(), delta.contiguous()
-    threads = min(torch.get_num_threads(), max(1, b * hk * ((lk + 63) // 64)))
+    threads = threads_for(b * hk * ((lk + 63) // 64))
     extra: tuple[tuple[int, int, int], ...] = ()
     if ops.gate is not None:  # c, and the row sums (per query) and column sums (per key) of dS
         rows, cols = torch.zeros((b, h, lq)), torch.zeros((b, h, lk))

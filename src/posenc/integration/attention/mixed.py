@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc.core.kernels import compiled
+from posenc.core.kernels import compiled, threads_for
 from posenc.integration.attention.layout import Plan, loop_documents, loop_keys
 
 #: The most heads and hidden units the loop takes (its vectors per pair in registers).
@@ -88,7 +88,7 @@ def forward(
     b, h, lq, _ = q.shape
     out = torch.empty((b, h, lq, v.shape[-1]), dtype=torch.float32)
     lse = torch.empty((b, h, lq), dtype=torch.float32)
-    threads = min(torch.get_num_threads(), max(1, b * ((lq + 63) // 64)))
+    threads = threads_for(b * ((lq + 63) // 64))
     done = compiled.attend_mixed(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
         table.data_ptr(), 0 if mask is None else mask.data_ptr(),
@@ -124,7 +124,7 @@ def backward(
     grads = [torch.zeros_like(t) for t in (table, w1, b1, w2, b2)]
     # the loop indexes lse, dout and delta as C-contiguous
     lse, dout, delta = lse.contiguous(), dout.contiguous(), delta.contiguous()
-    threads = min(torch.get_num_threads(), max(1, b * ((lq + 63) // 64)))
+    threads = threads_for(b * ((lq + 63) // 64))
     done = compiled.attend_mixed_backward(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), lse.data_ptr(), dout.data_ptr(),
         delta.data_ptr(), table.data_ptr(), 0 if mask is None else mask.data_ptr(),

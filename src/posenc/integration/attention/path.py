@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from posenc.core import checks
-from posenc.core.kernels import compiled
+from posenc.core.kernels import compiled, threads_for
 from posenc.core.positions import packed_document_ids
 from posenc.families.bias.forget import forget_cumsum
 from posenc.integration.attention.layout import check_qkv
@@ -270,7 +270,7 @@ def _sizes(plan: _Plan, qhat: torch.Tensor, v: torch.Tensor) -> list[int]:
 def _threads(qhat: torch.Tensor) -> int:
     """Threads for the compiled core: torch's, at most one per unit of 64 queries."""
     n, bk, gc, _ = qhat.shape
-    return max(1, min(torch.get_num_threads(), n * bk * -(-gc // 64)))
+    return threads_for(n * bk * -(-gc // 64))
 
 
 def _loop_forward(

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.core import checks
-from posenc.core.kernels import compiled
+from posenc.core.kernels import compiled, threads_for
 from posenc.integration.attention.layout import (
     BLOCK_SCORES,
     check_qkv,
@@ -217,7 +217,7 @@ def _loop_place(
     the tensors those addresses point into, for the caller to hold during the call."""
     b, h, lq, d = q.shape
     hk, lk = k.shape[1], k.shape[2]
-    threads = min(torch.get_num_threads(), max(1, b * h * ((lq + 63) // 64)))
+    threads = threads_for(b * h * ((lq + 63) // 64))
     held = loop_documents(plan.docs, b, plan.offset, lq) or ()
     docs = (held[0].data_ptr(), held[1].data_ptr()) if held else None
     return [
